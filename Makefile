@@ -1,0 +1,29 @@
+# Each target works on a fresh machine with Python 3.11 and pip: it creates
+# .venv and installs the package into it if needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench install clean
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m launch.main --config=configs/fedavg.py --workdir=runs/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m launch.bench
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,308 @@
+"""Host-side loaders that turn on-disk image datasets into NumPy arrays.
+
+Everything here runs on the host with NumPy only (no JAX), and nothing is ever
+downloaded: files must already be on disk. Built-in names are `digits`,
+`mnist`, `fashion_mnist`, `cifar10` and `cifar100`; any other name is loaded
+with `tensorflow_datasets` from an already prepared TFDS data directory.
+
+For built-ins the directory is resolved as: the explicit `data_dir`, else
+`$FEDJAX_METRIC_DATA_DIR/<name>`, else a per-dataset default (only
+`fashion_mnist` has one, where Debian's `dataset-fashion-mnist` installs it).
+"""
+
+import gzip
+import os
+import pickle
+import posixpath
+import tarfile
+import zlib
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+ENV_VAR = 'FEDJAX_METRIC_DATA_DIR'
+SPLITS = ('train', 'test')
+DATASETS = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100')
+DEFAULT_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
+
+_IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte data, 3 dimensions.
+_IDX_LABELS_MAGIC = 0x00000801  # unsigned byte data, 1 dimension.
+_IDX_PREFIX = {'train': 'train', 'test': 't10k'}
+_CIFAR_URL = 'https://www.cs.toronto.edu/~kriz/cifar.html'
+# name -> (archive, folder inside it, {split: members}, label key, num_classes).
+_CIFAR = {
+    'cifar10': ('cifar-10-python.tar.gz', 'cifar-10-batches-py',
+                {'train': [f'data_batch_{i}' for i in range(1, 6)],
+                 'test': ['test_batch']}, b'labels', 10),
+    'cifar100': ('cifar-100-python.tar.gz', 'cifar-100-python',
+                 {'train': ['train'], 'test': ['test']}, b'fine_labels', 100),
+}
+
+
+class DatasetNotFoundError(FileNotFoundError):
+  """The dataset's files are not on disk (they are never downloaded)."""
+
+
+class ArrayDataset(NamedTuple):
+  """A whole split held in host memory.
+
+  Attributes:
+    images: uint8 [N, H, W, C] pixels.
+    labels: int32 [N] class ids in [0, num_classes).
+    num_classes: Number of classes.
+  """
+  images: np.ndarray
+  labels: np.ndarray
+  num_classes: int
+
+
+def load(name: str, split: str = 'train', data_dir: Optional[str] = None) -> ArrayDataset:
+  """Loads one split of a dataset from local files.
+
+  Args:
+    name: A name from `DATASETS`, or else a TFDS dataset name (e.g. `svhn_cropped`).
+    split: 'train' or 'test' for built-ins; any TFDS split string otherwise.
+    data_dir: Directory holding the files; see the module docstring for defaults.
+      Ignored by `digits`, which ships with scikit-learn.
+
+  Returns:
+    The split as an `ArrayDataset`.
+
+  Raises:
+    DatasetNotFoundError: The files are missing.
+    ValueError: Unknown split, or the files are corrupt.
+  """
+  if name not in DATASETS:
+    return _load_tfds(name, split, data_dir)
+  if split not in SPLITS:
+    raise ValueError(f'Dataset {name!r}: split must be one of {SPLITS}, got {split!r}.')
+  if name == 'digits':
+    ds = _load_digits(split)
+  elif name in ('mnist', 'fashion_mnist'):
+    ds = _load_idx_dataset(name, split, _resolve_dir(name, data_dir))
+  else:
+    ds = _load_cifar(name, split, _resolve_dir(name, data_dir))
+  _check_labels(ds.labels, ds.num_classes, f'{name}/{split}')
+  return ds
+
+
+def _resolve_dir(name: str, data_dir: Optional[str]) -> Optional[str]:
+  """Explicit dir, else $FEDJAX_METRIC_DATA_DIR/name, else the default (may be None)."""
+  if data_dir is not None:
+    return os.fspath(data_dir)
+  if os.environ.get(ENV_VAR):
+    return os.path.join(os.environ[ENV_VAR], name)
+  return DEFAULT_DIRS.get(name)
+
+
+def _check_labels(labels: np.ndarray, num_classes: int, source: str) -> None:
+  if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+    raise ValueError(f'{source}: labels must lie in [0, {num_classes}), found '
+                     f'range [{labels.min()}, {labels.max()}].')
+
+
+# ---------------------------------------------------------------- digits ----
+
+def _load_digits(split: str) -> ArrayDataset:
+  """sklearn's 8x8 digits with a fixed stratified 80/20 split (1438/359)."""
+  from sklearn.datasets import load_digits  # Lazy: sklearn is slow to import.
+  bunch = load_digits()
+  # Pixels are counts 0..16; rescale so every dataset shares the uint8 0..255 range.
+  images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+  labels = bunch.target.astype(np.int32)
+  rng = np.random.RandomState(0)  # Own generator: independent of global state.
+  is_test = np.zeros(len(labels), dtype=bool)
+  for c in range(10):
+    members = rng.permutation(np.flatnonzero(labels == c))
+    is_test[members[:int(round(0.2 * len(members)))]] = True
+  keep = is_test if split == 'test' else ~is_test
+  return ArrayDataset(images[keep], labels[keep], 10)
+
+
+# ------------------------------------------------------------------- IDX ----
+
+def _read_maybe_gz(path: str) -> bytes:
+  try:
+    if path.endswith('.gz'):
+      with gzip.open(path, 'rb') as f:
+        return f.read()
+    with open(path, 'rb') as f:
+      return f.read()
+  except (OSError, EOFError, zlib.error) as e:  # Bad or truncated gzip stream.
+    raise ValueError(f'{path}: cannot read file ({e}).') from e
+
+
+def parse_idx(data: bytes, expected_magic: int, source: str) -> np.ndarray:
+  """Parses an unsigned-byte IDX file (the MNIST format) into a uint8 array.
+
+  Args:
+    data: Whole file contents (already decompressed).
+    expected_magic: 0x00000803 for [N, rows, cols] images, 0x00000801 for [N] labels.
+    source: File name used in error messages.
+
+  Returns:
+    uint8 array whose shape is given by the big-endian dims in the header.
+
+  Raises:
+    ValueError: Bad magic number or payload size not matching the header.
+  """
+  if len(data) < 4:
+    raise ValueError(f'{source}: truncated IDX file ({len(data)} bytes, no header).')
+  magic = int.from_bytes(data[:4], 'big')
+  if magic != expected_magic:
+    raise ValueError(f'{source}: bad IDX magic number 0x{magic:08x}, '
+                     f'expected 0x{expected_magic:08x}.')
+  ndim = magic & 0xFF
+  header = 4 + 4 * ndim
+  if len(data) < header:
+    raise ValueError(f'{source}: truncated IDX header.')
+  dims = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim))
+  expected = header + int(np.prod(dims, dtype=np.int64))
+  if len(data) != expected:
+    problem = 'truncated' if len(data) < expected else 'has trailing bytes'
+    raise ValueError(f'{source}: IDX file {problem}: {len(data)} bytes, header '
+                     f'dims {dims} need {expected}.')
+  return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _find_file(directory: str, base: str) -> Optional[str]:
+  for candidate in (base, base + '.gz'):
+    path = os.path.join(directory, candidate)
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+def _idx_hint(name: str, directory: Optional[str]) -> str:
+  if name == 'fashion_mnist':
+    return ('Install them with `apt-get install dataset-fashion-mnist` (puts them in '
+            f'{DEFAULT_DIRS[name]}), or pass data_dir=... / set ${ENV_VAR}.')
+  where = directory or f'a directory passed as data_dir=... (or ${ENV_VAR}/mnist)'
+  return (f'Put the four IDX files from the MNIST site (raw or .gz) in {where}; '
+          'nothing is downloaded automatically.')
+
+
+def _load_idx_dataset(name: str, split: str, directory: Optional[str]) -> ArrayDataset:
+  """Loads an MNIST-format split as [N, 28, 28, 1] uint8 images."""
+  prefix = _IDX_PREFIX[split]
+  bases = (f'{prefix}-images-idx3-ubyte', f'{prefix}-labels-idx1-ubyte')
+  paths = [_find_file(directory, b) if directory else None for b in bases]
+  if None in paths:
+    wanted = ', '.join(f'{b}[.gz]' for b in bases)
+    searched = repr(directory) if directory else f'(none: no data_dir and ${ENV_VAR} unset)'
+    raise DatasetNotFoundError(f'Dataset {name!r} ({split}): expected files {wanted} '
+                               f'in directory {searched}. {_idx_hint(name, directory)}')
+  images = parse_idx(_read_maybe_gz(paths[0]), _IDX_IMAGES_MAGIC, paths[0])
+  labels = parse_idx(_read_maybe_gz(paths[1]), _IDX_LABELS_MAGIC, paths[1])
+  if images.shape[1:] != (28, 28):
+    raise ValueError(f'{paths[0]}: expected 28x28 images, got {images.shape[1:]}.')
+  if len(images) != len(labels):
+    raise ValueError(f'{paths[1]}: {len(labels)} labels for {len(images)} images '
+                     f'in {paths[0]}.')
+  return ArrayDataset(images[..., None].copy(), labels.astype(np.int32), 10)
+
+
+# ----------------------------------------------------------------- CIFAR ----
+
+def _read_cifar_members(name: str, directory: Optional[str],
+                        members: Sequence[str]) -> List[Tuple[str, bytes]]:
+  """Returns (source, bytes) per member from an extracted folder or the tar.gz."""
+  archive, folder, _, _, _ = _CIFAR[name]
+  if directory:
+    # The folder may be inside `directory` or be `directory` itself.
+    for candidate in (os.path.join(directory, folder), directory):
+      if all(os.path.isfile(os.path.join(candidate, m)) for m in members):
+        out = []
+        for m in members:
+          with open(os.path.join(candidate, m), 'rb') as f:
+            out.append((os.path.join(candidate, m), f.read()))
+        return out
+    tar_path = os.path.join(directory, archive)
+    if os.path.isfile(tar_path):
+      return _read_tar_members(tar_path, [f'{folder}/{m}' for m in members])
+  where = directory or f'(none: no data_dir and ${ENV_VAR} unset)'
+  raise DatasetNotFoundError(
+      f'Dataset {name!r}: found neither {archive} nor an extracted {folder}/ folder '
+      f'(with {", ".join(members)}) in directory {where!r}. Download {archive} '
+      f'("CIFAR python version") from {_CIFAR_URL} on a machine with internet and '
+      f'put it in {directory or "a directory passed as data_dir=..."}.')
+
+
+def _read_tar_members(tar_path: str, names: Sequence[str]) -> List[Tuple[str, bytes]]:
+  """Reads the named members into memory in one pass, never extracting to disk."""
+  found: Dict[str, bytes] = {}
+  try:
+    with tarfile.open(tar_path, 'r:gz') as tar:
+      for info in tar:
+        member = posixpath.normpath(info.name)
+        if member in names and info.isfile():
+          found[member] = tar.extractfile(info).read()
+  except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+    raise ValueError(f'{tar_path}: corrupt or truncated archive ({e}).') from e
+  missing = [n for n in names if n not in found]
+  if missing:
+    raise ValueError(f'{tar_path}: archive lacks member(s) {missing}.')
+  return [(f'{tar_path}:{n}', found[n]) for n in names]
+
+
+def _parse_cifar_batch(data: bytes, label_key: bytes, source: str) -> Tuple[np.ndarray, np.ndarray]:
+  """Decodes one pickled CIFAR batch into [N, 32, 32, 3] images and [N] labels."""
+  try:
+    # The official archives are Python 2 pickles; 'bytes' keeps their str keys as bytes.
+    # Note pickle can run code: only load archives from a trusted source.
+    batch = pickle.loads(data, encoding='bytes')
+  except Exception as e:  # pylint: disable=broad-except  # Any unpickling failure.
+    raise ValueError(f'{source}: cannot unpickle CIFAR batch ({type(e).__name__}: {e}).') from e
+  if not isinstance(batch, dict) or b'data' not in batch or label_key not in batch:
+    raise ValueError(f'{source}: expected a dict with keys b"data" and {label_key!r}.')
+  pixels = np.asarray(batch[b'data'])
+  labels = np.asarray(batch[label_key])
+  if pixels.ndim != 2 or pixels.shape[1] != 3 * 32 * 32:
+    raise ValueError(f'{source}: b"data" has shape {pixels.shape}, expected [N, 3072].')
+  if pixels.size and (pixels.min() < 0 or pixels.max() > 255):
+    raise ValueError(f'{source}: pixel values outside 0..255.')
+  if labels.shape != (len(pixels),):
+    raise ValueError(f'{source}: {labels.shape} labels for {len(pixels)} images.')
+  # Rows are channel-major (all R, then G, then B), each plane row-major.
+  images = pixels.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+  return images, labels.astype(np.int32)
+
+
+def _load_cifar(name: str, split: str, directory: Optional[str]) -> ArrayDataset:
+  _, _, splits, label_key, num_classes = _CIFAR[name]
+  parts = [_parse_cifar_batch(data, label_key, source)
+           for source, data in _read_cifar_members(name, directory, splits[split])]
+  images = np.ascontiguousarray(np.concatenate([p[0] for p in parts]))
+  return ArrayDataset(images, np.concatenate([p[1] for p in parts]), num_classes)
+
+
+# ------------------------------------------------------------------ TFDS ----
+
+def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
+  """Loads a prepared TFDS dataset (never downloads) as an `ArrayDataset`."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        f'{name!r} is not a built-in dataset ({", ".join(DATASETS)}), so it would be '
+        'loaded with tensorflow_datasets, which is not installed: pip install -e .[tfds]'
+    ) from e
+  data_dir = data_dir if data_dir is not None else os.environ.get(ENV_VAR) or None
+  not_found = (AssertionError, FileNotFoundError,
+               getattr(getattr(tfds.core, 'registered', None), 'DatasetNotFoundError',
+                       FileNotFoundError))
+  try:
+    ds, info = tfds.load(name, split=split, data_dir=data_dir, download=False,
+                         batch_size=-1, as_supervised=True, with_info=True)
+  except not_found as e:
+    where = data_dir or '~/tensorflow_datasets (TFDS default)'
+    raise DatasetNotFoundError(
+        f'Dataset {name!r} is not built in ({", ".join(DATASETS)}) and is not prepared '
+        f'as a TFDS dataset in data_dir {where!r} ({e}). Prepare it on a machine with '
+        f'internet with `tfds build {name} --data_dir=DIR`, then copy DIR here and pass '
+        'data_dir=DIR.') from e
+  images, labels = tfds.as_numpy(ds)
+  num_classes = int(info.features['label'].num_classes)
+  labels = np.asarray(labels, dtype=np.int32)
+  _check_labels(labels, num_classes, f'{name}/{split}')
+  return ArrayDataset(np.asarray(images, dtype=np.uint8), labels, num_classes)

@@ -1,0 +1,464 @@
+"""The round engine: one federated round as pure functions over pytrees.
+
+A round takes ``(server_state, client_table, cohort)`` and returns the new
+``(server_state, client_table, metrics)``:
+
+  gather the cohort's client-table rows -> local training of every slot
+  (S optax steps; padded steps and padded examples are no-ops) ->
+  ``client_final`` gives (update, weight, new row) -> scatter rows back
+  (padding slots write nothing) -> weighted tree-map sum of the updates ->
+  ``server_update``.
+
+An `Algorithm` fills seven slots with pure functions; FedAvg's are the defaults
+(algorithms/fedavg.py). Executors decide only *how* slots run; they all compute
+the same function (tests/test_engine.py proves it):
+
+  * ``vmap``: every slot at once, the whole round one jitted XLA program, the
+    clients axis sharded over a device mesh. The default on GPU/TPU.
+  * ``chunked``: ``lax.map`` over chunks of k slots inside one program; bounds
+    memory for large cohorts. ``sequential`` is chunked with k = 1.
+  * ``host``: a Python loop over real slots, each running jitted blocks of
+    unrolled steps. The default on CPU, where XLA runs convolutions inside a
+    while loop (scan / map) an order of magnitude slower than unrolled ones and
+    vmapped per-client convolutions become slow grouped convolutions
+    (../shared/notes/cpu-performance.md, benchmarks/cpu.md). It also skips
+    blocks that are all padding, which the single program cannot.
+
+Shape letters: N clients, C cohort slots, S local steps, B batch size.
+"""
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_metric.data.cohort import Cohort
+from fedjax_metric.models import merge_variables, split_variables
+
+EXECUTORS = ('vmap', 'chunked', 'sequential', 'host')
+
+
+class ServerState(NamedTuple):
+  """Global state. ``extra`` is the algorithm's own (e.g. past global models)."""
+  variables: Any
+  opt_state: Any
+  round: jax.Array  # int32 scalar: rounds completed.
+  extra: Any = ()
+
+
+class Batch(NamedTuple):
+  images: jax.Array  # float [B, H, W, C], preprocessed (and augmented).
+  labels: jax.Array  # int32 [B]
+  mask: jax.Array    # bool [B]; False for padded examples.
+
+
+class ClientContext(NamedTuple):
+  """What a client's loss and step hooks may read besides params and batch."""
+  server_state: ServerState
+  client_row: Any     # this client's persistent row of the client table, or ().
+  local_state: Any    # per-round state the algorithm carries across steps.
+  client_id: jax.Array
+  key: jax.Array      # depends on (seed, round, client id, step) only.
+  step: jax.Array
+
+
+class Aggregate(NamedTuple):
+  """The cohort's contribution, already reduced over slots.
+
+  ``update_sum = sum_c w_c * update_c`` with ``w_c = 0`` for padding slots.
+  """
+  update_sum: Any
+  weight_sum: jax.Array
+  num_participants: jax.Array
+  client_ids: jax.Array   # [C]
+  slot_mask: jax.Array    # [C]
+
+
+class Algorithm(NamedTuple):
+  """A federated algorithm: seven pure functions, hyperparameters closed over.
+
+  Attributes:
+    init_client: ``variables -> row`` for ONE client; the engine stacks N rows
+      into the client table. Return ``()`` for stateless algorithms.
+    init_server_extra: ``(variables, num_clients) -> extra`` server state.
+    client_begin: ``(server_state, client_row, client_id) -> local_state``, the
+      per-round state carried through local steps (e.g. a frozen model).
+    client_loss: ``(params, model_state, batch, ctx) -> (loss, (model_state,
+      metrics))``, differentiated w.r.t. params; loss is a masked mean.
+    client_step_end: ``(local_state, params, model_state, ctx) ->
+      local_state``, after each optimizer step (e.g. a ring buffer of models).
+    client_final: ``(server_state, client_row, local_state, end_variables,
+      num_examples) -> (update, weight, new_row)``.
+    server_update: ``(server_state, aggregate, client_table) -> server_state``.
+  """
+  init_client: Callable[..., Any]
+  init_server_extra: Callable[..., Any]
+  client_begin: Callable[..., Any]
+  client_loss: Callable[..., Any]
+  client_step_end: Callable[..., Any]
+  client_final: Callable[..., Any]
+  server_update: Callable[..., Any]
+
+
+class LocalCarry(NamedTuple):
+  params: Any
+  model_state: Any
+  opt_state: Any
+  local_state: Any
+  loss_sum: jax.Array       # sum over real examples of the step's mean loss
+  example_count: jax.Array
+
+
+class RoundSpec(NamedTuple):
+  """Everything static a round needs, closed over by the jitted functions.
+
+  Attributes:
+    algorithm: the `Algorithm`.
+    client_optimizer: ``learning_rate -> optax.GradientTransformation``.
+    learning_rate: ``round -> local learning rate`` (an optax schedule).
+    preprocess: ``(images uint8 [B,H,W,C], key) -> float images``.
+    seed: base of every PRNG key.
+  """
+  algorithm: Algorithm
+  client_optimizer: Callable[[Any], optax.GradientTransformation]
+  learning_rate: Callable[[Any], Any]
+  preprocess: Callable[..., Any]
+  seed: int
+
+
+class DeviceData(NamedTuple):
+  images: jax.Array  # uint8 [num_examples, H, W, C]
+  labels: jax.Array  # int32 [num_examples]
+
+
+# ---------------------------------------------------------------------------
+# Client table and server state.
+# ---------------------------------------------------------------------------
+
+
+def init_state(algorithm: Algorithm, variables, num_clients: int,
+               server_optimizer: optax.GradientTransformation):
+  """Initial ``(server_state, client_table)``; the table has N rows."""
+  # Copies: rounds donate the state's buffers, the caller keeps `variables`.
+  variables = jax.tree.map(jnp.array, variables)
+  row = algorithm.init_client(variables)
+  client_table = jax.tree.map(
+      lambda x: jnp.broadcast_to(x, (num_clients,) + jnp.shape(x)), row)
+  server_state = ServerState(
+      variables=variables,
+      opt_state=server_optimizer.init(variables['params']),
+      round=jnp.zeros((), jnp.int32),
+      extra=algorithm.init_server_extra(variables, num_clients))
+  return server_state, client_table
+
+
+def gather_rows(client_table, client_ids):
+  # Padding slots carry id N: 'clip' reads row N-1, which nothing uses.
+  return jax.tree.map(lambda t: t.at[client_ids].get(mode='clip'), client_table)
+
+
+def scatter_rows(client_table, client_ids, rows):
+  # Id N is out of range, so 'drop' discards the padding slots' writes.
+  return jax.tree.map(lambda t, r: t.at[client_ids].set(r, mode='drop'),
+                      client_table, rows)
+
+
+def weighted_sum(weights, stacked):
+  """``sum_c weights[c] * stacked[c]`` for every leaf: the aggregation."""
+  return jax.tree.map(
+      lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), stacked)
+
+
+def tree_where(pred, on_true, on_false):
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+# ---------------------------------------------------------------------------
+# Local training of one client: begin -> S steps -> finish.
+# ---------------------------------------------------------------------------
+
+
+def client_key(spec: RoundSpec, round_idx, client_id):
+  key = jax.random.fold_in(jax.random.key(spec.seed), round_idx)
+  return jax.random.fold_in(key, client_id)
+
+
+def client_begin(spec: RoundSpec, server_state, client_row, client_id):
+  """The carry at step 0: global params, fresh optimizer state."""
+  params, model_state = split_variables(server_state.variables)
+  tx = spec.client_optimizer(spec.learning_rate(server_state.round))
+  local_state = spec.algorithm.client_begin(server_state, client_row, client_id)
+  zero = jnp.zeros((), jnp.float32)
+  return LocalCarry(params, model_state, tx.init(params), local_state, zero, zero)
+
+
+def local_step(spec: RoundSpec, data: DeviceData, server_state, client_row,
+               client_id, carry: LocalCarry, example_idx, example_mask, step):
+  """One optax step on one batch; a step with no real example is a no-op.
+
+  Args:
+    example_idx: int32 [B]; example_mask: bool [B]; step: int32 scalar.
+  """
+  alg = spec.algorithm
+  key = jax.random.fold_in(client_key(spec, server_state.round, client_id), step)
+  augment_key, loss_key = jax.random.split(key)
+  batch = Batch(spec.preprocess(data.images[example_idx], augment_key),
+                data.labels[example_idx], example_mask)
+  ctx = ClientContext(server_state, client_row, carry.local_state, client_id,
+                      loss_key, step)
+  grad_fn = jax.value_and_grad(alg.client_loss, has_aux=True)
+  (loss, (model_state, _)), grads = grad_fn(
+      carry.params, carry.model_state, batch, ctx)
+  tx = spec.client_optimizer(spec.learning_rate(server_state.round))
+  updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
+  params = optax.apply_updates(carry.params, updates)
+  local_state = alg.client_step_end(carry.local_state, params, model_state, ctx)
+  count = jnp.sum(example_mask.astype(jnp.float32))
+  new = LocalCarry(params, model_state, opt_state, local_state,
+                   carry.loss_sum + loss * count, carry.example_count + count)
+  return tree_where(count > 0, new, carry)
+
+
+def run_steps(spec, data, server_state, client_row, client_id, carry,
+              example_idx, example_mask, first_step, *, unroll):
+  """`local_step` over the leading axis of ``example_idx`` [K, B] (a scan)."""
+  steps = first_step + jnp.arange(example_idx.shape[0], dtype=jnp.int32)
+
+  def body(carry, inputs):
+    return local_step(spec, data, server_state, client_row, client_id, carry,
+                      *inputs), None
+
+  carry, _ = jax.lax.scan(body, carry, (example_idx, example_mask, steps),
+                          unroll=unroll)
+  return carry
+
+
+def client_finish(spec: RoundSpec, server_state, client_row, carry, num_examples):
+  """-> (update, weight, new_row, (loss_sum, example_count))."""
+  end_variables = merge_variables(carry.params, carry.model_state)
+  update, weight, new_row = spec.algorithm.client_final(
+      server_state, client_row, carry.local_state, end_variables, num_examples)
+  return update, weight, new_row, (carry.loss_sum, carry.example_count)
+
+
+def client_update(spec, data, server_state, client_row, client_id, example_idx,
+                  example_mask, num_examples, *, unroll):
+  """One client's whole local training: [S, B] indices -> finish outputs."""
+  carry = client_begin(spec, server_state, client_row, client_id)
+  carry = run_steps(spec, data, server_state, client_row, client_id, carry,
+                    example_idx, example_mask, jnp.zeros((), jnp.int32),
+                    unroll=unroll)
+  return client_finish(spec, server_state, client_row, carry, num_examples)
+
+
+def finish_round(spec: RoundSpec, server_state, client_table, cohort, update_sum,
+                 weight_sum, loss_sum, example_count):
+  aggregate = Aggregate(update_sum, weight_sum,
+                        jnp.sum(cohort.slot_mask.astype(jnp.float32)),
+                        cohort.client_ids, cohort.slot_mask)
+  server_state = spec.algorithm.server_update(server_state, aggregate,
+                                              client_table)
+  metrics = {'train_loss_sum': loss_sum, 'train_examples': example_count}
+  return server_state, client_table, metrics
+
+
+# ---------------------------------------------------------------------------
+# Executors.
+# ---------------------------------------------------------------------------
+
+
+def single_program_round(spec: RoundSpec, data, server_state, client_table,
+                         cohort: Cohort, *, chunk_size: int = 0,
+                         unroll: int | bool = 1):
+  """The whole round as one traceable function (``vmap`` / ``chunked``).
+
+  ``chunk_size = 0`` vmaps all C slots; k > 0 runs ``lax.map`` over chunks of
+  k vmapped slots (k = 1 is the sequential form).
+  """
+  rows = gather_rows(client_table, cohort.client_ids)
+  per_client = functools.partial(client_update, spec, data, server_state,
+                                 unroll=unroll)
+  inputs = (rows, cohort.client_ids, cohort.example_idx, cohort.example_mask,
+            cohort.num_examples)
+  if chunk_size:
+    outputs = jax.lax.map(lambda args: per_client(*args), inputs,
+                          batch_size=chunk_size)
+  else:
+    outputs = jax.vmap(per_client)(*inputs)
+  updates, weights, new_rows, (loss_sums, counts) = outputs
+  weights = jnp.where(cohort.slot_mask, weights, 0.0)
+  client_table = scatter_rows(client_table, cohort.client_ids, new_rows)
+  return finish_round(spec, server_state, client_table, cohort,
+                      weighted_sum(weights, updates), jnp.sum(weights),
+                      jnp.sum(loss_sums), jnp.sum(counts))
+
+
+def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1,
+                                 mesh=None):
+  """Jitted ``(server_state, client_table, cohort) -> (state, table, metrics)``.
+
+  With a mesh, callers place the cohort with `shard_cohort`; XLA turns the
+  weighted sum over the sharded clients axis into an all-reduce.
+  """
+  del mesh  # Shardings come from the committed inputs.
+
+  # The dataset is an argument, not a closure: a closed-over array would be
+  # baked into the program as a constant.
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def jitted(server_state, client_table, cohort, data):
+    return single_program_round(spec, data, server_state, client_table, cohort,
+                                chunk_size=chunk_size, unroll=unroll)
+
+  def round_fn(server_state, client_table, cohort):
+    return jitted(server_state, client_table, cohort, data)
+
+  round_fn.jitted = jitted
+  return round_fn
+
+
+class HostLoopFns(NamedTuple):
+  """The jitted pieces the ``host`` executor strings together."""
+  begin: Callable
+  steps: Callable
+  finish: Callable
+  server: Callable
+
+
+def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
+  """A round as a Python loop over real slots of jitted unrolled step blocks.
+
+  Each slot: gather its row and start (one call), ``ceil(S / steps_per_call)``
+  calls of `run_steps` (blocks whose steps are all padding are skipped; they
+  would be no-ops), then one call that computes the update, scatters the row
+  and adds ``weight * update`` into a running sum. Memory stays O(model): no
+  stacked [C, ...] updates exist. Every function compiles once per run.
+  """
+
+  @jax.jit
+  def begin(server_state, client_table, client_id):
+    row = gather_rows(client_table, client_id)
+    return row, client_begin(spec, server_state, row, client_id)
+
+  @jax.jit
+  def steps(server_state, row, client_id, carry, example_idx, example_mask,
+            first_step, data):
+    return run_steps(spec, data, server_state, row, client_id, carry,
+                     example_idx, example_mask, first_step, unroll=unroll)
+
+  @functools.partial(jax.jit, donate_argnums=(1, 4))
+  def finish(server_state, client_table, row, client_id, accumulator, carry,
+             num_examples):
+    update, weight, new_row, (loss_sum, count) = client_finish(
+        spec, server_state, row, carry, num_examples)
+    client_table = scatter_rows(client_table, client_id, new_row)
+    update_sum, weight_sum, loss_total, count_total = accumulator
+    accumulator = (jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
+                   weight_sum + weight, loss_total + loss_sum,
+                   count_total + count)
+    return client_table, accumulator
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def server(server_state, client_table, cohort, accumulator):
+    return finish_round(spec, server_state, client_table, cohort, *accumulator)
+
+  fns = HostLoopFns(begin, steps, finish, server)
+
+  def round_fn(server_state, client_table, cohort: Cohort):
+    host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
+    num_steps = host.example_idx.shape[1]
+    k = min(steps_per_call, num_steps)
+    # Pad S to a multiple of k with all-padding steps, which are no-ops.
+    pad = (-num_steps) % k
+    example_idx = np.pad(host.example_idx, ((0, 0), (0, pad), (0, 0)))
+    example_mask = np.pad(host.example_mask, ((0, 0), (0, pad), (0, 0)))
+    # Three distinct zeros: the accumulator is donated, buffer by buffer.
+    accumulator = (_zero_update(spec, server_state, client_table),
+                   *(jnp.zeros((), jnp.float32) for _ in range(3)))
+    for slot in np.flatnonzero(host.slot_mask):
+      # One transfer per slot of its index arrays, which the round needs anyway.
+      live_blocks = [first for first in range(0, num_steps + pad, k)
+                     if example_mask[slot, first:first + k].any()]
+      client_id, num_examples, blocks = jax.device_put(
+          (host.client_ids[slot], host.num_examples[slot],
+           [(example_idx[slot, f:f + k], example_mask[slot, f:f + k],
+             np.int32(f)) for f in live_blocks]))
+      row, carry = begin(server_state, client_table, client_id)
+      for block in blocks:
+        carry = steps(server_state, row, client_id, carry, *block, data)
+      client_table, accumulator = finish(server_state, client_table, row,
+                                         client_id, accumulator, carry,
+                                         num_examples)
+    return server(server_state, client_table, jax.device_put(host), accumulator)
+
+  round_fn.fns = fns
+  return round_fn
+
+
+def _zero_update(spec, server_state, client_table):
+  """Zeros shaped like one client's update (found by abstract evaluation)."""
+  def one_update(server_state, client_table):
+    row = gather_rows(client_table, jnp.zeros((), jnp.int32))
+    carry = client_begin(spec, server_state, row, jnp.zeros((), jnp.int32))
+    update, *_ = client_finish(spec, server_state, row, carry,
+                               jnp.zeros((), jnp.float32))
+    return update
+  shapes = jax.eval_shape(one_update, server_state, client_table)
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+# ---------------------------------------------------------------------------
+# Sharding the clients axis.
+# ---------------------------------------------------------------------------
+
+
+def make_mesh(num_devices: int | None = None):
+  """A 1-D mesh over the ``clients`` axis.
+
+  Axis type Auto, not the Explicit default of `jax.make_mesh`: indexing the
+  replicated dataset with client-sharded indices raises a ShardingTypeError
+  under Explicit axes.
+  """
+  devices = jax.devices()[:num_devices] if num_devices else jax.devices()
+  return jax.sharding.Mesh(np.asarray(devices), ('clients',),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def shard_cohort(cohort: Cohort, mesh) -> Cohort:
+  """Puts every cohort array on the mesh, split along its leading [C] axis."""
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('clients'))
+  return jax.device_put(cohort, sharding)
+
+
+def replicate(tree, mesh):
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.device_put(tree, sharding)
+
+
+def default_executor(backend: str | None = None) -> str:
+  """``host`` on CPU (measured fastest, benchmarks/cpu.md), else ``vmap``."""
+  backend = backend or jax.default_backend()
+  return 'host' if backend == 'cpu' else 'vmap'
+
+
+def make_round_fn(spec: RoundSpec, data: DeviceData, *, executor: str,
+                  chunk_size: int = 0, steps_per_call: int = 10,
+                  unroll: int | bool = 1, mesh=None):
+  """Builds the round function for an executor name (see module docstring)."""
+  if executor == 'auto':
+    executor = default_executor()
+  if executor == 'vmap':
+    return make_single_program_round_fn(spec, data, unroll=unroll, mesh=mesh)
+  if executor in ('chunked', 'sequential'):
+    k = 1 if executor == 'sequential' else chunk_size
+    if k < 1:
+      raise ValueError('executor=chunked needs chunk_size >= 1 '
+                       '(--config.chunk_size=K).')
+    return make_single_program_round_fn(spec, data, chunk_size=k,
+                                        unroll=unroll, mesh=mesh)
+  if executor == 'host':
+    return make_host_loop_round_fn(spec, data, steps_per_call=steps_per_call)
+  raise ValueError(f'Unknown executor {executor!r}; choose one of '
+                   f"{EXECUTORS + ('auto',)}.")

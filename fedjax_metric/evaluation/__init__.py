@@ -1,0 +1,3 @@
+"""Evaluation of the global model on a held-out split."""
+
+from fedjax_metric.evaluation.classification import make_evaluate_fn  # noqa: F401

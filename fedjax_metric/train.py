@@ -1,0 +1,318 @@
+"""run(config, workdir): one whole federated experiment, read top to bottom.
+
+Workdir contract (../shared/spec/architecture.md):
+  config.json      the resolved config
+  partition.json   per-client sizes and class counts; partition.png heatmap
+  metrics.jsonl    one JSON object per evaluation: round, wall_time, test_*
+  events.*         TensorBoard scalars (tensorboardX)
+  checkpoints/     orbax checkpoints of (server_state, client_table)
+  summary.json     written at the end; its presence means the run finished
+
+Running again on the same workdir resumes from the last checkpoint. Cohorts,
+batches and PRNG keys are functions of (seed, round, client), so a resumed run
+ends with the same model as an uninterrupted one (tests/test_train.py).
+"""
+
+import json
+import math
+import os
+import time
+from typing import Any, Dict, Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import tqdm
+
+from fedjax_metric import algorithms, engine, models, optimizers
+from fedjax_metric.data import augment, cohort as cohort_lib, partition, sources
+from fedjax_metric.evaluation import make_evaluate_fn
+
+# Keys whose change between a run and its resumption is harmless.
+RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
+
+
+# ---------------------------------------------------------------------------
+# Set-up pieces (each a small function a notebook can call on its own).
+# ---------------------------------------------------------------------------
+
+
+def make_partition(config, labels):
+  """The per-client index arrays the config asks for."""
+  p = config.partition
+  n = config.num_clients
+  if p.method == 'iid':
+    return partition.iid(labels, n, seed=config.seed)
+  if p.method == 'dirichlet':
+    return partition.dirichlet(labels, n, p.alpha, seed=config.seed,
+                               variant=p.variant, min_size=p.min_size)
+  if p.method == 'shards':
+    return partition.shards(labels, n, p.classes_per_client, seed=config.seed)
+  if p.method == 'one_class':
+    return partition.one_class(labels, n, allow_repeat=True, seed=config.seed)
+  raise ValueError(f'Unknown partition.method {p.method!r}; use iid, dirichlet, '
+                   'shards or one_class.')
+
+
+def build_algorithm(config, model):
+  if config.algorithm not in algorithms.REGISTRY:
+    raise ValueError(f'Unknown algorithm {config.algorithm!r}; registered: '
+                     f'{sorted(algorithms.REGISTRY)}.')
+  s = config.server
+  server_optimizer = optimizers.make_server_optimizer(
+      s.optimizer, learning_rate=s.learning_rate, momentum=s.momentum,
+      b1=s.b1, b2=s.b2, eps=s.eps)
+  kwargs = dict(config.algorithm_kwargs)
+  try:
+    algorithm = algorithms.REGISTRY[config.algorithm](
+        model, server_optimizer=server_optimizer, weighting=s.weighting, **kwargs)
+  except TypeError as e:
+    raise ValueError(f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
+                     f'{config.algorithm!r}: {e}') from e
+  return algorithm, server_optimizer
+
+
+def build_round_spec(config, algorithm, preprocess):
+  lc = config.local
+  client_optimizer = optimizers.make_client_optimizer(
+      lc.optimizer, momentum=lc.momentum, nesterov=lc.nesterov,
+      weight_decay=lc.weight_decay, grad_clip_norm=lc.grad_clip_norm)
+  schedule = optimizers.make_round_schedule(
+      lc.learning_rate, kind=lc.schedule, decay_rate=lc.decay_rate,
+      num_rounds=config.num_rounds, warmup_rounds=lc.warmup_rounds)
+  return engine.RoundSpec(algorithm, client_optimizer, schedule, preprocess,
+                          config.seed)
+
+
+def resolve_executor(config):
+  return (engine.default_executor() if config.executor == 'auto'
+          else config.executor)
+
+
+def num_cohort_slots(config, num_devices: int) -> int:
+  """C: clients per round, padded up to a multiple of the device count."""
+  return num_devices * math.ceil(config.clients_per_round / num_devices)
+
+
+# ---------------------------------------------------------------------------
+# Workdir I/O.
+# ---------------------------------------------------------------------------
+
+
+def say(message):
+  """User-facing progress lines (stdout, above the progress bar)."""
+  if not _QUIET:
+    tqdm.tqdm.write(message)
+
+
+_QUIET = False
+
+
+def _write_json(path, obj):
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)  # Atomic: a crash never leaves half a file.
+
+
+def check_resume_config(workdir, config):
+  """Refuses to resume a workdir written by a different experiment."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = json.load(f)
+  new = json.loads(config.to_json_best_effort())
+  changed = sorted(k for k in set(old) | set(new)
+                   if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES)
+  if changed:
+    raise ValueError(
+        f'{workdir} holds a run with a different config (keys {changed} '
+        'differ). Use a new --workdir, or delete this one to start over.')
+
+
+def truncate_metrics(path, last_round):
+  """Drops metric lines past the restored checkpoint (they will be redone)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = [line for line in lines if json.loads(line)['round'] <= last_round]
+  with open(path, 'w') as f:
+    f.writelines(kept)
+
+
+def make_summary_writer(workdir):
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.warning('tensorboardX not installed: no TensorBoard events.')
+    return None
+  return SummaryWriter(workdir, flush_secs=30)
+
+
+# ---------------------------------------------------------------------------
+# The experiment.
+# ---------------------------------------------------------------------------
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        stop_after_round: Optional[int] = None) -> Dict[str, Any]:
+  """Trains ``config`` into ``workdir`` and returns the summary dict.
+
+  Args:
+    config: a config from configs/ (see configs/common.py for every field).
+    workdir: output directory; an existing one is resumed.
+    stop_after_round: stop (with a checkpoint) once this many rounds are done,
+      as a preempted job would; a later call resumes.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  summary_path = os.path.join(workdir, 'summary.json')
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+    if summary.get('rounds_completed') == config.num_rounds:
+      say(f'{workdir} already holds a finished run; nothing to do.')
+      return summary
+  check_resume_config(workdir, config)
+  _write_json(os.path.join(workdir, 'config.json'),
+              json.loads(config.to_json_best_effort()))
+
+  # ----- Data and partition (host, NumPy). -----
+  ds = config.dataset
+  data_dir = ds.data_dir or None
+  train = sources.load(ds.name, 'train', data_dir)
+  test = sources.load(ds.name, 'test', data_dir)
+  clients = make_partition(config, train.labels)
+  counts = partition.class_counts(train.labels, clients, train.num_classes)
+  _write_json(os.path.join(workdir, 'partition.json'), {
+      **partition.summarize(clients, train.labels),
+      'class_counts': counts.tolist()})
+  if config.plot_partition:
+    partition.plot_class_counts(
+        counts, os.path.join(workdir, 'partition.png'),
+        title=f'{ds.name}: {config.partition.method} partition')
+
+  # ----- Model, algorithm, executor. -----
+  mean, std = augment.channel_stats(train.images)
+  train_preprocess = augment.make_preprocess(mean, std, ds.augmentation)
+  eval_preprocess = augment.make_preprocess(mean, std, 'none')
+  m = config.model
+  model = models.build(m.name, train.num_classes, width=m.width,
+                       embedding_dim=m.embedding_dim, pool=m.pool, norm=m.norm)
+  variables = model.init(jax.random.key(config.seed),
+                         eval_preprocess(jnp.asarray(train.images[:1]), None))
+  algorithm, server_optimizer = build_algorithm(config, model)
+  spec = build_round_spec(config, algorithm, train_preprocess)
+  executor = resolve_executor(config)
+  mesh = None
+  num_devices = 1
+  if executor != 'host':
+    mesh = engine.make_mesh(config.num_devices or None)
+    num_devices = mesh.size
+  put = (lambda x: engine.replicate(x, mesh)) if mesh else jax.device_put
+  data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
+  round_fn = engine.make_round_fn(
+      spec, data, executor=executor, chunk_size=config.chunk_size,
+      steps_per_call=config.steps_per_call, unroll=config.unroll, mesh=mesh)
+  evaluate = make_evaluate_fn(model, eval_preprocess, test.images, test.labels,
+                              batch_size=config.eval_batch_size)
+  lc = config.local
+  client_sizes = [len(c) for c in clients]
+  num_steps = cohort_lib.num_local_steps(
+      client_sizes, batch_size=lc.batch_size, local_epochs=lc.epochs,
+      local_steps=lc.steps)
+  num_slots = num_cohort_slots(config, num_devices)
+  say(f'{config.algorithm} on {ds.name}: {config.num_clients} clients, '
+      f'{config.clients_per_round} per round in {num_slots} slots, {num_steps} '
+      f'local steps of {lc.batch_size}; executor={executor} on {num_devices} '
+      f"{jax.default_backend()} device(s); "
+      f"{models.count_params(variables['params']):,} params.")
+
+  # ----- State: fresh or restored. -----
+  server_state, client_table = engine.init_state(
+      algorithm, variables, config.num_clients, server_optimizer)
+  checkpoints = ocp.CheckpointManager(
+      os.path.abspath(os.path.join(workdir, 'checkpoints')),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=config.keep_checkpoints, create=True))
+  start_round = 0
+  if checkpoints.latest_step() is not None:
+    start_round = checkpoints.latest_step()
+    restored = checkpoints.restore(start_round, args=ocp.args.StandardRestore(
+        {'server_state': server_state, 'client_table': client_table}))
+    server_state = engine.ServerState(*restored['server_state'])
+    client_table = restored['client_table']
+    say(f'Resuming {workdir} from round {start_round}.')
+  if mesh:
+    server_state, client_table = put((server_state, client_table))
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  truncate_metrics(metrics_path, start_round)
+  writer = make_summary_writer(workdir)
+
+  def save(round_idx):
+    checkpoints.save(round_idx, args=ocp.args.StandardSave(
+        {'server_state': server_state, 'client_table': client_table}))
+
+  # ----- Rounds. -----
+  start_time = time.time()
+  train_sums = []  # Device scalars; read only at evaluation time.
+  last = {}
+  end_round = config.num_rounds
+  if stop_after_round is not None:
+    end_round = min(end_round, stop_after_round)
+  bar = tqdm.tqdm(range(start_round, end_round), initial=start_round,
+                  total=config.num_rounds, desc=config.algorithm,
+                  disable=not config.progress, dynamic_ncols=True)
+  for round_idx in bar:
+    ids = cohort_lib.sample_clients(config.seed, round_idx, config.num_clients,
+                                    config.clients_per_round)
+    cohort = cohort_lib.make_cohort(
+        ids, clients, num_slots=num_slots, num_steps=num_steps,
+        batch_size=lc.batch_size, local_epochs=lc.epochs,
+        local_steps=lc.steps, seed=config.seed, round_idx=round_idx)
+    cohort = engine.shard_cohort(cohort, mesh) if mesh else cohort
+    server_state, client_table, round_metrics = round_fn(
+        server_state, client_table, cohort)
+    train_sums.append((round_metrics['train_loss_sum'],
+                       round_metrics['train_examples']))
+    done = round_idx + 1
+    if done % config.eval_every == 0 or done == end_round:
+      loss_sum, examples = np.asarray(jnp.stack(
+          [jnp.stack(s) for s in train_sums])).sum(0)
+      train_sums = []
+      train_loss = float(loss_sum / max(examples, 1.0))
+      if not math.isfinite(train_loss):
+        raise FloatingPointError(
+            f'Training loss is {train_loss} at round {done}. Lower '
+            '--config.local.learning_rate or set --config.local.grad_clip_norm; '
+            f'the last good checkpoint in {workdir}/checkpoints is kept.')
+      last = {'round': done, 'wall_time': time.time() - start_time,
+              'train_loss': train_loss, **evaluate(server_state.variables)}
+      with open(metrics_path, 'a') as f:
+        f.write(json.dumps(last) + '\n')
+      if writer:
+        for name, value in last.items():
+          if name != 'round':
+            writer.add_scalar(name, value, done)
+      bar.set_postfix(acc=f"{last['test_accuracy']:.4f}")
+    if done % config.checkpoint_every == 0 or done == end_round:
+      save(done)
+  checkpoints.wait_until_finished()
+  checkpoints.close()
+  if writer:
+    writer.close()
+
+  rounds_completed = max(end_round, start_round)
+  summary = {'rounds_completed': rounds_completed, 'workdir': workdir,
+             'executor': executor, 'backend': jax.default_backend(),
+             'num_steps': num_steps, 'num_slots': num_slots,
+             'wall_time': time.time() - start_time, **last}
+  if rounds_completed == config.num_rounds:
+    if 'test_accuracy' not in summary:  # Resumed at the very end.
+      summary.update(evaluate(server_state.variables))
+    _write_json(summary_path, summary)
+  return summary

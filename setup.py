@@ -1,0 +1,34 @@
+"""fedjax_metric: a JAX federated-learning simulator for metric learning."""
+
+import setuptools
+
+setuptools.setup(
+    name='fedjax_metric',
+    version='0.1.0',
+    description=('Federated learning simulator for metric-learning and '
+                 'contrastive methods: whole rounds as one XLA program.'),
+    packages=setuptools.find_packages(include=['fedjax_metric', 'fedjax_metric.*']),
+    python_requires='>=3.10',
+    install_requires=[
+        'jax>=0.7',
+        'jaxlib>=0.7',
+        'flax>=0.10',
+        'optax>=0.2.4',
+        'numpy>=1.26',
+        'absl-py',
+        'ml-collections',
+        'orbax-checkpoint',
+        'scikit-learn',
+        'matplotlib',
+        'tqdm',
+        # TensorBoard event files without TensorFlow (pure Python, protobuf).
+        'tensorboardX',
+    ],
+    extras_require={
+        'test': ['pytest', 'chex', 'nbformat', 'nbclient', 'ipykernel'],
+        'tfds': ['tensorflow-datasets', 'tensorflow-cpu'],
+        # The PyTorch per-client loop that launch/bench.py compares against.
+        # 2.13.0 is the CPU build this project's machines carry on disk.
+        'bench': ['torch==2.13.0'],
+    },
+)
