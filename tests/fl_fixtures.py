@@ -1,0 +1,74 @@
+"""Tiny synthetic federations shared by the engine and algorithm tests."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_metric import engine, models, optimizers
+from fedjax_metric.data import augment, cohort as cohort_lib
+
+NUM_CLASSES = 3
+
+
+class Linear(nn.Module):
+  """Softmax regression on flattened images: a model with a hand gradient."""
+  num_classes: int = NUM_CLASSES
+
+  @nn.compact
+  def __call__(self, images, *, train, mask=None):
+    del train, mask
+    x = images.reshape(images.shape[0], -1)
+    logits = nn.Dense(self.num_classes)(x)
+    return {'logits': logits, 'embedding': x, 'features': []}
+
+
+def make_data(num_examples=60, shape=(6, 6, 1), seed=0):
+  rng = np.random.default_rng(seed)
+  images = rng.integers(0, 256, (num_examples,) + shape).astype(np.uint8)
+  labels = rng.integers(0, NUM_CLASSES, num_examples).astype(np.int32)
+  return images, labels
+
+
+def identity_preprocess():
+  """uint8 -> float in [0, 1]: simple enough to re-derive in NumPy."""
+  return augment.make_preprocess(np.zeros(1), np.ones(1))
+
+
+def make_spec(algorithm, *, lr=0.1, optimizer='sgd', momentum=0.0, seed=0,
+              **optimizer_kwargs):
+  return engine.RoundSpec(
+      algorithm,
+      optimizers.make_client_optimizer(optimizer, momentum=momentum,
+                                       **optimizer_kwargs),
+      optimizers.make_round_schedule(lr), identity_preprocess(), seed)
+
+
+def cnn(norm='none'):
+  return models.make_model_fns(models.small_cnn.SmallCNN(
+      num_classes=NUM_CLASSES, width=4, embedding_dim=8, norm=norm))
+
+
+def linear():
+  return models.make_model_fns(Linear())
+
+
+def init_variables(model, images, seed=0):
+  return model.init(jax.random.key(seed),
+                    identity_preprocess()(jnp.asarray(images[:2]), None))
+
+
+def cohort(partition, client_ids, *, num_slots, batch_size=8, epochs=1,
+           steps=0, round_idx=0, num_steps=None):
+  sizes = [len(p) for p in partition]
+  s = num_steps or cohort_lib.num_local_steps(
+      sizes, batch_size=batch_size, local_epochs=epochs, local_steps=steps)
+  return cohort_lib.make_cohort(
+      np.asarray(client_ids), partition, num_slots=num_slots, num_steps=s,
+      batch_size=batch_size, local_epochs=epochs, local_steps=steps, seed=0,
+      round_idx=round_idx)
+
+
+def max_abs_diff(a, b):
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))

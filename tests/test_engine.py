@@ -1,0 +1,200 @@
+"""Engine properties: executors agree, one compile, padding is inert, sharding
+is transparent, and one FedAvg step equals a hand-derived SGD step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_metric import engine, optimizers
+from fedjax_metric.algorithms import fedavg
+from fedjax_metric.data import partition as partition_lib
+import fl_fixtures as fx
+
+SGD_SERVER = optimizers.make_server_optimizer('sgd')
+
+
+def federation(model_fn=fx.cnn, num_clients=6, alpha=0.5, norm='none'):
+  images, labels = fx.make_data(72)
+  parts = partition_lib.dirichlet(labels, num_clients, alpha, seed=1,
+                                  variant='per_class')
+  model = model_fn(norm) if model_fn is fx.cnn else model_fn()
+  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  return model, alg, data, parts, fx.init_variables(model, images)
+
+
+def run_rounds(executor, alg, data, parts, variables, cohorts, *, mesh=None,
+               chunk_size=0, spec=None, steps_per_call=2):
+  spec = spec or fx.make_spec(alg, momentum=0.9)
+  state, table = engine.init_state(alg, variables, len(parts), SGD_SERVER)
+  round_fn = engine.make_round_fn(spec, data, executor=executor,
+                                  chunk_size=chunk_size, mesh=mesh,
+                                  steps_per_call=steps_per_call)
+  if mesh is not None:
+    state, table = engine.replicate((state, table), mesh)
+  for c in cohorts:
+    c = engine.shard_cohort(c, mesh) if mesh is not None else c
+    state, table, metrics = round_fn(state, table, c)
+  return state, metrics, round_fn
+
+
+@pytest.mark.parametrize('norm', ['none', 'batch'])
+def test_executors_agree(norm):
+  _, alg, data, parts, variables = federation(norm=norm)
+  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
+             for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])]
+  results = {}
+  for executor, chunk in [('vmap', 0), ('sequential', 0), ('chunked', 2),
+                          ('host', 0)]:
+    state, metrics, _ = run_rounds(executor, alg, data, parts, variables,
+                                   cohorts, chunk_size=chunk)
+    results[executor] = (state.variables, metrics)
+  reference, ref_metrics = results['vmap']
+  assert fx.max_abs_diff(reference, variables) > 1e-3  # Training moved it.
+  for executor, (result, metrics) in results.items():
+    assert fx.max_abs_diff(reference, result) < 1e-5, executor
+    np.testing.assert_allclose(metrics['train_loss_sum'],
+                               ref_metrics['train_loss_sum'], rtol=1e-5)
+
+
+def test_single_program_compiles_once():
+  _, alg, data, parts, variables = federation()
+  # Different real cohort sizes and different clients (sizes) every round.
+  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=5)
+             for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])]
+  _, _, round_fn = run_rounds('vmap', alg, data, parts, variables, cohorts)
+  assert round_fn.jitted._cache_size() == 1
+
+
+def test_host_loop_compiles_once():
+  _, alg, data, parts, variables = federation()
+  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=6)
+             for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])]
+  _, _, round_fn = run_rounds('host', alg, data, parts, variables, cohorts)
+  for name, fn in round_fn.fns._asdict().items():
+    assert fn._cache_size() == 1, name
+
+
+@pytest.mark.parametrize('executor', ['vmap', 'host'])
+def test_padding_slots_change_nothing(executor):
+  _, alg, data, parts, variables = federation()
+  small = [fx.cohort(parts, [1, 4], num_slots=2, num_steps=5)]
+  padded = [fx.cohort(parts, [1, 4], num_slots=6, num_steps=5)]
+  a, _, _ = run_rounds(executor, alg, data, parts, variables, small)
+  b, _, _ = run_rounds(executor, alg, data, parts, variables, padded)
+  # Only float reassociation of the longer weighted sum may differ.
+  assert fx.max_abs_diff(a.variables, b.variables) < 1e-6
+
+
+@pytest.mark.parametrize('norm', ['none', 'batch'])
+def test_padded_examples_and_steps_change_nothing(norm):
+  """A 10-example client: batch 10 in 1 step == batch 16 (6 padded) in 3 steps
+  (2 of them padded). Padded rows point at other clients' examples."""
+  _, alg, data, _, variables = federation(norm=norm)
+  parts = [np.arange(10), np.arange(10, 72)]
+  tight = fx.cohort(parts, [0], num_slots=1, batch_size=10, num_steps=1)
+  loose = fx.cohort(parts, [0], num_slots=1, batch_size=16, num_steps=3)
+  loose.example_idx[0][~loose.example_mask[0]] = 50  # Junk, masked.
+  # Same example order in the real rows.
+  np.testing.assert_array_equal(np.sort(loose.example_idx[0, 0, :10]),
+                                np.sort(tight.example_idx[0, 0]))
+  loose.example_idx[0, 0, :10] = tight.example_idx[0, 0]
+  a, _, _ = run_rounds('vmap', alg, data, parts, variables, [tight])
+  b, _, _ = run_rounds('vmap', alg, data, parts, variables, [loose])
+  assert fx.max_abs_diff(a.variables, b.variables) < 1e-6
+
+
+def test_sharded_over_four_devices_equals_one_device():
+  assert jax.device_count() >= 4, 'conftest sets 4 simulated CPU devices'
+  _, alg, data, parts, variables = federation()
+  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
+             for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])]
+  one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
+                         mesh=engine.make_mesh(1))
+  mesh4 = engine.make_mesh(4)
+  four, _, round_fn = run_rounds(
+      'vmap', alg, engine.replicate(data, mesh4), parts, variables, cohorts,
+      mesh=mesh4)
+  assert len(four.variables['params']['Dense_0']['kernel'].sharding.device_set) == 4
+  assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
+  hlo = round_fn.jitted.lower(
+      *engine.replicate(engine.init_state(alg, variables, 6, SGD_SERVER), mesh4),
+      engine.shard_cohort(cohorts[0], mesh4), engine.replicate(data, mesh4)
+  ).compile().as_text()
+  assert 'all-reduce' in hlo  # The weighted sum became a cross-device reduce.
+
+
+def softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  e = np.exp(z)
+  return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize('executor', ['vmap', 'host'])
+def test_one_client_one_step_is_one_sgd_step(executor):
+  """Independent reference: softmax regression, gradient derived by hand:
+  dL/dW = X^T (softmax(XW + b) - Y) / B, dL/db = mean(softmax - Y)."""
+  images, labels = fx.make_data(60)
+  model = fx.linear()
+  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  variables = fx.init_variables(model, images)
+  parts = [np.arange(8), np.arange(8, 60)]
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  c = fx.cohort(parts, [0], num_slots=1, batch_size=8, num_steps=1)
+  state, _, _ = run_rounds(executor, alg, data, parts, variables, [c],
+                           spec=fx.make_spec(alg, lr=0.3))
+
+  w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+  b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
+  idx = c.example_idx[0, 0]
+  x = images[idx].reshape(8, -1).astype(np.float64) / 255.0
+  y = np.eye(fx.NUM_CLASSES)[labels[idx]]
+  err = softmax(x @ w + b) - y
+  expected_w = w - 0.3 * x.T @ err / 8
+  expected_b = b - 0.3 * err.mean(0)
+  got = state.variables['params']['Dense_0']
+  np.testing.assert_allclose(got['kernel'], expected_w, atol=1e-5)
+  np.testing.assert_allclose(got['bias'], expected_b, atol=1e-5)
+
+
+def test_aggregation_weights_by_client_size():
+  """Two clients, one full-batch step each: server = size-weighted mean of the
+  two hand-computed local models."""
+  images, labels = fx.make_data(60)
+  model = fx.linear()
+  variables = fx.init_variables(model, images)
+  parts = [np.arange(4), np.arange(4, 16)]
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+  b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
+  for weighting, weights in [('num_examples', (4, 12)), ('uniform', (1, 1))]:
+    alg = fedavg.make(model, server_optimizer=SGD_SERVER, weighting=weighting)
+    c = fx.cohort(parts, [0, 1], num_slots=2, batch_size=12, num_steps=1)
+    state, _, _ = run_rounds('vmap', alg, data, parts, variables, [c],
+                             spec=fx.make_spec(alg, lr=0.5))
+    local = []
+    for slot, n in enumerate((4, 12)):
+      idx = c.example_idx[slot, 0, :n]
+      x = images[idx].reshape(n, -1).astype(np.float64) / 255.0
+      err = softmax(x @ w + b) - np.eye(fx.NUM_CLASSES)[labels[idx]]
+      local.append(w - 0.5 * x.T @ err / n)
+    expected = (weights[0] * local[0] + weights[1] * local[1]) / sum(weights)
+    np.testing.assert_allclose(state.variables['params']['Dense_0']['kernel'],
+                               expected, atol=1e-5, err_msg=weighting)
+
+
+def test_client_table_gather_and_scatter_drop_padding():
+  table = {'count': jnp.zeros((5,), jnp.int32)}
+  ids = jnp.asarray([3, 0, 5, 5])  # 5 == N: padding.
+  rows = engine.gather_rows(table, ids)
+  table = engine.scatter_rows(table, ids, jax.tree.map(lambda r: r + 1, rows))
+  np.testing.assert_array_equal(table['count'], [1, 0, 0, 1, 0])
+
+
+def test_unknown_executor_is_a_clear_error():
+  _, alg, data, _, _ = federation()
+  with pytest.raises(ValueError, match='Unknown executor'):
+    engine.make_round_fn(fx.make_spec(alg), data, executor='pmap')
+  with pytest.raises(ValueError, match='chunk_size'):
+    engine.make_round_fn(fx.make_spec(alg), data, executor='chunked')
