@@ -1,0 +1,151 @@
+"""End to end: every config's :runlocal, resume == uninterrupted, finished runs
+are kept, and bad input fails with a message that names the fix."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from fedjax_metric import train
+from fedjax_metric.data import sources
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(os.path.basename(p)[:-3]
+                 for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
+                 if not os.path.basename(p).startswith(('_', 'common')))
+
+
+def load_config(name, arg='runlocal'):
+  import importlib
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config(arg)
+  config.unlock()
+  config.progress = False
+  return config
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def final_params(workdir):
+  with ocp.CheckpointManager(os.path.join(os.path.abspath(workdir),
+                                          'checkpoints')) as m:
+    restored = m.restore(m.latest_step())
+  return restored['server_state']
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_every_config_runs_locally(name, tmp_path):
+  summary = train.run(load_config(name), str(tmp_path))
+  assert summary['rounds_completed'] == 2
+  assert 0.0 <= summary['test_accuracy'] <= 1.0
+  for f in ('config.json', 'metrics.jsonl', 'summary.json', 'partition.json',
+            'partition.png'):
+    assert os.path.exists(tmp_path / f), f
+  assert glob.glob(str(tmp_path / 'events.out.tfevents.*'))
+  rows = read_metrics(tmp_path)
+  assert [r['round'] for r in rows] == [1, 2]
+  assert {'round', 'wall_time', 'test_accuracy', 'test_loss',
+          'train_loss'} <= set(rows[0])
+
+
+def test_fedavg_learns_digits(tmp_path):
+  config = load_config('fedavg', '')
+  config.num_rounds = 6
+  config.checkpoint_every = 100
+  summary = train.run(config, str(tmp_path))
+  assert summary['test_accuracy'] > 0.75  # Chance is 0.10.
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+  config = load_config('fedavg')
+  config.num_rounds = 4
+  config.checkpoint_every = 2
+  config.local.optimizer = 'sgd'
+  config.local.momentum = 0.9
+  straight = str(tmp_path / 'straight')
+  resumed = str(tmp_path / 'resumed')
+  train.run(config, straight)
+  first = train.run(config, resumed, stop_after_round=3)
+  assert first['rounds_completed'] == 3
+  assert not os.path.exists(os.path.join(resumed, 'summary.json'))
+  train.run(config, resumed)  # Restores round 3's checkpoint, finishes.
+  a, b = final_params(straight), final_params(resumed)
+  for x, y in zip(jax_leaves(a), jax_leaves(b)):
+    np.testing.assert_array_equal(x, y)
+  assert ([r['round'] for r in read_metrics(resumed)] == [1, 2, 3, 4])
+  assert read_metrics(straight)[-1]['test_loss'] == read_metrics(resumed)[-1]['test_loss']
+
+
+def jax_leaves(tree):
+  import jax
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_finished_run_is_not_redone_or_lost(tmp_path):
+  config = load_config('fedavg')
+  summary = train.run(config, str(tmp_path))
+  stamp = os.path.getmtime(tmp_path / 'metrics.jsonl')
+  again = train.run(config, str(tmp_path))
+  assert again == summary
+  assert os.path.getmtime(tmp_path / 'metrics.jsonl') == stamp
+
+
+def test_different_config_in_same_workdir_is_refused(tmp_path):
+  config = load_config('fedavg')
+  train.run(config, str(tmp_path), stop_after_round=1)
+  config.local.learning_rate = 0.5
+  with pytest.raises(ValueError, match='different config.*learning_rate|local'):
+    train.run(config, str(tmp_path))
+
+
+def test_nan_loss_stops_with_advice_and_keeps_checkpoint(tmp_path):
+  config = load_config('fedavg')
+  config.num_rounds = 3
+  config.local.learning_rate = 1e30
+  with pytest.raises(FloatingPointError, match='learning_rate'):
+    train.run(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / 'summary.json')
+
+
+def test_missing_dataset_names_files_and_fix(tmp_path):
+  config = load_config('fedavg')
+  config.dataset.name = 'mnist'
+  config.dataset.data_dir = str(tmp_path / 'nowhere')
+  with pytest.raises(sources.DatasetNotFoundError, match='train-images'):
+    train.run(config, str(tmp_path / 'run'))
+
+
+def test_impossible_partition_is_a_clear_error(tmp_path):
+  config = load_config('fedavg')
+  config.num_clients = 5000
+  config.clients_per_round = 4
+  with pytest.raises(ValueError, match='5000'):
+    train.run(config, str(tmp_path))
+
+
+def run_cli(*args, cwd=ROOT):
+  return subprocess.run([sys.executable, '-m', 'launch.main', *args],
+                        cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_overrides_and_locked_config(tmp_path):
+  ok = run_cli('--config=configs/fedavg.py:runlocal', '--config.num_rounds=1',
+               '--config.seed=3', '--config.partition.alpha=0.3',
+               '--config.progress=False', f'--workdir={tmp_path}/a')
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert 'test_accuracy=' in ok.stdout
+  with open(tmp_path / 'a' / 'config.json') as f:
+    saved = json.load(f)
+  assert (saved['num_rounds'], saved['seed'], saved['partition']['alpha']) == (1, 3, 0.3)
+  bad = run_cli('--config=configs/fedavg.py:runlocal', '--config.num_round=1',
+                f'--workdir={tmp_path}/b')
+  assert bad.returncode != 0
+  assert 'num_round' in bad.stderr
