@@ -50,9 +50,11 @@ class ServerState(NamedTuple):
 
 
 class Batch(NamedTuple):
-  images: jax.Array  # float [B, H, W, C], preprocessed (and augmented).
-  labels: jax.Array  # int32 [B]
-  mask: jax.Array    # bool [B]; False for padded examples.
+  images: jax.Array      # float [B, H, W, C], preprocessed (and augmented).
+  labels: jax.Array      # int32 [B]
+  mask: jax.Array        # bool [B]; False for padded examples.
+  raw_images: jax.Array  # uint8 [B, H, W, C]: for losses that draw their own
+                         # augmented views (SSD); unused inputs cost nothing.
 
 
 class ClientContext(NamedTuple):
@@ -90,8 +92,9 @@ class Algorithm(NamedTuple):
       metrics))``, differentiated w.r.t. params; loss is a masked mean.
     client_step_end: ``(local_state, params, model_state, ctx) ->
       local_state``, after each optimizer step (e.g. a ring buffer of models).
-    client_final: ``(server_state, client_row, local_state, end_variables,
-      num_examples) -> (update, weight, new_row)``.
+    client_final: ``(server_state, client_row, client_id, local_state,
+      end_variables, num_examples) -> (update, weight, new_row)``; may read
+      per-client server state (e.g. participation counters) by client_id.
     server_update: ``(server_state, aggregate, client_table) -> server_state``.
   """
   init_client: Callable[..., Any]
@@ -205,8 +208,9 @@ def local_step(spec: RoundSpec, data: DeviceData, server_state, client_row,
   alg = spec.algorithm
   key = jax.random.fold_in(client_key(spec, server_state.round, client_id), step)
   augment_key, loss_key = jax.random.split(key)
-  batch = Batch(spec.preprocess(data.images[example_idx], augment_key),
-                data.labels[example_idx], example_mask)
+  raw_images = data.images[example_idx]
+  batch = Batch(spec.preprocess(raw_images, augment_key),
+                data.labels[example_idx], example_mask, raw_images)
   ctx = ClientContext(server_state, client_row, carry.local_state, client_id,
                       loss_key, step)
   grad_fn = jax.value_and_grad(alg.client_loss, has_aux=True)
@@ -236,11 +240,13 @@ def run_steps(spec, data, server_state, client_row, client_id, carry,
   return carry
 
 
-def client_finish(spec: RoundSpec, server_state, client_row, carry, num_examples):
+def client_finish(spec: RoundSpec, server_state, client_row, client_id, carry,
+                  num_examples):
   """-> (update, weight, new_row, (loss_sum, example_count))."""
   end_variables = merge_variables(carry.params, carry.model_state)
   update, weight, new_row = spec.algorithm.client_final(
-      server_state, client_row, carry.local_state, end_variables, num_examples)
+      server_state, client_row, client_id, carry.local_state, end_variables,
+      num_examples)
   return update, weight, new_row, (carry.loss_sum, carry.example_count)
 
 
@@ -251,7 +257,8 @@ def client_update(spec, data, server_state, client_row, client_id, example_idx,
   carry = run_steps(spec, data, server_state, client_row, client_id, carry,
                     example_idx, example_mask, jnp.zeros((), jnp.int32),
                     unroll=unroll)
-  return client_finish(spec, server_state, client_row, carry, num_examples)
+  return client_finish(spec, server_state, client_row, client_id, carry,
+                       num_examples)
 
 
 def finish_round(spec: RoundSpec, server_state, client_table, cohort, update_sum,
@@ -352,7 +359,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   def finish(server_state, client_table, row, client_id, accumulator, carry,
              num_examples):
     update, weight, new_row, (loss_sum, count) = client_finish(
-        spec, server_state, row, carry, num_examples)
+        spec, server_state, row, client_id, carry, num_examples)
     client_table = scatter_rows(client_table, client_id, new_row)
     update_sum, weight_sum, loss_total, count_total = accumulator
     accumulator = (jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
@@ -402,7 +409,8 @@ def _zero_update(spec, server_state, client_table):
   def one_update(server_state, client_table):
     row = gather_rows(client_table, jnp.zeros((), jnp.int32))
     carry = client_begin(spec, server_state, row, jnp.zeros((), jnp.int32))
-    update, *_ = client_finish(spec, server_state, row, carry,
+    update, *_ = client_finish(spec, server_state, row,
+                               jnp.zeros((), jnp.int32), carry,
                                jnp.zeros((), jnp.float32))
     return update
   shapes = jax.eval_shape(one_update, server_state, client_table)

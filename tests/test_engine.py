@@ -198,3 +198,62 @@ def test_unknown_executor_is_a_clear_error():
     engine.make_round_fn(fx.make_spec(alg), data, executor='pmap')
   with pytest.raises(ValueError, match='chunk_size'):
     engine.make_round_fn(fx.make_spec(alg), data, executor='chunked')
+
+
+def counting_algorithm(model):
+  """FedAvg plus every stateful slot, each counting something checkable:
+  table row = (times sampled, live steps taken so far); local state = steps
+  this round; server extra = participants per client seen by server_update."""
+  base = fedavg.make(model, server_optimizer=SGD_SERVER)
+
+  def init_client(variables):
+    del variables
+    return {'sampled': jnp.zeros((), jnp.int32), 'steps': jnp.zeros((), jnp.int32)}
+
+  def client_begin(server_state, client_row, client_id):
+    del server_state, client_row, client_id
+    return jnp.zeros((), jnp.int32)
+
+  def client_step_end(local_state, params, model_state, ctx):
+    del params, model_state, ctx
+    return local_state + 1
+
+  def client_final(server_state, row, client_id, local_state, end_variables, n):
+    update, weight, _ = base.client_final(server_state, row, client_id,
+                                          local_state, end_variables, n)
+    return update, weight, {'sampled': row['sampled'] + 1,
+                            'steps': row['steps'] + local_state}
+
+  def server_update(server_state, aggregate, client_table):
+    state = base.server_update(server_state, aggregate, client_table)
+    seen = state.extra.at[aggregate.client_ids].add(
+        aggregate.slot_mask.astype(jnp.int32), mode='drop')
+    return state._replace(extra=seen)
+
+  return base._replace(
+      init_client=init_client,
+      init_server_extra=lambda v, n: jnp.zeros((n,), jnp.int32),
+      client_begin=client_begin, client_step_end=client_step_end,
+      client_final=client_final, server_update=server_update)
+
+
+@pytest.mark.parametrize('executor', ['vmap', 'host', 'chunked'])
+def test_client_table_step_hook_and_server_extra(executor):
+  model, _, data, parts, variables = federation()
+  alg = counting_algorithm(model)
+  rounds = [[0, 2, 5], [2, 3], [5, 2, 1, 0]]
+  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r, batch_size=4)
+             for r, ids in enumerate(rounds)]
+  state, table = engine.init_state(alg, variables, len(parts), SGD_SERVER)
+  round_fn = engine.make_round_fn(fx.make_spec(alg), data, executor=executor,
+                                  chunk_size=2, steps_per_call=3)
+  for c in cohorts:
+    state, table, _ = round_fn(state, table, c)
+  sampled = np.bincount(np.concatenate(rounds), minlength=len(parts))
+  np.testing.assert_array_equal(table['sampled'], sampled)
+  np.testing.assert_array_equal(state.extra, sampled)
+  live_steps = np.zeros(len(parts), int)
+  for c in cohorts:
+    for slot in np.flatnonzero(c.slot_mask):
+      live_steps[c.client_ids[slot]] += c.example_mask[slot].any(-1).sum()
+  np.testing.assert_array_equal(table['steps'], live_steps)

@@ -57,9 +57,9 @@ def make_delta_final(weighting: str = 'num_examples'):
   if weighting not in WEIGHTINGS:
     raise ValueError(f'Unknown weighting {weighting!r}; use one of {WEIGHTINGS}.')
 
-  def client_final(server_state, client_row, local_state, end_variables,
-                   num_examples):
-    del local_state
+  def client_final(server_state, client_row, client_id, local_state,
+                   end_variables, num_examples):
+    del client_id, local_state
     delta = jax.tree.map(jnp.subtract, end_variables, server_state.variables)
     weight = num_examples if weighting == 'num_examples' else jnp.ones_like(
         num_examples)

@@ -1,0 +1,170 @@
+r"""Steady-state speed of a federated round, per executor, vs a PyTorch loop.
+
+  python -m launch.bench                       # small CNN, 10 and 100 clients
+  python -m launch.bench --clients=10,100 --local_steps=10 --batch_size=32 \
+      --executors=host,vmap,chunked --pool=stride --torch
+
+Each configuration: FedAvg, every client takes exactly ``local_steps`` SGD
+steps of ``batch_size`` on synthetic 28x28x1 data; one warm-up round (its time
+minus the median is reported as compile time), then the median of
+``--rounds`` timed rounds. The table is printed and appended to
+benchmarks/<device>.md with the machine named.
+"""
+
+import datetime
+import os
+import platform
+import resource
+import statistics
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_metric import engine, models, optimizers
+from fedjax_metric.algorithms import fedavg
+from fedjax_metric.data import augment, cohort as cohort_lib
+
+_CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
+_STEPS = flags.DEFINE_integer('local_steps', 10, 'Local steps per client.')
+_BATCH = flags.DEFINE_integer('batch_size', 32, 'Batch size.')
+_IMAGE = flags.DEFINE_list('image_shape', ['28', '28', '1'], 'H,W,C.')
+_POOL = flags.DEFINE_string('pool', 'stride', 'small_cnn pool: stride|avg|max.')
+_EXECUTORS = flags.DEFINE_list('executors', ['host', 'vmap', 'chunked'],
+                               'Executors to time.')
+_CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
+_UNROLL = flags.DEFINE_boolean(
+    'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds after warm-up.')
+_TORCH = flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
+_OUT = flags.DEFINE_string('out', None, 'Markdown file (default '
+                           'benchmarks/<backend>.md).')
+
+
+def device_name():
+  device = jax.devices()[0]
+  if device.platform == 'cpu':
+    cpu = platform.processor() or 'cpu'
+    try:
+      with open('/proc/cpuinfo') as f:
+        cpu = next(line.split(':', 1)[1].strip() for line in f
+                   if line.startswith('model name'))
+    except (OSError, StopIteration):
+      pass
+    return f'{cpu}, {os.cpu_count()} cores'
+  return device.device_kind
+
+
+def time_jax(executor, num_clients, *, unroll):
+  """-> dict(seconds per round, compile seconds, rounds) for one executor."""
+  h, w, c = (int(x) for x in _IMAGE.value)
+  steps, batch = _STEPS.value, _BATCH.value
+  rng = np.random.default_rng(0)
+  per_client = steps * batch
+  images = rng.integers(0, 256, (num_clients * per_client, h, w, c), np.uint8)
+  labels = rng.integers(0, 10, len(images)).astype(np.int32)
+  partition = np.split(np.arange(len(images)), num_clients)
+  model = models.build('small_cnn', 10, pool=_POOL.value)
+  preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
+  variables = model.init(jax.random.key(0),
+                         preprocess(jnp.asarray(images[:1]), None))
+  server_opt = optimizers.make_server_optimizer('sgd')
+  alg = fedavg.make(model, server_optimizer=server_opt)
+  spec = engine.RoundSpec(alg, optimizers.make_client_optimizer('sgd'),
+                          optimizers.make_round_schedule(0.01), preprocess, 0)
+  data = jax.device_put(engine.DeviceData(images, labels))
+  round_fn = engine.make_round_fn(
+      spec, data, executor=executor, chunk_size=_CHUNK.value,
+      steps_per_call=steps, unroll=unroll)
+  state, table = engine.init_state(alg, variables, num_clients, server_opt)
+  times = []
+  for r in range(_ROUNDS.value + 1):
+    cohort = cohort_lib.make_cohort(
+        np.arange(num_clients), partition, num_slots=num_clients,
+        num_steps=steps, batch_size=batch, local_epochs=1, local_steps=steps,
+        seed=0, round_idx=r)
+    cohort = jax.device_put(cohort)
+    start = time.perf_counter()
+    state, table, metrics = round_fn(state, table, cohort)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - start)
+  median = statistics.median(times[1:])
+  return {'median': median, 'min': min(times[1:]), 'max': max(times[1:]),
+          'compile': times[0] - median}
+
+
+def peak_rss_mb():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv):
+  del argv
+  backend = jax.default_backend()
+  unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
+  rows = []
+  for clients in (int(c) for c in _CLIENTS.value):
+    client_steps = clients * _STEPS.value
+    results = {}
+    for executor in _EXECUTORS.value:
+      r = time_jax(executor, clients, unroll=unroll)
+      results[executor] = r
+      print(f'{executor:>10} C={clients:<5} {r["median"]:.3f} s/round '
+            f'(min {r["min"]:.3f}, max {r["max"]:.3f}), compile '
+            f'{r["compile"]:.1f} s, {client_steps / r["median"]:.0f} '
+            'client-steps/s', flush=True)
+    torch = None
+    if _TORCH.value:
+      from launch import torch_reference  # pylint: disable=g-import-not-at-top
+      h, w, c = (int(x) for x in _IMAGE.value)
+      torch = torch_reference.time_torch_rounds(
+          clients_per_round=clients, local_steps=_STEPS.value,
+          batch_size=_BATCH.value, image_shape=(h, w, c), pool=_POOL.value,
+          num_rounds=_ROUNDS.value, warmup_rounds=1, lr=0.01)
+      print(f'{"torch":>10} C={clients:<5} {torch["median"]:.3f} s/round, '
+            f'{torch["client_steps_per_second"]:.0f} client-steps/s '
+            f'(torch {torch["torch_version"]}, {torch["num_threads"]} threads)',
+            flush=True)
+    for executor, r in results.items():
+      ratio = (f'{r["median"] / torch["median"]:.2f}x' if torch else 'n/a')
+      rows.append(f'| {clients} | {executor} | {r["median"]:.3f} | '
+                  f'{r["min"]:.3f}-{r["max"]:.3f} | '
+                  f'{client_steps / r["median"]:.0f} | {r["compile"]:.1f} | '
+                  f'{ratio} |')
+    if torch:
+      rows.append(f'| {clients} | pytorch loop | {torch["median"]:.3f} | '
+                  f'{torch["min"]:.3f}-{max(torch["seconds_per_round"]):.3f} | '
+                  f'{torch["client_steps_per_second"]:.0f} | - | 1.00x |')
+
+  header = [
+      f'\n## {datetime.date.today()} - small_cnn ({_POOL.value}), '
+      f'{"x".join(_IMAGE.value)}, {_STEPS.value} local steps of '
+      f'{_BATCH.value}, FedAvg',
+      '',
+      f'Device: {device_name()} ({backend}); jax {jax.__version__}; '
+      f'peak host RSS {peak_rss_mb():.0f} MB; median of {_ROUNDS.value} '
+      'rounds after 1 warm-up; unroll=' + str(unroll) + '.',
+      f'Command: `python -m launch.bench --clients={",".join(_CLIENTS.value)} '
+      f'--local_steps={_STEPS.value} --batch_size={_BATCH.value} '
+      f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)}`',
+      '',
+      '| clients/round | executor | s/round (median) | min-max | '
+      'client-steps/s | compile s | vs PyTorch |',
+      '|---|---|---|---|---|---|---|',
+  ]
+  table = '\n'.join(header + rows) + '\n'
+  print(table)
+  out = _OUT.value or os.path.join('benchmarks', f'{backend}.md')
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  new = not os.path.exists(out)
+  with open(out, 'a') as f:
+    if new:
+      f.write(f'# Benchmarks on {backend}\n\nAppended by launch/bench.py; '
+              'never edited by hand.\n')
+    f.write(table)
+
+
+if __name__ == '__main__':
+  app.run(main)
