@@ -57,6 +57,14 @@ def make_partition(config, labels):
                    'shards or one_class.')
 
 
+def partition_label(p):
+  if p.method == 'dirichlet':
+    return f'dirichlet {p.variant}, alpha={p.alpha}'
+  if p.method == 'shards':
+    return f'shards, {p.classes_per_client} classes per client'
+  return p.method
+
+
 def build_algorithm(config, model):
   if config.algorithm not in algorithms.REGISTRY:
     raise ValueError(f'Unknown algorithm {config.algorithm!r}; registered: '
@@ -194,7 +202,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   if config.plot_partition:
     partition.plot_class_counts(
         counts, os.path.join(workdir, 'partition.png'),
-        title=f'{ds.name}: {config.partition.method} partition')
+        title=f'{ds.name}: {partition_label(config.partition)}')
 
   # ----- Model, algorithm, executor. -----
   mean, std = augment.channel_stats(train.images)

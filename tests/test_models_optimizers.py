@@ -97,3 +97,17 @@ def test_fedavgm_momentum_accumulates():
   np.testing.assert_allclose(u2, -1.9 * g, rtol=1e-6)
   with pytest.raises(ValueError, match='FedYogi'):
     optimizers.make_server_optimizer('lamb')
+
+
+@pytest.mark.parametrize('shape', [(2, 28, 28, 3), (2, 7, 7, 1), (1, 8, 9, 2)])
+def test_reshape_pooling_matches_flax_values_and_gradients(shape):
+  import flax.linen as nn
+  from fedjax_metric.models.layers import pool_2x2
+  x = jax.random.normal(jax.random.key(0), shape)
+  reference = {'max': lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)),
+               'avg': lambda x: nn.avg_pool(x, (2, 2), strides=(2, 2))}
+  for kind, ref in reference.items():
+    np.testing.assert_allclose(pool_2x2(x, kind), ref(x), atol=1e-6)
+    grad = lambda f: jax.grad(lambda x: jnp.sum(f(x) ** 2))(x)
+    np.testing.assert_allclose(grad(lambda x: pool_2x2(x, kind)), grad(ref),
+                               atol=1e-5)

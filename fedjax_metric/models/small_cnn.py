@@ -2,8 +2,8 @@
 
 Two 3x3 convolutions and two dense layers. Downsampling defaults to stride-2
 convolutions because that is the form XLA runs fastest on CPU: the backward
-pass of max-pool (select-and-scatter) is ~12x slower there
-(../shared/notes/cpu-performance.md). ``pool='max'`` gives the textbook form.
+pass of pooling costs time there even in the reshape form of
+`layers.pool_2x2` (benchmarks/cpu.md). ``pool='max'`` gives the textbook form.
 """
 
 from typing import Optional
@@ -11,23 +11,7 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-
-def make_norm(kind: str, groups: int = 2):
-  """Returns ``norm(x, train, mask)`` for 'none' | 'batch' | 'group'."""
-  if kind == 'none':
-    return lambda x, train, mask: x
-  if kind == 'batch':
-    def batch_norm(x, train, mask):
-      # BN stats over the real examples only, so padded examples change nothing.
-      bn_mask = None if mask is None else mask[:, None, None, None]
-      if bn_mask is not None and x.ndim == 2:
-        bn_mask = mask[:, None]
-      return nn.BatchNorm(use_running_average=not train, momentum=0.9)(
-          x, mask=None if bn_mask is None else jnp.broadcast_to(bn_mask, x.shape))
-    return batch_norm
-  if kind == 'group':
-    return lambda x, train, mask: nn.GroupNorm(num_groups=groups)(x)
-  raise ValueError(f"Unknown norm {kind!r}; use 'none', 'batch' or 'group'.")
+from fedjax_metric.models.layers import make_norm, pool_2x2
 
 
 class SmallCNN(nn.Module):
@@ -58,10 +42,8 @@ class SmallCNN(nn.Module):
       strides = 2 if self.pool == 'stride' else 1
       x = nn.Conv(channels, (3, 3), strides=strides)(x)
       x = nn.relu(norm(x, train, mask))
-      if self.pool == 'avg':
-        x = nn.avg_pool(x, (2, 2), strides=(2, 2))
-      elif self.pool == 'max':
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+      if self.pool != 'stride':
+        x = pool_2x2(x, self.pool)
       features.append(jnp.mean(x, axis=(1, 2)))
     x = x.reshape(x.shape[0], -1)
     embedding = nn.relu(nn.Dense(self.embedding_dim)(x))
