@@ -149,3 +149,19 @@ def test_cli_overrides_and_locked_config(tmp_path):
                 f'--workdir={tmp_path}/b')
   assert bad.returncode != 0
   assert 'num_round' in bad.stderr
+
+
+def test_run_with_sharded_vmap_equals_host_executor(tmp_path):
+  """3 clients per round on 4 devices: 4 slots, one padding slot."""
+  finals = {}
+  for executor in ('host', 'vmap'):
+    config = load_config('fedavg')
+    config.clients_per_round = 3
+    config.executor = executor
+    config.num_devices = 4
+    summary = train.run(config, str(tmp_path / executor))
+    assert summary['executor'] == executor
+    finals[executor] = final_params(str(tmp_path / executor))
+  assert train.num_cohort_slots(config, 4) == 4
+  for x, y in zip(jax_leaves(finals['host']), jax_leaves(finals['vmap'])):
+    np.testing.assert_allclose(x, y, atol=1e-5)
