@@ -53,6 +53,8 @@ def base_config():
       min_size=10,
       classes_per_client=2,  # shards only
   ))
+  # `name` plus that model's own constructor fields (method configs replace
+  # the whole block for their model; a field the model lacks is an error).
   c.model = ml_collections.ConfigDict(dict(
       name='small_cnn', width=32, embedding_dim=128,
       pool='stride',        # stride | avg | max
@@ -99,8 +101,9 @@ def shrink_for_runlocal(c):
   c.local.epochs = 1
   c.local.steps = 2
   c.local.batch_size = min(c.local.batch_size, 16)
-  c.model.width = 8
-  c.model.embedding_dim = 16
+  for field, tiny in (('width', 8), ('embedding_dim', 16)):
+    if field in c.model:
+      c.model[field] = tiny
   c.eval_every = 1
   c.checkpoint_every = 1
   return c

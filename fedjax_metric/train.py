@@ -65,6 +65,17 @@ def partition_label(p):
   return p.method
 
 
+def build_model(model_config, num_classes):
+  """``config.model`` is ``name`` plus that model's constructor fields."""
+  kwargs = {k: v for k, v in model_config.items() if k != 'name'}
+  try:
+    return models.build(model_config.name, num_classes, **kwargs)
+  except TypeError as e:
+    raise ValueError(f'config.model fields {sorted(kwargs)} do not fit model '
+                     f'{model_config.name!r} ({e}). Set the model block to the '
+                     "fields that model declares (see its module).") from e
+
+
 def build_algorithm(config, model):
   if config.algorithm not in algorithms.REGISTRY:
     raise ValueError(f'Unknown algorithm {config.algorithm!r}; registered: '
@@ -208,9 +219,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   mean, std = augment.channel_stats(train.images)
   train_preprocess = augment.make_preprocess(mean, std, ds.augmentation)
   eval_preprocess = augment.make_preprocess(mean, std, 'none')
-  m = config.model
-  model = models.build(m.name, train.num_classes, width=m.width,
-                       embedding_dim=m.embedding_dim, pool=m.pool, norm=m.norm)
+  model = build_model(config.model, train.num_classes)
   variables = model.init(jax.random.key(config.seed),
                          eval_preprocess(jnp.asarray(train.images[:1]), None))
   algorithm, server_optimizer = build_algorithm(config, model)

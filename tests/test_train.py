@@ -165,3 +165,11 @@ def test_run_with_sharded_vmap_equals_host_executor(tmp_path):
   assert train.num_cohort_slots(config, 4) == 4
   for x, y in zip(jax_leaves(finals['host']), jax_leaves(finals['vmap'])):
     np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_model_fields_that_do_not_fit_are_a_clear_error(tmp_path):
+  config = load_config('fedavg')
+  config.model.unlock()
+  config.model.depth = 50
+  with pytest.raises(ValueError, match='depth'):
+    train.run(config, str(tmp_path))

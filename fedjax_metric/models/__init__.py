@@ -73,6 +73,11 @@ def build(name: str, num_classes: int, **kwargs) -> ModelFns:
     raise ValueError(
         f'Unknown model {name!r}; known models: {sorted(REGISTRY)}. '
         'Set --config.model.name to one of them.')
+  fields = set(REGISTRY[name].__dataclass_fields__) - {'parent', 'name'}
+  unknown = sorted(set(kwargs) - fields)
+  if unknown:
+    raise TypeError(f'{name} has no field(s) {unknown}; its fields are '
+                    f'{sorted(fields - {"num_classes"})}')
   return make_model_fns(REGISTRY[name](num_classes=num_classes, **kwargs))
 
 
