@@ -1,20 +1,34 @@
-r"""FedAvg (McMahan et al. 2017) with the small CNN.
+r"""FedAvg (McMahan et al. 2017).
+
+Default: the small CNN on digits (the embedded dataset), 10 clients all taking
+part, Dirichlet(0.5) NIID-Bench partition, 1 local epoch of SGD(0.05), batch 32,
+20 rounds. ``setting=fedquad`` / ``setting=fedrcl`` put FedAvg in those papers'
+settings (configs/common.py), the baseline rows of their tables.
 
   python -m launch.main --config=configs/fedavg.py --workdir=/tmp/fedavg
   python -m launch.main --config=configs/fedavg.py:dataset=fashion_mnist \
       --config.partition.alpha=0.1 --workdir=/tmp/fedavg_fmnist
+  python -m launch.main --config=configs/fedavg.py:setting=fedquad,alpha=0.3 --workdir=/tmp/fa
   python -m launch.main --config=configs/fedavg.py:runlocal --workdir=/tmp/smoke
 
-Defaults: digits (the embedded dataset), 10 clients all taking part,
-Dirichlet(0.5) NIID-Bench partition, 1 local epoch of SGD(0.05), batch 32,
-20 rounds. Results: README.md, "Results".
+Results: README.md, "Results".
 """
 
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False, dataset='')
-  c = common.base_config()
+  setting = common.peek_arg(arg, 'setting')
+  if setting == 'fedquad':
+    arg = common.parse_arg(arg, setting='', **common.FEDQUAD_ARGS)
+    c = common.fedquad_setting(arg)
+  elif setting == 'fedrcl':
+    arg = common.parse_arg(arg, setting='', **common.FEDRCL_ARGS)
+    c = common.fedrcl_setting(arg)
+  elif setting == '':
+    arg = common.parse_arg(arg, runlocal=False, dataset='', setting='')
+    c = common.base_config()
+  else:
+    raise ValueError(f"setting must be 'fedquad' or 'fedrcl', got {setting!r}.")
   c.algorithm = 'fedavg'
   return common.finalize(c, arg)

@@ -28,7 +28,7 @@ Shape letters: N clients, C cohort slots, S local steps, B batch size.
 """
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -83,8 +83,9 @@ class Algorithm(NamedTuple):
   """A federated algorithm: seven pure functions, hyperparameters closed over.
 
   Attributes:
-    init_client: ``variables -> row`` for ONE client; the engine stacks N rows
-      into the client table. Return ``()`` for stateless algorithms.
+    init_client: ``(variables, key) -> row`` for ONE client; the engine vmaps
+      it over N per-client keys into the client table. Return ``()`` for
+      stateless algorithms.
     init_server_extra: ``(variables, num_clients) -> extra`` server state.
     client_begin: ``(server_state, client_row, client_id) -> local_state``, the
       per-round state carried through local steps (e.g. a frozen model).
@@ -96,6 +97,11 @@ class Algorithm(NamedTuple):
       end_variables, num_examples) -> (update, weight, new_row)``; may read
       per-client server state (e.g. participation counters) by client_id.
     server_update: ``(server_state, aggregate, client_table) -> server_state``.
+    client_batches: optional, host-side (NumPy): ``(example_indices, labels,
+      rng, *, num_steps, batch_size, local_epochs, local_steps) -> (idx [S, B'],
+      mask [S, B'])``, the client's batch schedule; None means
+      `cohort.client_batches`. FedQuad uses it to lay out each step as
+      [anchors | positives | negatives_1 | negatives_2].
   """
   init_client: Callable[..., Any]
   init_server_extra: Callable[..., Any]
@@ -104,6 +110,7 @@ class Algorithm(NamedTuple):
   client_step_end: Callable[..., Any]
   client_final: Callable[..., Any]
   server_update: Callable[..., Any]
+  client_batches: Optional[Callable[..., Any]] = None
 
 
 class LocalCarry(NamedTuple):
@@ -143,13 +150,17 @@ class DeviceData(NamedTuple):
 
 
 def init_state(algorithm: Algorithm, variables, num_clients: int,
-               server_optimizer: optax.GradientTransformation):
-  """Initial ``(server_state, client_table)``; the table has N rows."""
+               server_optimizer: optax.GradientTransformation, key=None):
+  """Initial ``(server_state, client_table)``; the table has N rows.
+
+  Row k is ``init_client(variables, fold_in(key, k))``.
+  """
   # Copies: rounds donate the state's buffers, the caller keeps `variables`.
   variables = jax.tree.map(jnp.array, variables)
-  row = algorithm.init_client(variables)
-  client_table = jax.tree.map(
-      lambda x: jnp.broadcast_to(x, (num_clients,) + jnp.shape(x)), row)
+  key = jax.random.key(0) if key is None else key
+  keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(jnp.arange(num_clients))
+  client_table = jax.jit(jax.vmap(algorithm.init_client, in_axes=(None, 0)))(
+      variables, keys)
   server_state = ServerState(
       variables=variables,
       opt_state=server_optimizer.init(variables['params']),

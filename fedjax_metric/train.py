@@ -65,11 +65,11 @@ def partition_label(p):
   return p.method
 
 
-def build_model(model_config, num_classes):
+def build_model(model_config, num_classes, input_shape=None):
   """``config.model`` is ``name`` plus that model's constructor fields."""
   kwargs = {k: v for k, v in model_config.items() if k != 'name'}
   try:
-    return models.build(model_config.name, num_classes, **kwargs)
+    return models.build(model_config.name, num_classes, input_shape, **kwargs)
   except TypeError as e:
     raise ValueError(f'config.model fields {sorted(kwargs)} do not fit model '
                      f'{model_config.name!r} ({e}). Set the model block to the '
@@ -219,7 +219,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   mean, std = augment.channel_stats(train.images)
   train_preprocess = augment.make_preprocess(mean, std, ds.augmentation)
   eval_preprocess = augment.make_preprocess(mean, std, 'none')
-  model = build_model(config.model, train.num_classes)
+  model = build_model(config.model, train.num_classes, train.images.shape[1:])
   variables = model.init(jax.random.key(config.seed),
                          eval_preprocess(jnp.asarray(train.images[:1]), None))
   algorithm, server_optimizer = build_algorithm(config, model)
@@ -251,7 +251,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
 
   # ----- State: fresh or restored. -----
   server_state, client_table = engine.init_state(
-      algorithm, variables, config.num_clients, server_optimizer)
+      algorithm, variables, config.num_clients, server_optimizer,
+      key=jax.random.key(config.seed + 1))
   checkpoints = ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, 'checkpoints')),
       options=ocp.CheckpointManagerOptions(
@@ -290,7 +291,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     cohort = cohort_lib.make_cohort(
         ids, clients, num_slots=num_slots, num_steps=num_steps,
         batch_size=lc.batch_size, local_epochs=lc.epochs,
-        local_steps=lc.steps, seed=config.seed, round_idx=round_idx)
+        local_steps=lc.steps, seed=config.seed, round_idx=round_idx,
+        labels=train.labels, batches_fn=algorithm.client_batches)
     cohort = engine.shard_cohort(cohort, mesh) if mesh else cohort
     server_state, client_table, round_metrics = round_fn(
         server_state, client_table, cohort)

@@ -44,13 +44,16 @@ def make_spec(algorithm, *, lr=0.1, optimizer='sgd', momentum=0.0, seed=0,
       optimizers.make_round_schedule(lr), identity_preprocess(), seed)
 
 
+INPUT_SHAPE = (1, 6, 6, 1)  # make_data's images
+
+
 def cnn(norm='none'):
   return models.make_model_fns(models.small_cnn.SmallCNN(
-      num_classes=NUM_CLASSES, width=4, embedding_dim=8, norm=norm))
+      num_classes=NUM_CLASSES, width=4, embedding_dim=8, norm=norm), INPUT_SHAPE)
 
 
 def linear():
-  return models.make_model_fns(Linear())
+  return models.make_model_fns(Linear(), INPUT_SHAPE)
 
 
 def init_variables(model, images, seed=0):

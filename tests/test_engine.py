@@ -206,8 +206,8 @@ def counting_algorithm(model):
   this round; server extra = participants per client seen by server_update."""
   base = fedavg.make(model, server_optimizer=SGD_SERVER)
 
-  def init_client(variables):
-    del variables
+  def init_client(variables, key):
+    del variables, key
     return {'sampled': jnp.zeros((), jnp.int32), 'steps': jnp.zeros((), jnp.int32)}
 
   def client_begin(server_state, client_row, client_id):

@@ -18,8 +18,8 @@ from fedjax_metric.models import split_variables
 WEIGHTINGS = ('num_examples', 'uniform')
 
 
-def no_client_state(variables):
-  del variables
+def no_client_state(variables, key):
+  del variables, key
   return ()
 
 

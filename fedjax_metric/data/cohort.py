@@ -10,7 +10,7 @@ Shape letters: N clients in total, C cohort slots, S local steps, B batch size.
 """
 
 import math
-from typing import NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -85,6 +85,10 @@ def client_batches(example_indices: np.ndarray, rng: np.random.Generator, *,
                              for _ in range(math.ceil(needed / n))])[:needed]
     return stream.reshape(num_steps, batch_size).astype(np.int32), ~mask
   steps_per_epoch = math.ceil(n / batch_size)
+  if local_epochs * steps_per_epoch > num_steps:
+    raise ValueError(f'A client of {n} examples needs {local_epochs} x '
+                     f'{steps_per_epoch} steps of {batch_size}, more than the '
+                     f'{num_steps} local steps; compute S with num_local_steps.')
   for epoch in range(local_epochs):
     order = rng.permutation(example_indices)
     for b in range(steps_per_epoch):
@@ -98,7 +102,8 @@ def client_batches(example_indices: np.ndarray, rng: np.random.Generator, *,
 def make_cohort(client_ids: np.ndarray, partition: Sequence[np.ndarray], *,
                 num_slots: int, num_steps: int, batch_size: int,
                 local_epochs: int, local_steps: int, seed: int,
-                round_idx: int) -> Cohort:
+                round_idx: int, labels: Optional[np.ndarray] = None,
+                batches_fn: Optional[Callable[..., Any]] = None) -> Cohort:
   """Builds the fixed-shape `Cohort` for the clients sampled this round.
 
   Args:
@@ -108,22 +113,33 @@ def make_cohort(client_ids: np.ndarray, partition: Sequence[np.ndarray], *,
     num_steps, batch_size, local_epochs, local_steps: see `num_local_steps`.
     seed, round_idx: the batch order of client k in round t depends only on
       (seed, t, k).
+    labels: training labels [num_examples], passed to ``batches_fn``.
+    batches_fn: an algorithm's own batch schedule (`engine.Algorithm.
+      client_batches`), ``(indices, labels, rng, **shape) -> (idx [S, B'],
+      mask [S, B'])``; its width B' may differ from batch_size.
   """
   if len(client_ids) > num_slots:
     raise ValueError(f'{len(client_ids)} clients do not fit in {num_slots} slots.')
   num_clients = len(partition)
+  if batches_fn is None:
+    batches_fn = lambda indices, labels, rng, **shape: client_batches(
+        indices, rng, **shape)
+  shape = dict(num_steps=num_steps, batch_size=batch_size,
+               local_epochs=local_epochs, local_steps=local_steps)
+  # An empty client shows the schedule's width B' (padding slots need it).
+  width = batches_fn(np.zeros(0, np.int64), labels,
+                     np.random.default_rng(0), **shape)[0].shape[1]
   c = num_slots
   ids = np.full((c,), num_clients, np.int32)
   slot_mask = np.zeros((c,), bool)
-  example_idx = np.zeros((c, num_steps, batch_size), np.int32)
-  example_mask = np.zeros((c, num_steps, batch_size), bool)
+  example_idx = np.zeros((c, num_steps, width), np.int32)
+  example_mask = np.zeros((c, num_steps, width), bool)
   num_examples = np.zeros((c,), np.float32)
   for slot, client in enumerate(client_ids):
     rng = np.random.default_rng([seed, round_idx, 1, int(client)])
     ids[slot] = client
     slot_mask[slot] = True
     num_examples[slot] = len(partition[client])
-    example_idx[slot], example_mask[slot] = client_batches(
-        partition[client], rng, num_steps=num_steps, batch_size=batch_size,
-        local_epochs=local_epochs, local_steps=local_steps)
+    example_idx[slot], example_mask[slot] = batches_fn(
+        partition[client], labels, rng, **shape)
   return Cohort(ids, slot_mask, example_idx, example_mask, num_examples)

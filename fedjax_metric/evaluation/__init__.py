@@ -1,3 +1,11 @@
 """Evaluation of the global model on a held-out split."""
 
 from fedjax_metric.evaluation.classification import make_evaluate_fn  # noqa: F401
+from fedjax_metric.evaluation.representation import between_class_trace  # noqa: F401
+from fedjax_metric.evaluation.representation import effective_rank  # noqa: F401
+from fedjax_metric.evaluation.representation import make_feature_fn  # noqa: F401
+from fedjax_metric.evaluation.representation import representation_metrics  # noqa: F401
+from fedjax_metric.evaluation.representation import uniformity  # noqa: F401
+from fedjax_metric.evaluation.representation import vci  # noqa: F401
+from fedjax_metric.evaluation.representation import within_between_ratio  # noqa: F401
+from fedjax_metric.evaluation.representation import within_class_trace  # noqa: F401

@@ -5,3 +5,13 @@ are dropped, so every loss is padding-invariant by construction.
 """
 
 from fedjax_metric.losses.basic import masked_mean, softmax_cross_entropy  # noqa: F401
+from fedjax_metric.losses.metric import (  # noqa: F401
+    fedquad_loss,
+    moon_contrastive_loss,
+    multilevel_relaxed_supcon_loss,
+    multilevel_supcon_loss,
+    quadruplet_loss,
+    relaxed_supcon_loss,
+    supcon_loss,
+    triplet_loss,
+)

@@ -13,6 +13,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_metric.models import fedquad_cnn
+from fedjax_metric.models import moon_cnn
+from fedjax_metric.models import resnet
 from fedjax_metric.models import small_cnn
 
 
@@ -20,7 +23,8 @@ class ModelFns(NamedTuple):
   """Pure functions around a linen module.
 
   Attributes:
-    init: ``(key, images [B,H,W,C] float) -> variables``.
+    init: ``(key, images=None) -> variables``; without images, zeros of
+      ``input_shape`` (algorithms that re-initialise per client use that).
     apply: ``(params, model_state, images, *, train, mask=None) ->
       (outputs dict, new_model_state)``; ``model_state`` is the non-trainable
       part of the variables (``{}`` or ``{'batch_stats': ...}``). With
@@ -31,6 +35,7 @@ class ModelFns(NamedTuple):
   init: Callable[..., Any]
   apply: Callable[..., Any]
   module: Any
+  input_shape: Any = None  # (1, H, W, C) when known
 
 
 def split_variables(variables):
@@ -43,10 +48,14 @@ def merge_variables(params, model_state):
   return {'params': params, **model_state}
 
 
-def make_model_fns(module) -> ModelFns:
+def make_model_fns(module, input_shape=None) -> ModelFns:
   """Wraps a linen module whose __call__ takes (images, *, train, mask)."""
 
-  def init(key, images):
+  def init(key, images=None):
+    if images is None:
+      if input_shape is None:
+        raise ValueError('init needs images: this ModelFns has no input_shape.')
+      images = jnp.zeros(input_shape, jnp.float32)
     return dict(module.init(key, images, train=False))
 
   def apply(params, model_state, images, *, train, mask=None):
@@ -58,17 +67,24 @@ def make_model_fns(module) -> ModelFns:
     outputs = module.apply(variables, images, train=train, mask=mask)
     return outputs, model_state
 
-  return ModelFns(init=init, apply=apply, module=module)
+  return ModelFns(init=init, apply=apply, module=module,
+                  input_shape=input_shape)
 
 
 # name -> constructor(num_classes, **kwargs); explicit and grep-able.
 REGISTRY = {
     'small_cnn': small_cnn.SmallCNN,
+    'fedquad_cnn': fedquad_cnn.FedQuadCNN,
+    'moon_cnn': moon_cnn.MoonCNN,
+    'resnet18': resnet.ResNet18,
 }
 
 
-def build(name: str, num_classes: int, **kwargs) -> ModelFns:
-  """Builds a registered model by name; kwargs go to the module."""
+def build(name: str, num_classes: int, input_shape=None, **kwargs) -> ModelFns:
+  """Builds a registered model by name; kwargs go to the module.
+
+  ``input_shape`` (H, W, C) lets ``init(key)`` run without sample images.
+  """
   if name not in REGISTRY:
     raise ValueError(
         f'Unknown model {name!r}; known models: {sorted(REGISTRY)}. '
@@ -78,7 +94,8 @@ def build(name: str, num_classes: int, **kwargs) -> ModelFns:
   if unknown:
     raise TypeError(f'{name} has no field(s) {unknown}; its fields are '
                     f'{sorted(fields - {"num_classes"})}')
-  return make_model_fns(REGISTRY[name](num_classes=num_classes, **kwargs))
+  shape = None if input_shape is None else (1,) + tuple(input_shape)
+  return make_model_fns(REGISTRY[name](num_classes=num_classes, **kwargs), shape)
 
 
 def count_params(params) -> int:

@@ -32,7 +32,11 @@ class SmallCNN(nn.Module):
 
   @nn.compact
   def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
-    """images [B,H,W,C] float -> {'logits' [B,K], 'embedding' [B,D], 'features'}."""
+    """images [B,H,W,C] float -> {'logits' [B,K], 'embedding' [B,D], 'features'}.
+
+    'features' are the two conv stages' pre-ReLU outputs, average-pooled:
+    [B, width] and [B, 2 * width]; 'embedding' the post-ReLU dense layer.
+    """
     if self.pool not in ('stride', 'avg', 'max'):
       raise ValueError(f"pool must be 'stride', 'avg' or 'max', got {self.pool!r}")
     norm = make_norm(self.norm)
@@ -40,11 +44,12 @@ class SmallCNN(nn.Module):
     features = []
     for channels in (self.width, 2 * self.width):
       strides = 2 if self.pool == 'stride' else 1
-      x = nn.Conv(channels, (3, 3), strides=strides)(x)
-      x = nn.relu(norm(x, train, mask))
+      x = norm(nn.Conv(channels, (3, 3), strides=strides)(x), train, mask)
+      # FedRCL's level taps are pre-ReLU, globally average-pooled (methods.md 1.1).
+      features.append(jnp.mean(x, axis=(1, 2)))
+      x = nn.relu(x)
       if self.pool != 'stride':
         x = pool_2x2(x, self.pool)
-      features.append(jnp.mean(x, axis=(1, 2)))
     x = x.reshape(x.shape[0], -1)
     embedding = nn.relu(nn.Dense(self.embedding_dim)(x))
     logits = nn.Dense(self.num_classes)(embedding)

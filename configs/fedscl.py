@@ -1,0 +1,26 @@
+r"""FedSCL (FedRCL's baseline): CE + multi-level supervised contrastive loss.
+
+FedRCL's setting (configs/common.py fedrcl_setting): CIFAR-10, ResNet-18 with
+GroupNorm(2), 100 clients, 5 per round, balanced Dirichlet, SGD 0.1 x 0.998 per
+round, grad clip 10, batch 50, 5 local epochs, 1000 rounds.
+
+  python -m launch.main --config=configs/fedscl.py --workdir=runs/fedscl
+  python -m launch.main --config=configs/fedscl.py:alpha=0.1 --workdir=runs/fedscl_a0.1
+  python -m launch.main --config=configs/fedscl.py:dataset=fashion_mnist,model=small_cnn \
+      --workdir=runs/fedscl_fmnist
+
+Arguments: alpha (0.3), model (resnet18 | small_cnn), central, dataset,
+runlocal. Results: README.md.
+"""
+
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, **common.FEDRCL_ARGS)
+  c = common.fedrcl_setting(arg)
+  c.algorithm = 'fedscl'
+  c.algorithm_kwargs = ml_collections.ConfigDict(dict(temperature=0.05))
+  return common.finalize(c, arg)

@@ -1,0 +1,57 @@
+"""FedRCL (Seo et al., CVPR 2024) and its FedSCL baseline.
+
+FedRCL's local objective: ``CE + mean over feature levels of (l_scl + beta *
+l_penalty)``, the relaxed supervised contrastive loss on the L2-normalised,
+globally average-pooled, pre-ReLU features of every stage (the model's
+'features' list; methods.md section 1). ``form='code'`` (default) is the
+authors' released loss (hard positive, top-2 negatives, single-partner
+penalty); ``form='paper'`` the paper's equation. FedSCL is the same with plain
+supervised contrastive learning (no penalty). The reference aggregates
+unweighted: use ``server.weighting='uniform'`` (the configs do).
+
+Slot replaced relative to FedAvg: ``client_loss``.
+"""
+
+from fedjax_metric import losses
+from fedjax_metric.algorithms import fedavg
+
+
+def _make(model, level_loss, server_optimizer, weighting):
+  def client_loss(params, model_state, batch, ctx):
+    del ctx
+    outputs, model_state = model.apply(params, model_state, batch.images,
+                                       train=True, mask=batch.mask)
+    ce = losses.masked_mean(
+        losses.softmax_cross_entropy(outputs['logits'], batch.labels), batch.mask)
+    contrastive = losses.masked_mean(
+        level_loss(outputs['features'], batch.labels, mask=batch.mask),
+        batch.mask)
+    return ce + contrastive, (model_state, {'ce': ce, 'metric': contrastive})
+
+  return fedavg.make(model, server_optimizer=server_optimizer,
+                     weighting=weighting)._replace(client_loss=client_loss)
+
+
+def make_fedrcl(model, *, server_optimizer, weighting='uniform',
+                temperature=0.05, threshold=0.7, beta=1.0, form='code'):
+  """FedRCL: defaults tau 0.05, threshold lambda 0.7, beta 1 (fedrcl.yaml)."""
+  if form not in ('code', 'paper'):
+    raise ValueError(f"form must be 'code' or 'paper', got {form!r}.")
+
+  def level_loss(features, labels, mask):
+    return losses.multilevel_relaxed_supcon_loss(
+        features, labels, temperature=temperature, threshold=threshold,
+        beta=beta, form=form, mask=mask)
+
+  return _make(model, level_loss, server_optimizer, weighting)
+
+
+def make_fedscl(model, *, server_optimizer, weighting='uniform',
+                temperature=0.05):
+  """FedSCL: CE + mean over levels of SupCon (no relaxation penalty)."""
+
+  def level_loss(features, labels, mask):
+    return losses.multilevel_supcon_loss(features, labels,
+                                         temperature=temperature, mask=mask)
+
+  return _make(model, level_loss, server_optimizer, weighting)

@@ -1,0 +1,67 @@
+"""MOON: model-contrastive federated learning (Li et al., CVPR 2021).
+
+Local objective (Eq. 3-4): ``CE(F(x), y) + mu * l_con`` with
+``l_con = -log(exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) +
+exp(sim(z, z_prev)/tau)))``: z from the model being trained, z_glob from the
+current global model and z_prev from this client's previous local model, both
+frozen and in eval mode (methods.md section 2.2, from QinbinLi/MOON main.py).
+
+Slots replaced relative to FedAvg:
+  * ``init_client``: the client-table row is the client's previous local model,
+    initially an independent random init per client: a client never sampled
+    before contrasts against its own random net, as in the reference code;
+  * ``client_loss``: CE + mu * l_con; in round 0 the pool of previous models is
+    empty in the reference code, so l_con is CE over the single positive logit
+    = 0;
+  * ``client_final``: stores the new local model in the row.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_metric import losses
+from fedjax_metric.algorithms import fedavg
+from fedjax_metric.models import split_variables
+
+
+def make(model, *, server_optimizer, weighting='num_examples', mu=1.0,
+         temperature=0.5):
+  """MOON. Defaults mu=1, tau=0.5 (MOON main.py; its README uses mu=5 with the
+  simple CNN on CIFAR-10). The model's 'embedding' is the projection z."""
+  if mu < 0 or temperature <= 0:
+    raise ValueError(f'MOON needs mu >= 0 and temperature > 0 (got {mu}, '
+                     f'{temperature}).')
+  base = fedavg.make(model, server_optimizer=server_optimizer,
+                     weighting=weighting)
+
+  def init_client(variables, key):
+    del variables
+    return model.init(key)
+
+  def frozen_embedding(variables, images):
+    params, model_state = split_variables(variables)
+    outputs, _ = model.apply(params, model_state, images, train=False)
+    return jax.lax.stop_gradient(outputs['embedding'])
+
+  def client_loss(params, model_state, batch, ctx):
+    outputs, model_state = model.apply(params, model_state, batch.images,
+                                       train=True, mask=batch.mask)
+    ce = losses.masked_mean(
+        losses.softmax_cross_entropy(outputs['logits'], batch.labels), batch.mask)
+    z_global = frozen_embedding(ctx.server_state.variables, batch.images)
+    z_previous = frozen_embedding(ctx.client_row, batch.images)
+    contrastive = losses.masked_mean(
+        losses.moon_contrastive_loss(outputs['embedding'], z_global, z_previous,
+                                     temperature=temperature), batch.mask)
+    contrastive = jnp.where(ctx.server_state.round == 0, 0.0, contrastive)
+    return ce + mu * contrastive, (model_state, {'ce': ce, 'metric': contrastive})
+
+  def client_final(server_state, client_row, client_id, local_state,
+                   end_variables, num_examples):
+    update, weight, _ = base.client_final(server_state, client_row, client_id,
+                                          local_state, end_variables,
+                                          num_examples)
+    return update, weight, end_variables
+
+  return base._replace(init_client=init_client, client_loss=client_loss,
+                       client_final=client_final)

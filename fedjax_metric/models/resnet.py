@@ -1,0 +1,114 @@
+"""CIFAR ResNet-18 with FedRCL's pre-ReLU multi-level taps (methods.md 1.1).
+
+Port of ``ResNet18_base`` from skynbe/FedRCL ``models/resnet_base.py`` as the
+FedRCL client calls it (``no_relu=True``): 3x3 stride-1 stem without max-pool,
+BasicBlocks [2, 2, 2, 2] with widths w, 2w, 4w, 8w and strides 1, 2, 2, 2, a
+1x1 conv + norm shortcut where the shape changes, bias-free convs, and every
+norm GroupNorm(2) (``use_bn_layer: False``) unless ``norm='batch'``.
+
+Feature taps ('features', FedRCL levels 0-4), all taken BEFORE the ReLU and
+global-average-pooled, because FedRCL's relaxed contrastive loss runs on
+pre-ReLU features (a ReLU'd tap would be a different, non-negative feature):
+  level 0: norm(conv1(x)), [B, w];
+  level l = 1..4: the last BasicBlock of stage l without its final ReLU,
+    i.e. norm(conv2(.)) + shortcut, [B, w * 2**(l-1)].
+The ReLU is applied to each tap before it feeds the next stage, so the logits
+path is exactly that of a plain ResNet-18.
+
+Norm epsilon follows flax's defaults (GroupNorm 1e-6 vs PyTorch's 1e-5;
+BatchNorm 1e-5 as in PyTorch): `layers.make_norm` owns that choice.
+"""
+
+from typing import Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from fedjax_metric.models.layers import make_norm
+
+_STAGE_BLOCKS = (2, 2, 2, 2)
+_STAGE_STRIDES = (1, 2, 2, 2)
+
+
+class BasicBlock(nn.Module):
+  """conv3x3 -> norm -> ReLU -> conv3x3 -> norm, plus a (projected) shortcut.
+
+  Returns the sum BEFORE the block's final ReLU; the caller applies it, so the
+  last block of a stage doubles as FedRCL's pre-ReLU tap.
+
+  Attributes:
+    channels: output channels.
+    strides: stride of the first conv (and of the shortcut's 1x1 conv).
+    norm: 'group', 'batch' or 'none'.
+    groups: GroupNorm groups.
+  """
+  channels: int
+  strides: int = 1
+  norm: str = 'group'
+  groups: int = 2
+
+  @nn.compact
+  def __call__(self, x, train: bool, mask: Optional[jnp.ndarray]):
+    """x [B, H, W, C_in] -> pre-ReLU [B, H / strides, W / strides, channels]."""
+    norm = make_norm(self.norm, self.groups)
+    out = nn.Conv(self.channels, (3, 3), strides=self.strides, padding='SAME',
+                  use_bias=False)(x)
+    out = nn.relu(norm(out, train, mask))
+    out = nn.Conv(self.channels, (3, 3), padding='SAME', use_bias=False)(out)
+    out = norm(out, train, mask)
+    shortcut = x
+    if self.strides != 1 or x.shape[-1] != self.channels:
+      shortcut = nn.Conv(self.channels, (1, 1), strides=self.strides,
+                         use_bias=False)(x)
+      shortcut = norm(shortcut, train, mask)
+    return out + shortcut
+
+
+class ResNet18(nn.Module):
+  """CIFAR ResNet-18 (no stem max-pool) returning FedRCL's 5 pre-ReLU taps.
+
+  Attributes:
+    num_classes: K, outputs of the classifier.
+    norm: 'group' (FedRCL default, GroupNorm(groups)), 'batch' or 'none'.
+    groups: GroupNorm groups (2 in FedRCL).
+    width: w, channels of the stem and first stage (64 for the standard model;
+      tests use a tiny one).
+  """
+  num_classes: int
+  norm: str = 'group'
+  groups: int = 2
+  width: int = 64
+
+  @nn.compact
+  def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
+    """Forward pass.
+
+    Args:
+      images: [B, H, W, C] float.
+      train: BatchNorm uses (and updates) batch statistics when True.
+      mask: optional [B] bool; False rows are padding, kept out of BatchNorm's
+        batch statistics.
+
+    Returns:
+      {'logits': [B, K], 'embedding': pooled ReLU(layer4) [B, 8w] (>= 0),
+       'features': 5 pooled pre-ReLU taps [B, w], [B, w], [B, 2w], [B, 4w],
+       [B, 8w]}.
+    """
+    norm = make_norm(self.norm, self.groups)
+    x = nn.Conv(self.width, (3, 3), padding='SAME', use_bias=False,
+                name='conv1')(images)
+    x = norm(x, train, mask)
+    features = [jnp.mean(x, axis=(1, 2))]
+    x = nn.relu(x)
+    for stage, (num_blocks, stride) in enumerate(zip(_STAGE_BLOCKS, _STAGE_STRIDES)):
+      channels = self.width * 2**stage
+      for block in range(num_blocks):
+        x = BasicBlock(channels, strides=stride if block == 0 else 1,
+                       norm=self.norm, groups=self.groups,
+                       name=f'layer{stage + 1}_{block}')(x, train, mask)
+        if block == num_blocks - 1:
+          features.append(jnp.mean(x, axis=(1, 2)))
+        x = nn.relu(x)
+    embedding = jnp.mean(x, axis=(1, 2))
+    logits = nn.Dense(self.num_classes, name='fc')(embedding)
+    return {'logits': logits, 'embedding': embedding, 'features': features}

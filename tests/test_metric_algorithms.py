@@ -1,0 +1,159 @@
+"""FedQuad family, MOON, FedRCL/FedSCL inside real rounds.
+
+The softmax-regression fixture's embedding is its flattened input, so each
+client loss can be re-derived in NumPy from the images alone.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_metric import algorithms, engine, optimizers
+from fedjax_metric.data import cohort as cohort_lib
+from fedjax_metric.data import partition as partition_lib
+from fedjax_metric.models import split_variables
+import fl_fixtures as fx
+
+SERVER = optimizers.make_server_optimizer('sgd')
+NEW = ['fedquad', 'quadrupletfl', 'tripletfl', 'supconfl', 'moon', 'fedrcl',
+       'fedscl']
+
+
+def build(name, model, **kwargs):
+  return algorithms.REGISTRY[name](model, server_optimizer=SERVER, **kwargs)
+
+
+def federation(num_examples=96, num_clients=4):
+  images, labels = fx.make_data(num_examples)
+  parts = partition_lib.dirichlet(labels, num_clients, 1.0, seed=2,
+                                  variant='per_class')
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  return images, labels, parts, data
+
+
+def cohorts(alg, parts, labels, rounds, *, batch_size=8):
+  sizes = [len(p) for p in parts]
+  s = cohort_lib.num_local_steps(sizes, batch_size=batch_size, local_epochs=1,
+                                 local_steps=0)
+  return [cohort_lib.make_cohort(
+      np.asarray(ids), parts, num_slots=4, num_steps=s, batch_size=batch_size,
+      local_epochs=1, local_steps=0, seed=0, round_idx=r, labels=labels,
+      batches_fn=alg.client_batches) for r, ids in enumerate(rounds)]
+
+
+@pytest.mark.parametrize('name', NEW)
+def test_executors_agree_and_training_moves(name):
+  images, labels, parts, data = federation()
+  model = fx.cnn('batch' if name == 'fedquad' else 'none')
+  alg = build(name, model)
+  variables = fx.init_variables(model, images)
+  rounds = [[0, 1, 3], [1, 2]]
+  results = {}
+  for executor in ('vmap', 'host'):
+    state, table = engine.init_state(alg, variables, len(parts), SERVER)
+    round_fn = engine.make_round_fn(fx.make_spec(alg, lr=0.05), data,
+                                    executor=executor, steps_per_call=2)
+    for c in cohorts(alg, parts, labels, rounds):
+      state, table, metrics = round_fn(state, table, c)
+    assert np.isfinite(float(metrics['train_loss_sum']))
+    results[executor] = state.variables
+  assert fx.max_abs_diff(results['vmap'], variables) > 1e-4
+  assert fx.max_abs_diff(results['vmap'], results['host']) < 1e-5
+
+
+def one_step_loss(alg, variables, images, labels, idx, mask, round_idx=0,
+                  client_row=()):
+  params, model_state = split_variables(variables)
+  preprocess = fx.identity_preprocess()
+  batch = engine.Batch(preprocess(jnp.asarray(images[idx]), None),
+                       jnp.asarray(labels[idx]), jnp.asarray(mask),
+                       jnp.asarray(images[idx]))
+  state = engine.ServerState(variables, (), jnp.asarray(round_idx), ())
+  ctx = engine.ClientContext(state, client_row, (), jnp.asarray(0),
+                             jax.random.key(0), jnp.asarray(0))
+  loss, _ = alg.client_loss(params, model_state, batch, ctx)
+  return float(loss)
+
+
+def numpy_ce(variables, x, y):
+  w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+  b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
+  z = x @ w + b
+  z = z - z.max(1, keepdims=True)
+  return np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y])
+
+
+def test_fedquad_loss_is_ce_plus_beta_quad_on_sampled_quadruplets():
+  """l = CE(anchors) + beta * mean[d_ap - d_an1 + m1]_+ + [d_ap - d_an2 + m2]_+
+  (seed 000 Algorithm 1, squared distances), recomputed in NumPy."""
+  images, labels, parts, _ = federation()
+  model = fx.linear()
+  variables = fx.init_variables(model, images)
+  for name, beta in [('fedquad', 0.5), ('quadrupletfl', 0.3)]:
+    alg = build(name, model, beta=beta)
+    idx, mask = alg.client_batches(parts[0], labels, np.random.default_rng(1),
+                                   num_steps=3, batch_size=4, local_epochs=1,
+                                   local_steps=3)
+    got = one_step_loss(alg, variables, images, labels, idx[0], mask[0])
+    x = images[idx[0]].reshape(16, -1).astype(np.float64) / 255.0
+    a, p, n1, n2 = x[:4], x[4:8], x[8:12], x[12:]
+    d = lambda u, v: ((u - v) ** 2).sum(1)
+    second = d(a, n2) if name == 'fedquad' else d(n1, n2)
+    quad = (np.maximum(d(a, p) - d(a, n1) + 1.0, 0)
+            + np.maximum(d(a, p) - second + 0.5, 0))
+    valid = mask[0, 4:8]
+    expected = numpy_ce(variables, a, labels[idx[0, :4]]) + beta * quad[valid].mean()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=name)
+
+
+def test_moon_loss_round_zero_and_later():
+  """Embedding = input for every model, so all cosines are 1 and
+  l_con = -log(e^(1/t) / (e^(1/t) + e^(1/t))) = log 2 after round 0."""
+  images, labels, parts, _ = federation()
+  model = fx.linear()
+  alg = build('moon', model, mu=2.0)
+  variables = fx.init_variables(model, images)
+  idx = parts[0][:6]
+  mask = np.ones(6, bool)
+  x = images[idx].reshape(6, -1).astype(np.float64) / 255.0
+  ce = numpy_ce(variables, x, labels[idx])
+  row = model.init(jax.random.key(5))
+  np.testing.assert_allclose(
+      one_step_loss(alg, variables, images, labels, idx, mask, 0, row), ce,
+      rtol=1e-5)
+  np.testing.assert_allclose(
+      one_step_loss(alg, variables, images, labels, idx, mask, 3, row),
+      ce + 2.0 * np.log(2.0), rtol=1e-5)
+
+
+def test_moon_table_holds_random_inits_then_local_models():
+  images, labels, parts, data = federation()
+  model = fx.cnn()
+  alg = build('moon', model)
+  variables = fx.init_variables(model, images)
+  state, table = engine.init_state(alg, variables, len(parts), SERVER,
+                                   key=jax.random.key(9))
+  kernels = np.asarray(table['params']['Conv_0']['kernel'])
+  assert not np.allclose(kernels[0], kernels[1])  # independent random inits
+  round_fn = engine.make_round_fn(fx.make_spec(alg), data, executor='vmap')
+  c = cohorts(alg, parts, labels, [[2]])[0]
+  before = np.asarray(table['params']['Conv_0']['kernel'])
+  new_state, table, _ = round_fn(state, table, c)
+  after = np.asarray(table['params']['Conv_0']['kernel'])
+  np.testing.assert_array_equal(after[[0, 1, 3]], before[[0, 1, 3]])
+  assert not np.allclose(after[2], before[2])
+  # Client 2's row is its local model: global + its (only) delta.
+  np.testing.assert_allclose(after[2],
+                             new_state.variables['params']['Conv_0']['kernel'],
+                             atol=1e-6)
+
+
+def test_bad_hyperparameters_are_errors():
+  model = fx.linear()
+  with pytest.raises(ValueError, match='beta'):
+    build('fedquad', model, beta=-1.0)
+  with pytest.raises(ValueError, match='form'):
+    build('fedrcl', model, form='blog')
+  with pytest.raises(ValueError, match='temperature'):
+    build('moon', model, temperature=0.0)
