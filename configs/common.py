@@ -92,6 +92,9 @@ def base_config():
   c.num_devices = 0         # vmap / chunked: devices on the clients axis (0 = all)
   c.eval_every = 1
   c.eval_batch_size = 1000
+  # > 0: also log effective rank, VCI, within/between-class traces and
+  # uniformity of the global model's embeddings on this many test examples.
+  c.representation_examples = 0
   c.checkpoint_every = 5
   c.keep_checkpoints = 2
   c.plot_partition = True
@@ -174,6 +177,7 @@ def fedquad_setting(arg):
   c.local.update(dict(epochs=5, batch_size=128, optimizer='adam',
                       learning_rate=1e-3, weight_decay=1e-5))
   c.eval_every = 1
+  c.representation_examples = 2000
   if arg.central:
     central(c)
   return c
@@ -209,6 +213,7 @@ def fedrcl_setting(arg):
                       schedule='exponential', decay_rate=0.998))
   c.server.weighting = 'uniform'
   c.eval_every = 10
+  c.representation_examples = 2000  # FedRCL's effective-rank analysis
   if arg.central:
     central(c)
   return c

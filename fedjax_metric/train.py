@@ -29,6 +29,7 @@ import tqdm
 
 from fedjax_metric import algorithms, engine, models, optimizers
 from fedjax_metric.data import augment, cohort as cohort_lib, partition, sources
+from fedjax_metric import evaluation
 from fedjax_metric.evaluation import make_evaluate_fn
 
 # Keys whose change between a run and its resumption is harmless.
@@ -237,6 +238,19 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       steps_per_call=config.steps_per_call, unroll=config.unroll, mesh=mesh)
   evaluate = make_evaluate_fn(model, eval_preprocess, test.images, test.labels,
                               batch_size=config.eval_batch_size)
+  if config.representation_examples > 0:
+    features_fn = evaluation.make_feature_fn(
+        model, eval_preprocess, test.images, test.labels,
+        batch_size=config.eval_batch_size,
+        max_examples=config.representation_examples)
+    classification = evaluate
+
+    def evaluate(variables):  # pylint: disable=function-redefined
+      features, labels = features_fn(variables)
+      metrics = evaluation.representation_metrics(features, labels,
+                                                  test.num_classes)
+      return {**classification(variables),
+              **{f'test_{k}': float(v) for k, v in metrics.items()}}
   lc = config.local
   client_sizes = [len(c) for c in clients]
   num_steps = cohort_lib.num_local_steps(

@@ -173,3 +173,14 @@ def test_model_fields_that_do_not_fit_are_a_clear_error(tmp_path):
   config.model.depth = 50
   with pytest.raises(ValueError, match='depth'):
     train.run(config, str(tmp_path))
+
+
+def test_representation_metrics_are_logged_when_enabled(tmp_path):
+  config = load_config('fedavg')
+  config.representation_examples = 200
+  train.run(config, str(tmp_path))
+  row = read_metrics(tmp_path)[-1]
+  for name in ('effective_rank', 'vci', 'within_class_trace',
+               'between_class_trace', 'uniformity'):
+    assert np.isfinite(row[f'test_{name}']), name
+  assert 1.0 <= row['test_effective_rank'] <= 16  # runlocal embedding_dim
