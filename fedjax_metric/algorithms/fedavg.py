@@ -52,6 +52,25 @@ def make_cross_entropy_loss(model):
   return client_loss
 
 
+def make_ce_plus_term_loss(model, term_fn, weight=1.0):
+  """client_loss = masked CE + weight * masked mean of ``term_fn``.
+
+  ``term_fn(outputs, batch) -> [B]`` is a per-example metric or contrastive
+  term computed from the model's outputs (embedding, features) on the batch.
+  """
+
+  def client_loss(params, model_state, batch, ctx):
+    del ctx
+    outputs, model_state = model.apply(params, model_state, batch.images,
+                                       train=True, mask=batch.mask)
+    ce = masked_mean(softmax_cross_entropy(outputs['logits'], batch.labels),
+                     batch.mask)
+    term = masked_mean(term_fn(outputs, batch), batch.mask)
+    return ce + weight * term, (model_state, {'ce': ce, 'metric': term})
+
+  return client_loss
+
+
 def make_delta_final(weighting: str = 'num_examples'):
   """client_final: update = local - global variables; weight by size or 1."""
   if weighting not in WEIGHTINGS:

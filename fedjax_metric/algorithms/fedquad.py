@@ -91,17 +91,11 @@ def make_supconfl(model, *, server_optimizer, weighting='num_examples',
                   beta=0.5, temperature=0.07):
   """SupConFL: CE + beta * SupCon (Khosla et al. 2020) over the batch."""
 
-  def client_loss(params, model_state, batch, ctx):
-    del ctx
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
-    ce = losses.masked_mean(
-        losses.softmax_cross_entropy(outputs['logits'], batch.labels), batch.mask)
-    supcon = losses.masked_mean(
-        losses.supcon_loss(outputs['embedding'], batch.labels,
-                           temperature=temperature, mask=batch.mask),
-        batch.mask)
-    return ce + beta * supcon, (model_state, {'ce': ce, 'metric': supcon})
+  def supcon(outputs, batch):
+    return losses.supcon_loss(outputs['embedding'], batch.labels,
+                              temperature=temperature, mask=batch.mask)
 
   return fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)._replace(client_loss=client_loss)
+                     weighting=weighting)._replace(
+                         client_loss=fedavg.make_ce_plus_term_loss(
+                             model, supcon, beta))

@@ -17,19 +17,13 @@ from fedjax_metric.algorithms import fedavg
 
 
 def _make(model, level_loss, server_optimizer, weighting):
-  def client_loss(params, model_state, batch, ctx):
-    del ctx
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
-    ce = losses.masked_mean(
-        losses.softmax_cross_entropy(outputs['logits'], batch.labels), batch.mask)
-    contrastive = losses.masked_mean(
-        level_loss(outputs['features'], batch.labels, mask=batch.mask),
-        batch.mask)
-    return ce + contrastive, (model_state, {'ce': ce, 'metric': contrastive})
+  def multilevel(outputs, batch):
+    return level_loss(outputs['features'], batch.labels, mask=batch.mask)
 
   return fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)._replace(client_loss=client_loss)
+                     weighting=weighting)._replace(
+                         client_loss=fedavg.make_ce_plus_term_loss(model,
+                                                                   multilevel))
 
 
 def make_fedrcl(model, *, server_optimizer, weighting='uniform',
