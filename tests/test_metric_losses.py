@@ -352,7 +352,8 @@ def test_set_losses_no_nan_even_internally(name):
   with jax.debug_nans(True):
     for (f, y), mask in cases:
       f, y = jnp.asarray(f, jnp.float32), jnp.asarray(y, jnp.int32)
-      jax.grad(lambda x: jnp.sum(fn(x, y, mask=mask)))(f)
+      grad = jax.grad(lambda x: jnp.sum(fn(x, y, mask=mask)))(f)  # raises on NaN
+      assert np.isfinite(np.asarray(grad)).all()
 
 
 def test_tuple_and_moon_losses_no_nan_even_internally():
@@ -360,9 +361,12 @@ def test_tuple_and_moon_losses_no_nan_even_internally():
   with jax.debug_nans(True):
     for fn, n in [(losses.triplet_loss, 3), (losses.quadruplet_loss, 4),
                   (losses.fedquad_loss, 4)]:
-      jax.grad(lambda a: jnp.sum(fn(*[a] * n, squared=False)))(x)
+      grad = jax.grad(lambda a: jnp.sum(fn(*[a] * n, squared=False)))(x)
+      assert np.isfinite(np.asarray(grad)).all()
     for args in [(x, x, x), (zero, zero, zero), (x, x, jnp.zeros((0, 3, 4)))]:
-      jax.grad(lambda *a: jnp.sum(losses.moon_contrastive_loss(*a)), argnums=(0, 1, 2))(*args)
+      grads = jax.grad(lambda *a: jnp.sum(losses.moon_contrastive_loss(*a)),
+                       argnums=(0, 1, 2))(*args)
+      assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 
 def test_supcon_no_positive_gives_zero_and_single_class_is_uniform():
