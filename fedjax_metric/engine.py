@@ -314,14 +314,13 @@ def single_program_round(spec: RoundSpec, data, server_state, client_table,
                       jnp.sum(loss_sums), jnp.sum(counts))
 
 
-def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1,
-                                 mesh=None):
+def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
   """Jitted ``(server_state, client_table, cohort) -> (state, table, metrics)``.
 
-  With a mesh, callers place the cohort with `shard_cohort`; XLA turns the
+  Sharding comes from the inputs: with a mesh, callers replicate the state and
+  data and place the cohort with `shard_cohort`; XLA turns the
   weighted sum over the sharded clients axis into an all-reduce.
   """
-  del mesh  # Shardings come from the committed inputs.
 
   # The dataset is an argument, not a closure: a closed-over array would be
   # baked into the program as a constant.
@@ -464,19 +463,19 @@ def default_executor(backend: str | None = None) -> str:
 
 def make_round_fn(spec: RoundSpec, data: DeviceData, *, executor: str,
                   chunk_size: int = 0, steps_per_call: int = 10,
-                  unroll: int | bool = 1, mesh=None):
+                  unroll: int | bool = 1):
   """Builds the round function for an executor name (see module docstring)."""
   if executor == 'auto':
     executor = default_executor()
   if executor == 'vmap':
-    return make_single_program_round_fn(spec, data, unroll=unroll, mesh=mesh)
+    return make_single_program_round_fn(spec, data, unroll=unroll)
   if executor in ('chunked', 'sequential'):
     k = 1 if executor == 'sequential' else chunk_size
     if k < 1:
       raise ValueError('executor=chunked needs chunk_size >= 1 '
                        '(--config.chunk_size=K).')
     return make_single_program_round_fn(spec, data, chunk_size=k,
-                                        unroll=unroll, mesh=mesh)
+                                        unroll=unroll)
   if executor == 'host':
     return make_host_loop_round_fn(spec, data, steps_per_call=steps_per_call)
   raise ValueError(f'Unknown executor {executor!r}; choose one of '

@@ -235,7 +235,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
   round_fn = engine.make_round_fn(
       spec, data, executor=executor, chunk_size=config.chunk_size,
-      steps_per_call=config.steps_per_call, unroll=config.unroll, mesh=mesh)
+      steps_per_call=config.steps_per_call, unroll=config.unroll)
   evaluate = make_evaluate_fn(model, eval_preprocess, test.images, test.labels,
                               batch_size=config.eval_batch_size)
   if config.representation_examples > 0:

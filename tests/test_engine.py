@@ -29,7 +29,7 @@ def run_rounds(executor, alg, data, parts, variables, cohorts, *, mesh=None,
   spec = spec or fx.make_spec(alg, momentum=0.9)
   state, table = engine.init_state(alg, variables, len(parts), SGD_SERVER)
   round_fn = engine.make_round_fn(spec, data, executor=executor,
-                                  chunk_size=chunk_size, mesh=mesh,
+                                  chunk_size=chunk_size,
                                   steps_per_call=steps_per_call)
   if mesh is not None:
     state, table = engine.replicate((state, table), mesh)
