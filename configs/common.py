@@ -90,6 +90,10 @@ def base_config():
   c.steps_per_call = 10     # host executor: unrolled steps per jitted call
   c.unroll = 1              # vmap / chunked: lax.scan unroll over local steps
   c.num_devices = 0         # vmap / chunked: devices on the clients axis (0 = all)
+  # Bytes per device the run may use (0 = 80% of accelerator memory, or half
+  # the RAM on CPU): the client table is checked against it before it is
+  # allocated, and chunked with chunk_size=0 picks its chunk size from it.
+  c.memory_budget_gb = 0.0
   c.eval_every = 1
   c.eval_batch_size = 1000
   # > 0: also log effective rank, VCI, within/between-class traces and

@@ -28,10 +28,12 @@ Shape letters: N clients, C cohort slots, S local steps, B batch size.
 """
 
 import functools
+import os
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 import optax
 
@@ -150,11 +152,18 @@ class DeviceData(NamedTuple):
 
 
 def init_state(algorithm: Algorithm, variables, num_clients: int,
-               server_optimizer: optax.GradientTransformation, key=None):
+               server_optimizer: optax.GradientTransformation, key=None,
+               memory_budget: int | None = None):
   """Initial ``(server_state, client_table)``; the table has N rows.
 
-  Row k is ``init_client(variables, fold_in(key, k))``.
+  Row k is ``init_client(variables, fold_in(key, k))``. With a
+  ``memory_budget`` (bytes per device), a table that cannot fit raises
+  `MemoryBudgetError` before anything is allocated.
   """
+  if memory_budget is not None:
+    check_client_table_fits(
+        client_table_bytes(algorithm, variables, num_clients), num_clients,
+        memory_budget)
   # Copies: rounds donate the state's buffers, the caller keeps `variables`.
   variables = jax.tree.map(jnp.array, variables)
   key = jax.random.key(0) if key is None else key
@@ -293,25 +302,83 @@ def single_program_round(spec: RoundSpec, data, server_state, client_table,
                          unroll: int | bool = 1):
   """The whole round as one traceable function (``vmap`` / ``chunked``).
 
-  ``chunk_size = 0`` vmaps all C slots; k > 0 runs ``lax.map`` over chunks of
-  k vmapped slots (k = 1 is the sequential form).
+  ``chunk_size = 0`` vmaps all C slots; k > 0 scans over ceil(C / k) chunks of
+  k vmapped slots (`chunked_round`; k = 1 is the sequential form).
   """
+  if chunk_size:
+    return chunked_round(spec, data, server_state, client_table, cohort,
+                         chunk_size=chunk_size, unroll=unroll)
   rows = gather_rows(client_table, cohort.client_ids)
   per_client = functools.partial(client_update, spec, data, server_state,
                                  unroll=unroll)
-  inputs = (rows, cohort.client_ids, cohort.example_idx, cohort.example_mask,
-            cohort.num_examples)
-  if chunk_size:
-    outputs = jax.lax.map(lambda args: per_client(*args), inputs,
-                          batch_size=chunk_size)
-  else:
-    outputs = jax.vmap(per_client)(*inputs)
-  updates, weights, new_rows, (loss_sums, counts) = outputs
+  updates, weights, new_rows, (loss_sums, counts) = jax.vmap(per_client)(
+      rows, cohort.client_ids, cohort.example_idx, cohort.example_mask,
+      cohort.num_examples)
   weights = jnp.where(cohort.slot_mask, weights, 0.0)
   client_table = scatter_rows(client_table, cohort.client_ids, new_rows)
   return finish_round(spec, server_state, client_table, cohort,
                       weighted_sum(weights, updates), jnp.sum(weights),
                       jnp.sum(loss_sums), jnp.sum(counts))
+
+
+def pad_cohort(cohort: Cohort, num_slots: int) -> Cohort:
+  """Appends padding slots up to ``num_slots``: no steps, no weight.
+
+  Their client id is int32 max: out of range, so gathers clip and scatters
+  drop, as for the cohort's own padding slots.
+  """
+  pad = num_slots - cohort.client_ids.shape[0]
+  if pad == 0:
+    return cohort
+  def pad_leaf(x, value):
+    widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
+    return jnp.pad(x, widths, constant_values=value)
+  return cohort._replace(
+      client_ids=pad_leaf(cohort.client_ids, jnp.iinfo(jnp.int32).max),
+      slot_mask=pad_leaf(cohort.slot_mask, False),
+      example_idx=pad_leaf(cohort.example_idx, 0),
+      example_mask=pad_leaf(cohort.example_mask, False),
+      num_examples=pad_leaf(cohort.num_examples, 0))
+
+
+def chunked_round(spec: RoundSpec, data, server_state, client_table,
+                  cohort: Cohort, *, chunk_size: int, unroll: int | bool = 1):
+  """The round as a scan over chunks of k vmapped slots.
+
+  Memory is O(k * one client's training + model + client table) for any C:
+  each chunk's weighted updates are summed into the scan carry and its rows
+  scattered into the table before the next chunk runs, so no [C, ...] stack
+  of updates exists. Chunk j holds slots j, j + m, j + 2m, ... (m = C / k):
+  with the clients axis sharded over D devices and D | k, every chunk has
+  k / D slots on each device, so all devices work at every scan step.
+  """
+  k = chunk_size
+  num_chunks = -(-cohort.client_ids.shape[0] // k)
+  # [C, ...] -> [k, m, ...] -> [m, k, ...]: the scan runs over m chunks.
+  chunks = jax.tree.map(
+      lambda x: jnp.swapaxes(x.reshape((k, num_chunks) + x.shape[1:]), 0, 1),
+      pad_cohort(cohort, num_chunks * k))
+  per_client = jax.vmap(functools.partial(client_update, spec, data,
+                                          server_state, unroll=unroll))
+
+  def one_chunk(carry, chunk):
+    table, update_sum, weight_sum, loss_sum, count = carry
+    rows = gather_rows(table, chunk.client_ids)
+    updates, weights, new_rows, (loss_sums, counts) = per_client(
+        rows, chunk.client_ids, chunk.example_idx, chunk.example_mask,
+        chunk.num_examples)
+    weights = jnp.where(chunk.slot_mask, weights, 0.0)
+    update_sum = jax.tree.map(jnp.add, update_sum,
+                              weighted_sum(weights, updates))
+    return (scatter_rows(table, chunk.client_ids, new_rows), update_sum,
+            weight_sum + jnp.sum(weights), loss_sum + jnp.sum(loss_sums),
+            count + jnp.sum(counts)), None
+
+  zero = jnp.zeros((), jnp.float32)
+  carry = (client_table, _zero_update(spec, server_state, client_table),
+           zero, zero, zero)
+  (client_table, *sums), _ = jax.lax.scan(one_chunk, carry, chunks)
+  return finish_round(spec, server_state, client_table, cohort, *sums)
 
 
 def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
@@ -338,6 +405,7 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
 
 class HostLoopFns(NamedTuple):
   """The jitted pieces the ``host`` executor strings together."""
+  zero_accumulator: Callable
   begin: Callable
   steps: Callable
   finish: Callable
@@ -353,6 +421,13 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   and adds ``weight * update`` into a running sum. Memory stays O(model): no
   stacked [C, ...] updates exist. Every function compiles once per run.
   """
+
+  @jax.jit
+  def zero_accumulator(server_state, client_table):
+    # Made on the device: a jnp.zeros here would be a host-to-device transfer.
+    # The four outputs are distinct buffers, as `finish` donates them.
+    return (_zero_update(spec, server_state, client_table),
+            *(jnp.zeros((), jnp.float32) for _ in range(3)))
 
   @jax.jit
   def begin(server_state, client_table, client_id):
@@ -381,7 +456,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   def server(server_state, client_table, cohort, accumulator):
     return finish_round(spec, server_state, client_table, cohort, *accumulator)
 
-  fns = HostLoopFns(begin, steps, finish, server)
+  fns = HostLoopFns(zero_accumulator, begin, steps, finish, server)
 
   def round_fn(server_state, client_table, cohort: Cohort):
     host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
@@ -391,9 +466,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     pad = (-num_steps) % k
     example_idx = np.pad(host.example_idx, ((0, 0), (0, pad), (0, 0)))
     example_mask = np.pad(host.example_mask, ((0, 0), (0, pad), (0, 0)))
-    # Three distinct zeros: the accumulator is donated, buffer by buffer.
-    accumulator = (_zero_update(spec, server_state, client_table),
-                   *(jnp.zeros((), jnp.float32) for _ in range(3)))
+    accumulator = zero_accumulator(server_state, client_table)
     for slot in np.flatnonzero(host.slot_mask):
       # One transfer per slot of its index arrays, which the round needs anyway.
       live_blocks = [first for first in range(0, num_steps + pad, k)
@@ -428,17 +501,128 @@ def _zero_update(spec, server_state, client_table):
 
 
 # ---------------------------------------------------------------------------
+# Memory: the client table's size up front, and the chunk size from a budget.
+# ---------------------------------------------------------------------------
+
+
+class MemoryBudgetError(MemoryError):
+  """The run cannot fit the memory budget; the message says what to change."""
+
+
+def default_memory_budget(device=None) -> int:
+  """Bytes one device may use: 80% of an accelerator's memory limit, or on
+  CPU half the machine's RAM split over the (simulated) CPU devices."""
+  device = device or jax.local_devices()[0]
+  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
+  if stats and stats.get('bytes_limit'):
+    return int(0.8 * stats['bytes_limit'])
+  ram = os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+  return int(0.5 * ram / max(1, len(jax.local_devices(backend='cpu'))))
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of a pytree of arrays or ShapeDtypeStructs."""
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def client_table_bytes(algorithm: Algorithm, variables, num_clients: int) -> int:
+  """Bytes of the N-row client table, found without allocating it."""
+  row = jax.eval_shape(algorithm.init_client, variables, jax.random.key(0))
+  return num_clients * tree_bytes(row)
+
+
+def check_client_table_fits(table_bytes: int, num_clients: int,
+                            budget_bytes: int):
+  """Raises `MemoryBudgetError` (with the options) if the table cannot fit.
+
+  The table is replicated on every device of the mesh, so the budget is one
+  device's. Checked before allocation: the alternative is an out-of-memory
+  crash minutes into a run.
+  """
+  if table_bytes <= budget_bytes:
+    return
+  gb = 1024 ** 3
+  row = table_bytes / max(num_clients, 1)
+  raise MemoryBudgetError(
+      f'The per-client state table needs {table_bytes / gb:.2f} GiB '
+      f'({num_clients:,} clients x {row / 1024 ** 2:.2f} MiB per client), more '
+      f'than the memory budget of {budget_bytes / gb:.2f} GiB per device. '
+      'Options: fewer clients (--config.num_clients); fewer history/buffer '
+      'slots for algorithms that keep several models per client; a smaller '
+      'model; or a larger --config.memory_budget_gb if the device really has '
+      'the memory. (Chunking bounds the round\'s working memory, not the '
+      'table, which every round reads and writes.)')
+
+
+def chunk_memory_model(spec: RoundSpec, data, server_state, client_table,
+                       example_shape, *, unroll=1):
+  """``(fixed_bytes, bytes_per_slot)`` of the chunked round, from XLA.
+
+  Compiles the chunked round for cohorts of 1 and 2 slots (one chunk each)
+  and reads XLA's buffer assignment (arguments + temporaries + outputs -
+  donated aliases). Working memory grows linearly in the chunk size k, so
+  two points fix the line. ``example_shape`` is a slot's [S, B].
+  """
+  def cohort_of(k):
+    spec_of = jax.ShapeDtypeStruct
+    return Cohort(spec_of((k,), jnp.int32), spec_of((k,), jnp.bool_),
+                  spec_of((k, *example_shape), jnp.int32),
+                  spec_of((k, *example_shape), jnp.bool_),
+                  spec_of((k,), jnp.float32))
+
+  def total(k):
+    fn = make_single_program_round_fn(spec, data, chunk_size=k, unroll=unroll)
+    analysis = fn.jitted.lower(server_state, client_table, cohort_of(k),
+                               data).compile().memory_analysis()
+    return (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes +
+            analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+
+  one, two = total(1), total(2)
+  per_slot = max(two - one, 1)
+  return one - per_slot, per_slot
+
+
+def choose_chunk_size(fixed_bytes: int, bytes_per_slot: int,
+                      budget_bytes: int, num_slots: int,
+                      num_devices: int = 1) -> int:
+  """The largest chunk size k whose round fits ``budget_bytes`` per device.
+
+  A chunk's k slots split over the D devices, so one device holds
+  ``fixed + (k / D) * per_slot``. k is a multiple of D (each device gets the
+  same share) and at most the cohort size rounded up to one.
+  """
+  per_device = (budget_bytes - fixed_bytes) // bytes_per_slot
+  if per_device < 1:
+    gb = 1024 ** 3
+    raise MemoryBudgetError(
+        f'Even one client per device needs {(fixed_bytes + bytes_per_slot) / gb:.2f} '
+        f'GiB, over the memory budget of {budget_bytes / gb:.2f} GiB per '
+        'device. Lower --config.local.batch_size, use a smaller model, or '
+        'raise --config.memory_budget_gb if the device has the memory.')
+  most = num_devices * -(-num_slots // num_devices)
+  return int(min(per_device * num_devices, most))
+
+
+# ---------------------------------------------------------------------------
 # Sharding the clients axis.
 # ---------------------------------------------------------------------------
 
 
 def make_mesh(num_devices: int | None = None):
-  """A 1-D mesh over the ``clients`` axis.
+  """A 1-D mesh over the ``clients`` axis, over every process's devices.
 
   Axis type Auto, not the Explicit default of `jax.make_mesh`: indexing the
   replicated dataset with client-sharded indices raises a ShardingTypeError
-  under Explicit axes.
+  under Explicit axes. With several processes (`jax.distributed.initialize`)
+  each runs the same program, so the mesh must hold all their devices.
   """
+  if (num_devices and jax.process_count() > 1
+      and num_devices != jax.device_count()):
+    raise ValueError(
+        f'num_devices={num_devices} with {jax.process_count()} processes: a '
+        f'multi-process mesh spans all {jax.device_count()} devices. Set '
+        '--config.num_devices=0.')
   devices = jax.devices()[:num_devices] if num_devices else jax.devices()
   return jax.sharding.Mesh(np.asarray(devices), ('clients',),
                            axis_types=(jax.sharding.AxisType.Auto,))
@@ -447,12 +631,55 @@ def make_mesh(num_devices: int | None = None):
 def shard_cohort(cohort: Cohort, mesh) -> Cohort:
   """Puts every cohort array on the mesh, split along its leading [C] axis."""
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('clients'))
-  return jax.device_put(cohort, sharding)
+  return put_global(cohort, sharding)
 
 
 def replicate(tree, mesh):
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  return jax.device_put(tree, sharding)
+  return put_global(tree, sharding)
+
+
+def put_global(tree, sharding):
+  """`jax.device_put` onto ``sharding``, also when it spans several processes.
+
+  One process: exactly `jax.device_put`. Several: every process holds the
+  same full host value (cohorts, data and initial state are functions of the
+  seed), so each builds only its own devices' shards with
+  `jax.make_array_from_callback`. `jax.device_put` would first check that
+  equality with a cross-process all-gather of every array, every round.
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+  return jax.tree.map(lambda x: _global_array(x, sharding), tree)
+
+
+def _global_array(x, sharding):
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return jax.device_put(x, sharding)  # Already global: a reshard.
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(
+      x.dtype, jax.dtypes.prng_key):
+    data = _global_array(jax.random.key_data(x), sharding)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+  value = np.asarray(x)
+  return jax.make_array_from_callback(value.shape, sharding,
+                                      lambda index: value[index])
+
+
+def local_copy(tree):
+  """Process-local copies of global arrays, for code outside the round.
+
+  Evaluation jits over the test set held by this process; arrays spanning
+  other processes' devices cannot enter that program. A replicated array's
+  first local shard is its whole value; anything else is all-gathered, a
+  collective every process must reach. Local arrays pass through unchanged.
+  """
+  def one(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return x
+    if x.is_fully_replicated:
+      return x.addressable_data(0)
+    return multihost_utils.process_allgather(x, tiled=True)
+  return jax.tree.map(one, tree)
 
 
 def default_executor(backend: str | None = None) -> str:

@@ -108,8 +108,50 @@ def build_round_spec(config, algorithm, preprocess):
 
 
 def resolve_executor(config):
-  return (engine.default_executor() if config.executor == 'auto'
-          else config.executor)
+  """The executor's name; ``auto`` depends on the backend and process count.
+
+  ``host`` drives one client at a time from Python on local devices, so it
+  cannot span processes: there ``auto`` means ``vmap`` and ``host`` is an error.
+  """
+  executor = config.executor
+  if executor == 'auto':
+    executor = engine.default_executor()
+    if executor == 'host' and jax.process_count() > 1:
+      say(f'executor=auto: vmap, not host, across {jax.process_count()} '
+          'processes.')
+      executor = 'vmap'
+  if executor == 'host' and jax.process_count() > 1:
+    raise ValueError(
+        f'executor=host cannot span {jax.process_count()} processes; use '
+        '--config.executor=vmap (or chunked / sequential, or auto).')
+  return executor
+
+
+def fit_executor_to_memory(config, executor, spec, data, server_state,
+                           client_table, example_shape, num_slots, num_devices,
+                           memory_budget):
+  """``(executor, chunk_size)`` that fit ``memory_budget`` bytes per device.
+
+  ``chunked`` with ``chunk_size = 0`` picks k from XLA's memory analysis
+  (`engine.chunk_memory_model`). ``auto`` resolved to ``vmap`` falls back to
+  chunked when the whole cohort at once would not fit. Other choices are
+  taken as given.
+  """
+  auto_vmap = config.executor == 'auto' and executor == 'vmap'
+  if not (auto_vmap or (executor == 'chunked' and not config.chunk_size)):
+    return executor, config.chunk_size
+  fixed, per_slot = engine.chunk_memory_model(
+      spec, data, server_state, client_table, example_shape,
+      unroll=config.unroll)
+  chunk_size = engine.choose_chunk_size(fixed, per_slot, memory_budget,
+                                        num_slots, num_devices)
+  gib = 1024 ** 3
+  if auto_vmap and chunk_size >= num_slots:
+    return executor, 0
+  say(f'Memory: {fixed / gib:.2f} GiB fixed + {per_slot / 1024 ** 2:.1f} MiB '
+      f'per client slot; budget {memory_budget / gib:.2f} GiB per device -> '
+      f'executor=chunked with {chunk_size} slots per chunk.')
+  return 'chunked', chunk_size
 
 
 def num_cohort_slots(config, num_devices: int) -> int:
@@ -124,7 +166,7 @@ def num_cohort_slots(config, num_devices: int) -> int:
 
 def say(message):
   """User-facing progress lines (stdout, above the progress bar)."""
-  if not _QUIET:
+  if not _QUIET and jax.process_index() == 0:
     tqdm.tqdm.write(message)
 
 
@@ -198,8 +240,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       say(f'{workdir} already holds a finished run; nothing to do.')
       return summary
   check_resume_config(workdir, config)
-  _write_json(os.path.join(workdir, 'config.json'),
-              json.loads(config.to_json_best_effort()))
+  # With several processes (one workdir on a shared file system) process 0
+  # writes every file but the checkpoints, which all processes save together.
+  chief = jax.process_index() == 0
+  if chief:
+    _write_json(os.path.join(workdir, 'config.json'),
+                json.loads(config.to_json_best_effort()))
 
   # ----- Data and partition (host, NumPy). -----
   ds = config.dataset
@@ -208,10 +254,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   test = sources.load(ds.name, 'test', data_dir)
   clients = make_partition(config, train.labels)
   counts = partition.class_counts(train.labels, clients, train.num_classes)
-  _write_json(os.path.join(workdir, 'partition.json'), {
-      **partition.summarize(clients, train.labels),
-      'class_counts': counts.tolist()})
-  if config.plot_partition:
+  if chief:
+    _write_json(os.path.join(workdir, 'partition.json'), {
+        **partition.summarize(clients, train.labels),
+        'class_counts': counts.tolist()})
+  if chief and config.plot_partition:
     partition.plot_class_counts(
         counts, os.path.join(workdir, 'partition.png'),
         title=f'{ds.name}: {partition_label(config.partition)}')
@@ -233,9 +280,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     num_devices = mesh.size
   put = (lambda x: engine.replicate(x, mesh)) if mesh else jax.device_put
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
-  round_fn = engine.make_round_fn(
-      spec, data, executor=executor, chunk_size=config.chunk_size,
-      steps_per_call=config.steps_per_call, unroll=config.unroll)
   evaluate = make_evaluate_fn(model, eval_preprocess, test.images, test.labels,
                               batch_size=config.eval_batch_size)
   if config.representation_examples > 0:
@@ -264,13 +308,18 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       f"{models.count_params(variables['params']):,} params.")
 
   # ----- State: fresh or restored. -----
+  memory_budget = (int(config.memory_budget_gb * 1024 ** 3)
+                   or engine.default_memory_budget())
   server_state, client_table = engine.init_state(
       algorithm, variables, config.num_clients, server_optimizer,
-      key=jax.random.key(config.seed + 1))
+      key=jax.random.key(config.seed + 1), memory_budget=memory_budget)
   checkpoints = ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, 'checkpoints')),
       options=ocp.CheckpointManagerOptions(
           max_to_keep=config.keep_checkpoints, create=True))
+  if mesh:
+    # Before restoring: orbax then reads straight into the mesh's layout.
+    server_state, client_table = put((server_state, client_table))
   start_round = 0
   if checkpoints.latest_step() is not None:
     start_round = checkpoints.latest_step()
@@ -279,11 +328,27 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     server_state = engine.ServerState(*restored['server_state'])
     client_table = restored['client_table']
     say(f'Resuming {workdir} from round {start_round}.')
-  if mesh:
-    server_state, client_table = put((server_state, client_table))
+  def cohort_for(round_idx):
+    ids = cohort_lib.sample_clients(config.seed, round_idx, config.num_clients,
+                                    config.clients_per_round)
+    return cohort_lib.make_cohort(
+        ids, clients, num_slots=num_slots, num_steps=num_steps,
+        batch_size=lc.batch_size, local_epochs=lc.epochs,
+        local_steps=lc.steps, seed=config.seed, round_idx=round_idx,
+        labels=train.labels, batches_fn=algorithm.client_batches)
+
+  executor, chunk_size = fit_executor_to_memory(
+      config, executor, spec, data, server_state, client_table,
+      cohort_for(0).example_idx.shape[1:], num_slots, num_devices,
+      memory_budget)
+  round_fn = engine.make_round_fn(
+      spec, data, executor=executor, chunk_size=chunk_size,
+      steps_per_call=config.steps_per_call, unroll=config.unroll)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
-  truncate_metrics(metrics_path, start_round)
-  writer = make_summary_writer(workdir)
+  writer = None
+  if chief:
+    truncate_metrics(metrics_path, start_round)
+    writer = make_summary_writer(workdir)
 
   def save(round_idx):
     checkpoints.save(round_idx, args=ocp.args.StandardSave(
@@ -298,20 +363,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     end_round = min(end_round, stop_after_round)
   bar = tqdm.tqdm(range(start_round, end_round), initial=start_round,
                   total=config.num_rounds, desc=config.algorithm,
-                  disable=not config.progress, dynamic_ncols=True)
+                  disable=not (config.progress and chief), dynamic_ncols=True)
   for round_idx in bar:
-    ids = cohort_lib.sample_clients(config.seed, round_idx, config.num_clients,
-                                    config.clients_per_round)
-    cohort = cohort_lib.make_cohort(
-        ids, clients, num_slots=num_slots, num_steps=num_steps,
-        batch_size=lc.batch_size, local_epochs=lc.epochs,
-        local_steps=lc.steps, seed=config.seed, round_idx=round_idx,
-        labels=train.labels, batches_fn=algorithm.client_batches)
+    cohort = cohort_for(round_idx)
     cohort = engine.shard_cohort(cohort, mesh) if mesh else cohort
     server_state, client_table, round_metrics = round_fn(
         server_state, client_table, cohort)
-    train_sums.append((round_metrics['train_loss_sum'],
-                       round_metrics['train_examples']))
+    train_sums.append(engine.local_copy((round_metrics['train_loss_sum'],
+                                         round_metrics['train_examples'])))
     done = round_idx + 1
     if done % config.eval_every == 0 or done == end_round:
       loss_sum, examples = np.asarray(jnp.stack(
@@ -324,9 +383,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             '--config.local.learning_rate or set --config.local.grad_clip_norm; '
             f'the last good checkpoint in {workdir}/checkpoints is kept.')
       last = {'round': done, 'wall_time': time.time() - start_time,
-              'train_loss': train_loss, **evaluate(server_state.variables)}
-      with open(metrics_path, 'a') as f:
-        f.write(json.dumps(last) + '\n')
+              'train_loss': train_loss,
+              **evaluate(engine.local_copy(server_state.variables))}
+      if chief:
+        with open(metrics_path, 'a') as f:
+          f.write(json.dumps(last) + '\n')
       if writer:
         for name, value in last.items():
           if name != 'round':
@@ -341,11 +402,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
 
   rounds_completed = max(end_round, start_round)
   summary = {'rounds_completed': rounds_completed, 'workdir': workdir,
-             'executor': executor, 'backend': jax.default_backend(),
+             'executor': executor, 'chunk_size': chunk_size,
+             'backend': jax.default_backend(),
              'num_steps': num_steps, 'num_slots': num_slots,
              'wall_time': time.time() - start_time, **last}
   if rounds_completed == config.num_rounds:
     if 'test_accuracy' not in summary:  # Resumed at the very end.
-      summary.update(evaluate(server_state.variables))
-    _write_json(summary_path, summary)
+      summary.update(evaluate(engine.local_copy(server_state.variables)))
+    if chief:
+      _write_json(summary_path, summary)
   return summary

@@ -2,20 +2,26 @@ r"""Steady-state speed of a federated round, per executor, vs a PyTorch loop.
 
   python -m launch.bench                       # small CNN, 10 and 100 clients
   python -m launch.bench --clients=10,100 --local_steps=10 --batch_size=32 \
-      --executors=host,vmap,chunked --pool=stride --torch
+      --executors=host,vmap,chunked,sequential --pool=stride --torch
+  python -m launch.bench --model=fedquad_cnn --executors=host
 
 Each configuration: FedAvg, every client takes exactly ``local_steps`` SGD
 steps of ``batch_size`` on synthetic 28x28x1 data; one warm-up round (its time
 minus the median is reported as compile time), then the median of
-``--rounds`` timed rounds. The table is printed and appended to
-benchmarks/<device>.md with the machine named.
+``--rounds`` timed rounds. Every (executor, clients) point and the PyTorch
+loop run in a fresh child process, so the peak host RSS (and, on GPU, XLA's
+peak device bytes) belong to that point alone. The table is printed and
+appended to benchmarks/<device>.md with the machine named.
 """
 
 import datetime
+import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
 import time
 
 from absl import app
@@ -32,9 +38,12 @@ _CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
 _STEPS = flags.DEFINE_integer('local_steps', 10, 'Local steps per client.')
 _BATCH = flags.DEFINE_integer('batch_size', 32, 'Batch size.')
 _IMAGE = flags.DEFINE_list('image_shape', ['28', '28', '1'], 'H,W,C.')
+_MODEL = flags.DEFINE_enum('model', 'small_cnn', ['small_cnn', 'fedquad_cnn'],
+                          'Model (fedquad_cnn: 64/128/256 channels, BatchNorm).')
 _POOL = flags.DEFINE_string('pool', 'stride', 'small_cnn pool: stride|avg|max.')
 _EXECUTORS = flags.DEFINE_list('executors', ['host', 'vmap', 'chunked'],
-                               'Executors to time.')
+                               'Executors to time: host, vmap, chunked, '
+                               'sequential.')
 _CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
 _UNROLL = flags.DEFINE_boolean(
     'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).')
@@ -42,6 +51,9 @@ _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds after warm-up.')
 _TORCH = flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
 _OUT = flags.DEFINE_string('out', None, 'Markdown file (default '
                            'benchmarks/<backend>.md).')
+_POINT = flags.DEFINE_string(
+    'point', None, 'Internal: time one "executor,clients" point (or '
+    '"torch,clients") in this process and print it as JSON.')
 
 
 def device_name():
@@ -67,7 +79,8 @@ def time_jax(executor, num_clients, *, unroll):
   images = rng.integers(0, 256, (num_clients * per_client, h, w, c), np.uint8)
   labels = rng.integers(0, 10, len(images)).astype(np.int32)
   partition = np.split(np.arange(len(images)), num_clients)
-  model = models.build('small_cnn', 10, pool=_POOL.value)
+  fields = {'pool': _POOL.value} if _MODEL.value == 'small_cnn' else {}
+  model = models.build(_MODEL.value, 10, (h, w, c), **fields)
   preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
   variables = model.init(jax.random.key(0),
                          preprocess(jnp.asarray(images[:1]), None))
@@ -100,59 +113,102 @@ def peak_rss_mb():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def peak_device_mb():
+  """XLA's peak bytes on device 0, or None where the backend does not say
+  (CPU: device memory is host memory, see the RSS column)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get('peak_bytes_in_use')
+  return None if peak is None else peak / 1024 ** 2
+
+
+def time_torch(clients):
+  from launch import torch_reference  # pylint: disable=g-import-not-at-top
+  h, w, c = (int(x) for x in _IMAGE.value)
+  r = torch_reference.time_torch_rounds(
+      clients_per_round=clients, local_steps=_STEPS.value,
+      batch_size=_BATCH.value, image_shape=(h, w, c), pool=_POOL.value,
+      model=_MODEL.value, num_rounds=_ROUNDS.value, warmup_rounds=1, lr=0.01)
+  return {'median': r['median'], 'min': r['min'],
+          'max': max(r['seconds_per_round']), 'compile': None,
+          'note': f'torch {r["torch_version"]}, {r["num_threads"]} threads'}
+
+
+def measure_point(point, unroll):
+  """Times one point in this process; adds its peak memory."""
+  executor, clients = point.split(',')
+  if executor == 'torch':
+    result = time_torch(int(clients))
+  else:
+    result = time_jax(executor, int(clients), unroll=unroll)
+  return {**result, 'rss_mb': peak_rss_mb(), 'device_mb': peak_device_mb()}
+
+
+def measure_in_child(point):
+  """Runs `measure_point` in a fresh interpreter: per-point peak memory."""
+  argv = [sys.executable, '-m', 'launch.bench', f'--point={point}'] + [
+      arg for arg in sys.argv[1:] if not arg.startswith('--point')]
+  out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def format_row(clients, name, r, torch_median):
+  client_steps = clients * _STEPS.value
+  ratio = f'{r["median"] / torch_median:.2f}x' if torch_median else 'n/a'
+  compile_s = '-' if r['compile'] is None else f'{r["compile"]:.1f}'
+  device = '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}'
+  return (f'| {clients} | {name} | {r["median"]:.3f} | '
+          f'{r["min"]:.3f}-{r["max"]:.3f} | {client_steps / r["median"]:.0f} | '
+          f'{compile_s} | {r["rss_mb"]:.0f} | {device} | {ratio} |')
+
+
+def model_label():
+  if _MODEL.value == 'small_cnn':
+    return f'small_cnn ({_POOL.value})'
+  return 'fedquad_cnn (64/128/256, BatchNorm)'
+
+
 def main(argv):
   del argv
   backend = jax.default_backend()
   unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
+  if _POINT.value:
+    print(json.dumps(measure_point(_POINT.value, unroll)))
+    return
   rows = []
   for clients in (int(c) for c in _CLIENTS.value):
-    client_steps = clients * _STEPS.value
     results = {}
-    for executor in _EXECUTORS.value:
-      r = time_jax(executor, clients, unroll=unroll)
-      results[executor] = r
-      print(f'{executor:>10} C={clients:<5} {r["median"]:.3f} s/round '
+    names = list(_EXECUTORS.value) + (['torch'] if _TORCH.value else [])
+    for name in names:
+      r = results[name] = measure_in_child(f'{name},{clients}')
+      print(f'{name:>10} C={clients:<5} {r["median"]:.3f} s/round '
             f'(min {r["min"]:.3f}, max {r["max"]:.3f}), compile '
-            f'{r["compile"]:.1f} s, {client_steps / r["median"]:.0f} '
-            'client-steps/s', flush=True)
-    torch = None
-    if _TORCH.value:
-      from launch import torch_reference  # pylint: disable=g-import-not-at-top
-      h, w, c = (int(x) for x in _IMAGE.value)
-      torch = torch_reference.time_torch_rounds(
-          clients_per_round=clients, local_steps=_STEPS.value,
-          batch_size=_BATCH.value, image_shape=(h, w, c), pool=_POOL.value,
-          num_rounds=_ROUNDS.value, warmup_rounds=1, lr=0.01)
-      print(f'{"torch":>10} C={clients:<5} {torch["median"]:.3f} s/round, '
-            f'{torch["client_steps_per_second"]:.0f} client-steps/s '
-            f'(torch {torch["torch_version"]}, {torch["num_threads"]} threads)',
-            flush=True)
-    for executor, r in results.items():
-      ratio = (f'{r["median"] / torch["median"]:.2f}x' if torch else 'n/a')
-      rows.append(f'| {clients} | {executor} | {r["median"]:.3f} | '
-                  f'{r["min"]:.3f}-{r["max"]:.3f} | '
-                  f'{client_steps / r["median"]:.0f} | {r["compile"]:.1f} | '
-                  f'{ratio} |')
-    if torch:
-      rows.append(f'| {clients} | pytorch loop | {torch["median"]:.3f} | '
-                  f'{torch["min"]:.3f}-{max(torch["seconds_per_round"]):.3f} | '
-                  f'{torch["client_steps_per_second"]:.0f} | - | 1.00x |')
+            f'{r["compile"]} s, {clients * _STEPS.value / r["median"]:.0f} '
+            f'client-steps/s, peak RSS {r["rss_mb"]:.0f} MB, device '
+            f'{r["device_mb"]} MB', flush=True)
+    torch_median = results['torch']['median'] if 'torch' in results else None
+    for name, r in results.items():
+      label = f'pytorch loop ({r["note"]})' if name == 'torch' else name
+      rows.append(format_row(clients, label, r, torch_median))
 
   header = [
-      f'\n## {datetime.date.today()} - small_cnn ({_POOL.value}), '
+      f'\n## {datetime.date.today()} - {model_label()}, '
       f'{"x".join(_IMAGE.value)}, {_STEPS.value} local steps of '
       f'{_BATCH.value}, FedAvg',
       '',
-      f'Device: {device_name()} ({backend}); jax {jax.__version__}; '
-      f'peak host RSS {peak_rss_mb():.0f} MB; median of {_ROUNDS.value} '
-      'rounds after 1 warm-up; unroll=' + str(unroll) + '.',
-      f'Command: `python -m launch.bench --clients={",".join(_CLIENTS.value)} '
-      f'--local_steps={_STEPS.value} --batch_size={_BATCH.value} '
-      f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)}`',
+      f'Device: {device_name()} ({backend}); jax {jax.__version__}; median '
+      f'of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. Each row '
+      'ran in its own process: peak RSS is that row\'s; device MB is XLA\'s '
+      'peak on device 0 (not reported on CPU, where it is host memory).',
+      f'Command: `python -m launch.bench --model={_MODEL.value} '
+      f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
+      f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
+      f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
+      f'--chunk_size={_CHUNK.value}`',
       '',
       '| clients/round | executor | s/round (median) | min-max | '
-      'client-steps/s | compile s | vs PyTorch |',
-      '|---|---|---|---|---|---|---|',
+      'client-steps/s | compile s | peak RSS MB | peak device MB | '
+      'vs PyTorch |',
+      '|---|---|---|---|---|---|---|---|---|',
   ]
   table = '\n'.join(header + rows) + '\n'
   print(table)

@@ -131,6 +131,41 @@ def make_torch_small_cnn(*, in_channels: int, image_size, num_classes: int = 10,
                        embedding_dim=embedding_dim, pool=pool)
 
 
+class TorchFedQuadCNN(nn.Module):
+  """Twin of fedjax_metric.models.fedquad_cnn: 3 x [conv3x3 -> BN -> ReLU]
+  (max-pool, max-pool, global average pool) -> Linear(128) -> Linear(classes).
+  """
+
+  def __init__(self, *, in_channels: int, num_classes: int = 10,
+               widths: Sequence[int] = (64, 128, 256),
+               embedding_dim: int = 128):
+    super().__init__()
+    channels = [in_channels, *widths]
+    self.convs = nn.ModuleList(
+        nn.Conv2d(a, b, 3, padding=1) for a, b in zip(channels, channels[1:]))
+    self.norms = nn.ModuleList(nn.BatchNorm2d(b) for b in widths)
+    self.fc1 = nn.Linear(widths[-1], embedding_dim)
+    self.fc2 = nn.Linear(embedding_dim, num_classes)
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Maps images [B, C, H, W] float32 to logits [B, num_classes]."""
+    for block, (conv, norm) in enumerate(zip(self.convs, self.norms)):
+      x = F.relu(norm(conv(x)))
+      x = F.max_pool2d(x, 2) if block < 2 else x.mean(dim=(2, 3))
+    return self.fc2(self.fc1(x))
+
+
+def make_torch_model(model: str, *, in_channels: int, image_size,
+                     pool: str = 'stride') -> nn.Module:
+  """'small_cnn' (with ``pool``) or 'fedquad_cnn', 10 classes."""
+  if model == 'small_cnn':
+    return make_torch_small_cnn(in_channels=in_channels, image_size=image_size,
+                                pool=pool)
+  if model == 'fedquad_cnn':
+    return TorchFedQuadCNN(in_channels=in_channels)
+  raise ValueError(f"model must be 'small_cnn' or 'fedquad_cnn', got {model!r}")
+
+
 def fedavg_round(global_model: nn.Module, client_model: nn.Module,
                  images: torch.Tensor, labels: torch.Tensor, *,
                  clients_per_round: int, local_steps: int, batch_size: int,
@@ -172,7 +207,8 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
       optimizer.step()
     with torch.no_grad():
       for k, v in client_model.state_dict().items():
-        delta_sum[k].add_(v - global_state[k], alpha=weight)
+        if v.is_floating_point():  # Not BatchNorm's integer step counter.
+          delta_sum[k].add_(v - global_state[k], alpha=weight)
   with torch.no_grad():
     global_model.load_state_dict(
         {k: global_state[k] + delta_sum[k] for k in global_state})
@@ -180,7 +216,8 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
 
 def time_torch_rounds(*, clients_per_round: int, local_steps: int,
                       batch_size: int, image_shape=(28, 28, 1),
-                      pool: str = 'stride', num_rounds: int = 5,
+                      pool: str = 'stride', model: str = 'small_cnn',
+                      num_rounds: int = 5,
                       warmup_rounds: int = 1, num_threads: Optional[int] = None,
                       lr: float = 0.01) -> Dict:
   """Times the eager per-client PyTorch FL loop on random CPU data.
@@ -190,7 +227,8 @@ def time_torch_rounds(*, clients_per_round: int, local_steps: int,
     local_steps: SGD steps per client.
     batch_size: examples per step.
     image_shape: (H, W, C), as in the JAX code; converted to NCHW here.
-    pool: 'stride', 'avg' or 'max'.
+    pool: 'stride', 'avg' or 'max' (small_cnn).
+    model: 'small_cnn' or 'fedquad_cnn'.
     num_rounds: timed rounds.
     warmup_rounds: untimed rounds run first.
     num_threads: if given, passed to ``torch.set_num_threads``; otherwise
@@ -212,9 +250,8 @@ def time_torch_rounds(*, clients_per_round: int, local_steps: int,
                        generator=generator, dtype=torch.float32)
   labels = torch.randint(10, (num_examples,), generator=generator,
                          dtype=torch.int64)
-  make = lambda: make_torch_small_cnn(in_channels=channels,
-                                      image_size=(height, width),
-                                      num_classes=10, pool=pool)
+  make = lambda: make_torch_model(model, in_channels=channels,
+                                  image_size=(height, width), pool=pool)
   global_model, client_model = make(), make()
 
   def one_round():
@@ -249,6 +286,8 @@ def main(argv=None):
   parser.add_argument('--image_size', type=int, default=28)
   parser.add_argument('--channels', type=int, default=1)
   parser.add_argument('--pool', choices=POOLS, default='stride')
+  parser.add_argument('--model', choices=('small_cnn', 'fedquad_cnn'),
+                      default='small_cnn')
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--warmup_rounds', type=int, default=1)
   parser.add_argument('--num_threads', type=int, default=None)
@@ -258,7 +297,7 @@ def main(argv=None):
       clients_per_round=args.clients_per_round, local_steps=args.local_steps,
       batch_size=args.batch_size,
       image_shape=(args.image_size, args.image_size, args.channels),
-      pool=args.pool, num_rounds=args.rounds, warmup_rounds=args.warmup_rounds,
+      pool=args.pool, model=args.model, num_rounds=args.rounds, warmup_rounds=args.warmup_rounds,
       num_threads=args.num_threads, lr=args.lr)
   print(json.dumps(result, indent=2))
 

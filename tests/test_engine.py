@@ -125,6 +125,53 @@ def test_sharded_over_four_devices_equals_one_device():
   assert 'all-reduce' in hlo  # The weighted sum became a cross-device reduce.
 
 
+def test_chunked_sharded_over_four_devices_equals_vmap_on_one():
+  """Chunks interleave slots (j, j + m, ...), so a sharded clients axis keeps
+  every device busy in every chunk; the result must not depend on it."""
+  _, alg, data, parts, variables = federation()
+  cohorts = [fx.cohort(parts, ids, num_slots=8, round_idx=r)
+             for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5, 0, 2]])]
+  one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
+                         mesh=engine.make_mesh(1))
+  mesh4 = engine.make_mesh(4)
+  four, _, round_fn = run_rounds(
+      'chunked', alg, engine.replicate(data, mesh4), parts, variables, cohorts,
+      mesh=mesh4, chunk_size=4)
+  assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
+  assert round_fn.jitted._cache_size() == 1
+
+
+@pytest.mark.parametrize('chunk_size', [3, 5])
+def test_chunk_size_that_does_not_divide_the_cohort(chunk_size):
+  _, alg, data, parts, variables = federation()
+  cohorts = [fx.cohort(parts, [0, 2, 5, 1], num_slots=4)]
+  a, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts)
+  b, _, _ = run_rounds('chunked', alg, data, parts, variables, cohorts,
+                       chunk_size=chunk_size)
+  assert fx.max_abs_diff(a.variables, b.variables) < 1e-5
+
+
+@pytest.mark.parametrize('executor,chunk_size',
+                         [('vmap', 0), ('sequential', 0), ('chunked', 2),
+                          ('host', 0)])
+def test_no_implicit_transfer_inside_a_round(executor, chunk_size):
+  """Under ``transfer_guard('disallow')`` only explicit ``device_put`` may move
+  data: the cohort's index arrays. The host executor reads the masks on the
+  host, so it is given the NumPy cohort and puts each slot's indices itself."""
+  _, alg, data, parts, variables = federation(norm='batch')
+  spec = fx.make_spec(alg, momentum=0.9)
+  state, table = engine.init_state(alg, variables, len(parts), SGD_SERVER)
+  round_fn = engine.make_round_fn(spec, data, executor=executor,
+                                  chunk_size=chunk_size, steps_per_call=2)
+  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
+             for r, ids in enumerate([[0, 2, 5], [1, 3, 4]])]
+  state, table, _ = round_fn(state, table, cohorts[0])  # Compiles.
+  cohort = cohorts[1] if executor == 'host' else jax.device_put(cohorts[1])
+  with jax.transfer_guard('disallow'):
+    state, table, metrics = round_fn(state, table, cohort)
+  assert float(metrics['train_examples']) > 0
+
+
 def softmax(z):
   z = z - z.max(-1, keepdims=True)
   e = np.exp(z)

@@ -54,6 +54,31 @@ def test_param_count_matches_jax(shape, pool):
   assert jax_shapes == torch_shapes
 
 
+def test_fedquad_twin_has_the_same_layers_as_jax():
+  from fedjax_metric import models  # pylint: disable=g-import-not-at-top
+  variables = models.build('fedquad_cnn', 10, (28, 28, 1)).init(
+      jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  jax_shapes = sorted(
+      tuple(x.shape) if x.ndim != 4 else
+      (x.shape[3], x.shape[2], x.shape[0], x.shape[1])
+      for x in jax.tree_util.tree_leaves(variables['params']))
+  twin = torch_reference.make_torch_model('fedquad_cnn', in_channels=1,
+                                          image_size=(28, 28))
+  torch_shapes = sorted(
+      tuple(p.shape) if p.ndim != 2 else tuple(p.shape[::-1])
+      for p in twin.parameters())
+  assert jax_shapes == torch_shapes
+  assert tuple(twin(torch.zeros(3, 1, 28, 28)).shape) == (3, 10)
+
+
+def test_time_fedquad_rounds_tiny():
+  """BatchNorm's integer counter must not break the FedAvg accumulation."""
+  result = torch_reference.time_torch_rounds(
+      clients_per_round=2, local_steps=1, batch_size=4, image_shape=(8, 8, 1),
+      model='fedquad_cnn', num_rounds=1, warmup_rounds=0)
+  assert result['median'] > 0
+
+
 def test_unknown_pool_raises():
   with pytest.raises(ValueError):
     _torch_model((8, 8, 1), 'median')

@@ -1,0 +1,138 @@
+"""Multi-process runs: two local CPU processes equal one process.
+
+Both runs use 4 CPU devices in all: two `launch.main` processes with 2 each
+(jax.distributed over localhost, gloo collectives), and `train.run` in this
+process, which has 4 (conftest.py). Same mesh size, same cohorts and keys, so
+the same model up to float reduction order.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import fedavg
+from fedjax_metric import train
+from launch import main as launch_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A hung collective fails the test instead of hanging the suite.
+TIMEOUT_S = 240
+RUN_FLAGS = ('--config=configs/fedavg.py:runlocal', '--config.executor=vmap',
+             '--config.num_rounds=2', '--config.progress=False',
+             '--config.plot_partition=False')
+
+
+def single_process_config():
+  """RUN_FLAGS as a config, for `train.run` on this process's 4 devices."""
+  config = fedavg.get_config('runlocal')
+  config.unlock()
+  config.executor, config.num_rounds = 'vmap', 2
+  config.progress = config.plot_partition = False
+  assert jax.device_count() == 4
+  return config
+
+
+def free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def start(workdir, num_devices, *flags):
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             JAX_NUM_CPU_DEVICES=str(num_devices), PYTHONPATH=ROOT)
+  env.pop('XLA_FLAGS', None)  # Could force another device count.
+  return subprocess.Popen(
+      [sys.executable, '-m', 'launch.main', *RUN_FLAGS, f'--workdir={workdir}',
+       *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs):
+  """Waits for every process; on a timeout kills all (a peer may be hung)."""
+  try:
+    return [p.communicate(timeout=TIMEOUT_S) for p in procs]
+  except subprocess.TimeoutExpired:
+    for p in procs:
+      p.kill()
+    outputs = [p.communicate() for p in procs]
+    pytest.fail(f'Timed out after {TIMEOUT_S}s; stderr tails: '
+                f'{[err[-2000:] for _, err in outputs]}')
+
+
+def final_server_state(workdir):
+  """The last checkpoint's server state as NumPy, whatever devices wrote it."""
+  path = os.path.join(workdir, 'checkpoints', '2', 'default')
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(path).item_metadata.tree
+  numpy_args = jax.tree.map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  return checkpointer.restore(path, restore_args=numpy_args)['server_state']
+
+
+def read(workdir, name):
+  with open(os.path.join(workdir, name)) as f:
+    return f.read()
+
+
+def test_two_processes_equal_one(tmp_path):
+  multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
+  address = f'127.0.0.1:{free_port()}'
+  procs = [start(multi, 2, f'--coordinator_address={address}',
+                 '--num_processes=2', f'--process_id={i}') for i in (0, 1)]
+  try:  # The reference run, while the two processes work.
+    train.run(single_process_config(), single)
+  finally:
+    outputs = finish(procs)
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  (out0, _), (out1, _) = outputs
+  # One mesh over both processes' devices; process 0 alone reports and writes.
+  assert 'executor=vmap on 4 cpu device(s)' in out0
+  assert 'test_accuracy=' in out0 and 'test_accuracy=' not in out1
+  assert len(read(multi, 'metrics.jsonl').splitlines()) == 2
+
+  summaries = [json.loads(read(w, 'summary.json')) for w in (multi, single)]
+  for key in ('test_accuracy', 'test_loss', 'train_loss'):
+    np.testing.assert_allclose(summaries[0][key], summaries[1][key], atol=1e-5)
+  assert summaries[0]['rounds_completed'] == 2
+  states = [final_server_state(w) for w in (multi, single)]
+  leaves = [jax.tree.leaves(s) for s in states]
+  assert jax.tree.structure(states[0]) == jax.tree.structure(states[1])
+  for x, y in zip(*leaves):
+    np.testing.assert_allclose(x, y, atol=1e-5)
+  assert int(states[0]['round']) == 2
+
+
+@pytest.mark.parametrize('flags, match', [
+    (('127.0.0.1:1234', 2, None), 'all three'),
+    ((None, None, 0), 'all three'),
+    (('127.0.0.1', 2, 0), 'host:port'),
+    (('127.0.0.1:1234', 2, 2), r'\[0, 2\)'),
+    (('127.0.0.1:1234', 0, 0), '>= 1'),
+])
+def test_bad_distributed_flags_are_clear_errors(flags, match):
+  with pytest.raises(launch_main.app.UsageError, match=match):
+    launch_main.distributed_args(*flags)
+
+
+def test_distributed_flags():
+  assert launch_main.distributed_args(None, None, None) is None
+  assert launch_main.distributed_args('h:1', 2, 1) == dict(
+      coordinator_address='h:1', num_processes=2, process_id=1)
+
+
+def test_host_executor_does_not_span_processes(monkeypatch):
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with pytest.raises(ValueError, match='executor=host cannot span 2'):
+    train.resolve_executor(ml_collections.ConfigDict({'executor': 'host'}))
+  assert train.resolve_executor(
+      ml_collections.ConfigDict({'executor': 'auto'})) == 'vmap'
