@@ -409,6 +409,7 @@ class HostLoopFns(NamedTuple):
   begin: Callable
   steps: Callable
   finish: Callable
+  whole_client: Callable
   server: Callable
 
 
@@ -418,31 +419,23 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   Each slot: gather its row and start (one call), ``ceil(S / steps_per_call)``
   calls of `run_steps` (blocks whose steps are all padding are skipped; they
   would be no-ops), then one call that computes the update, scatters the row
-  and adds ``weight * update`` into a running sum. Memory stays O(model): no
-  stacked [C, ...] updates exist. Every function compiles once per run.
+  and adds ``weight * update`` into a running sum. When all S steps fit one
+  block, the three are fused into one call per slot (``whole_client``):
+  dispatch, not arithmetic, dominates small clients. Memory stays O(model):
+  no stacked [C, ...] updates exist. Every function compiles once per run.
   """
 
-  @jax.jit
-  def zero_accumulator(server_state, client_table):
-    # Made on the device: a jnp.zeros here would be a host-to-device transfer.
-    # The four outputs are distinct buffers, as `finish` donates them.
-    return (_zero_update(spec, server_state, client_table),
-            *(jnp.zeros((), jnp.float32) for _ in range(3)))
-
-  @jax.jit
-  def begin(server_state, client_table, client_id):
+  def begin_body(server_state, client_table, client_id):
     row = gather_rows(client_table, client_id)
     return row, client_begin(spec, server_state, row, client_id)
 
-  @jax.jit
-  def steps(server_state, row, client_id, carry, example_idx, example_mask,
-            first_step, data):
+  def steps_body(server_state, row, client_id, carry, example_idx,
+                 example_mask, first_step, data):
     return run_steps(spec, data, server_state, row, client_id, carry,
                      example_idx, example_mask, first_step, unroll=unroll)
 
-  @functools.partial(jax.jit, donate_argnums=(1, 4))
-  def finish(server_state, client_table, row, client_id, accumulator, carry,
-             num_examples):
+  def finish_body(server_state, client_table, row, client_id, accumulator,
+                  carry, num_examples):
     update, weight, new_row, (loss_sum, count) = client_finish(
         spec, server_state, row, client_id, carry, num_examples)
     client_table = scatter_rows(client_table, client_id, new_row)
@@ -452,11 +445,29 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
                    count_total + count)
     return client_table, accumulator
 
+  @functools.partial(jax.jit, donate_argnums=(1, 2))
+  def whole_client(server_state, client_table, accumulator, client_id,
+                   num_examples, example_idx, example_mask, data):
+    row, carry = begin_body(server_state, client_table, client_id)
+    carry = steps_body(server_state, row, client_id, carry, example_idx,
+                       example_mask, jnp.zeros((), jnp.int32), data)
+    return finish_body(server_state, client_table, row, client_id,
+                       accumulator, carry, num_examples)
+
+  @jax.jit
+  def zero_accumulator(server_state, client_table):
+    # Made on the device: a jnp.zeros here would be a host-to-device transfer.
+    # The four outputs are distinct buffers, as `finish` donates them.
+    return (_zero_update(spec, server_state, client_table),
+            *(jnp.zeros((), jnp.float32) for _ in range(3)))
+
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def server(server_state, client_table, cohort, accumulator):
     return finish_round(spec, server_state, client_table, cohort, *accumulator)
 
-  fns = HostLoopFns(zero_accumulator, begin, steps, finish, server)
+  fns = HostLoopFns(zero_accumulator, jax.jit(begin_body), jax.jit(steps_body),
+                    jax.jit(finish_body, donate_argnums=(1, 4)), whole_client,
+                    server)
 
   def round_fn(server_state, client_table, cohort: Cohort):
     host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
@@ -466,22 +477,29 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     pad = (-num_steps) % k
     example_idx = np.pad(host.example_idx, ((0, 0), (0, pad), (0, 0)))
     example_mask = np.pad(host.example_mask, ((0, 0), (0, pad), (0, 0)))
-    accumulator = zero_accumulator(server_state, client_table)
+    accumulator = fns.zero_accumulator(server_state, client_table)
     for slot in np.flatnonzero(host.slot_mask):
       # One transfer per slot of its index arrays, which the round needs anyway.
+      if num_steps + pad == k:
+        inputs = jax.device_put((host.client_ids[slot], host.num_examples[slot],
+                                 example_idx[slot], example_mask[slot]))
+        client_table, accumulator = fns.whole_client(
+            server_state, client_table, accumulator, *inputs, data)
+        continue
       live_blocks = [first for first in range(0, num_steps + pad, k)
                      if example_mask[slot, first:first + k].any()]
       client_id, num_examples, blocks = jax.device_put(
           (host.client_ids[slot], host.num_examples[slot],
            [(example_idx[slot, f:f + k], example_mask[slot, f:f + k],
              np.int32(f)) for f in live_blocks]))
-      row, carry = begin(server_state, client_table, client_id)
+      row, carry = fns.begin(server_state, client_table, client_id)
       for block in blocks:
-        carry = steps(server_state, row, client_id, carry, *block, data)
-      client_table, accumulator = finish(server_state, client_table, row,
-                                         client_id, accumulator, carry,
-                                         num_examples)
-    return server(server_state, client_table, jax.device_put(host), accumulator)
+        carry = fns.steps(server_state, row, client_id, carry, *block, data)
+      client_table, accumulator = fns.finish(server_state, client_table, row,
+                                             client_id, accumulator, carry,
+                                             num_examples)
+    return fns.server(server_state, client_table, jax.device_put(host),
+                      accumulator)
 
   round_fn.fns = fns
   return round_fn

@@ -17,8 +17,6 @@ appended to benchmarks/<device>.md with the machine named.
 import datetime
 import json
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,6 +31,7 @@ import numpy as np
 from fedjax_metric import engine, models, optimizers
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.data import augment, cohort as cohort_lib
+from launch import machine
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
 _STEPS = flags.DEFINE_integer('local_steps', 10, 'Local steps per client.')
@@ -54,20 +53,6 @@ _OUT = flags.DEFINE_string('out', None, 'Markdown file (default '
 _POINT = flags.DEFINE_string(
     'point', None, 'Internal: time one "executor,clients" point (or '
     '"torch,clients") in this process and print it as JSON.')
-
-
-def device_name():
-  device = jax.devices()[0]
-  if device.platform == 'cpu':
-    cpu = platform.processor() or 'cpu'
-    try:
-      with open('/proc/cpuinfo') as f:
-        cpu = next(line.split(':', 1)[1].strip() for line in f
-                   if line.startswith('model name'))
-    except (OSError, StopIteration):
-      pass
-    return f'{cpu}, {os.cpu_count()} cores'
-  return device.device_kind
 
 
 def time_jax(executor, num_clients, *, unroll):
@@ -109,18 +94,6 @@ def time_jax(executor, num_clients, *, unroll):
           'compile': times[0] - median}
 
 
-def peak_rss_mb():
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def peak_device_mb():
-  """XLA's peak bytes on device 0, or None where the backend does not say
-  (CPU: device memory is host memory, see the RSS column)."""
-  stats = jax.devices()[0].memory_stats() or {}
-  peak = stats.get('peak_bytes_in_use')
-  return None if peak is None else peak / 1024 ** 2
-
-
 def time_torch(clients):
   from launch import torch_reference  # pylint: disable=g-import-not-at-top
   h, w, c = (int(x) for x in _IMAGE.value)
@@ -140,7 +113,8 @@ def measure_point(point, unroll):
     result = time_torch(int(clients))
   else:
     result = time_jax(executor, int(clients), unroll=unroll)
-  return {**result, 'rss_mb': peak_rss_mb(), 'device_mb': peak_device_mb()}
+  return {**result, 'rss_mb': machine.peak_rss_mb(),
+          'device_mb': machine.peak_device_mb()}
 
 
 def measure_in_child(point):
@@ -195,7 +169,7 @@ def main(argv):
       f'{"x".join(_IMAGE.value)}, {_STEPS.value} local steps of '
       f'{_BATCH.value}, FedAvg',
       '',
-      f'Device: {device_name()} ({backend}); jax {jax.__version__}; median '
+      f'Device: {machine.device_name()} ({backend}); jax {jax.__version__}; median '
       f'of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. Each row '
       'ran in its own process: peak RSS is that row\'s; device MB is XLA\'s '
       'peak on device 0 (not reported on CPU, where it is host memory).',

@@ -45,11 +45,15 @@ def test_executors_agree(norm):
   cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
              for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])]
   results = {}
-  for executor, chunk in [('vmap', 0), ('sequential', 0), ('chunked', 2),
-                          ('host', 0)]:
+  # host with 2 steps per call runs blocks; with 100 it fuses each client.
+  for name, executor, chunk, per_call in [
+      ('vmap', 'vmap', 0, 2), ('sequential', 'sequential', 0, 2),
+      ('chunked', 'chunked', 2, 2), ('host', 'host', 0, 2),
+      ('host fused', 'host', 0, 100)]:
     state, metrics, _ = run_rounds(executor, alg, data, parts, variables,
-                                   cohorts, chunk_size=chunk)
-    results[executor] = (state.variables, metrics)
+                                   cohorts, chunk_size=chunk,
+                                   steps_per_call=per_call)
+    results[name] = (state.variables, metrics)
   reference, ref_metrics = results['vmap']
   assert fx.max_abs_diff(reference, variables) > 1e-3  # Training moved it.
   for executor, (result, metrics) in results.items():
@@ -73,7 +77,13 @@ def test_host_loop_compiles_once():
              for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])]
   _, _, round_fn = run_rounds('host', alg, data, parts, variables, cohorts)
   for name, fn in round_fn.fns._asdict().items():
-    assert fn._cache_size() == 1, name
+    # 6 steps in blocks of 2: the fused one-block path is never taken.
+    assert fn._cache_size() == (0 if name == 'whole_client' else 1), name
+  # All 6 steps in one block: one fused call per client, compiled once.
+  _, _, round_fn = run_rounds('host', alg, data, parts, variables, cohorts,
+                              steps_per_call=6)
+  assert round_fn.fns.whole_client._cache_size() == 1
+  assert round_fn.fns.steps._cache_size() == 0
 
 
 @pytest.mark.parametrize('executor', ['vmap', 'host'])

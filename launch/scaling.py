@@ -1,0 +1,618 @@
+r"""Seconds per round and peak memory against clients per round and population.
+
+  python -m launch.scaling                     # the default grid (see below)
+  python -m launch.scaling --clients_per_round=10,100 --population_factors=1 \
+      --algorithms=fedavg --rounds=2 --max_seconds=300
+
+A grid point is (algorithm, C clients per round, N total clients). N is
+C x factor for each ``--population_factors`` entry: factor 1 is everyone every
+round; factor 10 is a population ten times the cohort, whose data the
+simulator must hold (and whose client table, for algorithms that have one,
+grows with N). Per point:
+
+  * seconds per round: the median of ``--rounds`` rounds after one warm-up
+    round, each timed as `train.run` executes it: sample the clients, build the
+    cohort on the host (`cohort.make_cohort`, with the algorithm's own batch
+    schedule: FedQuad's quadruplets are drawn here), run the round and wait for
+    it. The host part is also reported alone ("cohort s"), because it grows
+    with C on every backend. Compile time is the warm-up round minus the median.
+  * peak host RSS (``getrusage``), and peak device memory where the backend
+    reports it (GPU / TPU: ``memory_stats()['peak_bytes_in_use']``; CPU: none).
+    Peak RSS only ever grows within a process, so every point runs in its own
+    child process (this script re-invoked with ``--point=<json>``), which prints
+    its numbers as one JSON line.
+  * the synthetic dataset's and the client table's size (FedAvg and FedQuad
+    keep no per-client state: 0).
+
+Data are synthetic and held in memory: uniform random uint8 28x28x1 images with
+10 uniformly random labels, ``--examples_per_client`` (16) per client, so no
+files are needed and the population can be any size. Each client takes
+``--local_steps`` SGD steps of ``--batch_size`` on the small CNN (stride-2
+convolutions); FedQuad lays each step out as [anchors | positives |
+negatives_1 | negatives_2], so its steps are 4x as wide as FedAvg's.
+
+The default work, 1 step of 4, is deliberately small: the study is about how
+the simulator's cost grows with C and N (per-client dispatch, host-side cohort
+building, memory), not about how fast a convolution runs, and the 10,000-client
+points must finish on a 2-core CPU. There (AMD EPYC, shared with other jobs) a
+client costs about 6 ms per round for FedAvg and 20 ms for FedQuad, so a
+10,000-client round takes about 1 and 3.5 minutes, and the whole default grid
+about 40 minutes (benchmarks/scaling_cpu.md). With batch 16 a client costs
+about 24 and 120 ms: FedQuad at 10,000 clients would take 20 minutes a round.
+For the host executor, time grows about linearly in local steps x batch size
+(plus a few ms per client), so other work can be extrapolated, or measured
+with ``--local_steps`` / ``--batch_size``.
+
+The per-client work flags (``--local_steps``, ``--batch_size``, ``--rounds``,
+``--pool``, ``--image_shape``, ``--chunk_size``, ``--unroll``) mean what
+launch/bench.py's do, with smaller defaults.
+
+``--max_seconds`` bounds each point's wall time: a point predicted (from the
+last finished point of the same algorithm, scaled linearly in C) to take longer
+is skipped, and one that runs longer is stopped; either way the table says so.
+
+Outputs: the results as JSON (``--results``), a markdown table appended to
+benchmarks/scaling_<backend>.md with the device named (``--table``), and a
+two-panel PNG (``--plot``, default docs/results/scaling_<backend>.png).
+notebooks/scaling.ipynb runs the same grid from Python.
+"""
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+import numpy as np
+
+from fedjax_metric import algorithms, engine, models, optimizers
+from fedjax_metric.data import augment, cohort as cohort_lib
+from launch import machine
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT_PREFIX = 'SCALING_RESULT '
+NUM_CLASSES = 10
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One grid point: everything its child process needs to measure it."""
+  algorithm: str
+  clients_per_round: int
+  num_clients: int
+  local_steps: int = 1
+  batch_size: int = 4
+  examples_per_client: int = 16
+  rounds: int = 3
+  executor: str = 'auto'
+  model: str = 'small_cnn'
+  pool: str = 'stride'
+  image_shape: tuple = (28, 28, 1)
+  chunk_size: int = 10
+  unroll: Optional[bool] = None  # None: on CPU only (as launch/bench.py).
+  seed: int = 0
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self))
+
+  @classmethod
+  def from_json(cls, text: str) -> 'Point':
+    return point_of(json.loads(text))
+
+
+def make_grid(clients_per_round: Sequence[int],
+              population_factors: Sequence[int], algorithm_names: Sequence[str],
+              *, max_total_clients: int = 100_000, **work) -> List[Point]:
+  """Points ordered by algorithm, then C ascending, then population.
+
+  That order lets `run_grid` predict each point's time from a smaller one of
+  the same algorithm before running it. ``work`` holds the other Point fields.
+  """
+  return [Point(algorithm, c, c * factor, **work)
+          for algorithm in algorithm_names
+          for c in sorted(clients_per_round)
+          for factor in sorted(population_factors)
+          if c * factor <= max_total_clients]
+
+
+# ---------------------------------------------------------------------------
+# One point, measured in the current process.
+# ---------------------------------------------------------------------------
+
+
+def synthetic_federation(num_clients: int, examples_per_client: int,
+                         image_shape=(28, 28, 1),
+                         num_classes: int = NUM_CLASSES, seed: int = 0):
+  """Random uint8 images and labels, ``examples_per_client`` per client.
+
+  Returns ``(images uint8 [N*E, H, W, C], labels int32 [N*E], partition)``
+  where ``partition[k]`` is client k's index array (row k of an [N, E] array:
+  no per-client Python objects, whatever N is).
+  """
+  rng = np.random.default_rng(seed)
+  total = num_clients * examples_per_client
+  images = rng.integers(0, 256, (total, *image_shape), np.uint8)
+  labels = rng.integers(0, num_classes, total).astype(np.int32)
+  partition = np.arange(total).reshape(num_clients, examples_per_client)
+  return images, labels, partition
+
+
+def check_algorithms(names: Sequence[str]):
+  unknown = sorted(set(names) - set(algorithms.REGISTRY))
+  if unknown:
+    raise ValueError(f'Unknown algorithm {unknown[0]!r}; registered: '
+                     f'{sorted(algorithms.REGISTRY)}.')
+
+
+def measure_point(point: Point) -> Dict[str, Any]:
+  """Builds the federation and round function for ``point`` and times rounds.
+
+  Peak memory is this process's: run each point in a fresh process
+  (`measure_in_subprocess`) for a per-point number.
+  """
+  check_algorithms([point.algorithm])
+  backend = jax.default_backend()
+  executor = (engine.default_executor() if point.executor == 'auto'
+              else point.executor)
+  unroll = point.unroll if point.unroll is not None else backend == 'cpu'
+  images, labels, partition = synthetic_federation(
+      point.num_clients, point.examples_per_client, point.image_shape,
+      seed=point.seed)
+  model_kwargs = {'pool': point.pool} if point.model == 'small_cnn' else {}
+  model = models.build(point.model, NUM_CLASSES, point.image_shape,
+                       **model_kwargs)
+  preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
+  variables = model.init(jax.random.key(point.seed),
+                         preprocess(jnp.asarray(images[:1]), None))
+  server_optimizer = optimizers.make_server_optimizer('sgd')
+  algorithm = algorithms.REGISTRY[point.algorithm](
+      model, server_optimizer=server_optimizer)
+  spec = engine.RoundSpec(algorithm, optimizers.make_client_optimizer('sgd'),
+                          optimizers.make_round_schedule(0.01), preprocess,
+                          point.seed)
+  # As train.run: the single-program executors shard the cohort over a mesh.
+  mesh = engine.make_mesh() if executor != 'host' else None
+  put = (lambda x: engine.replicate(x, mesh)) if mesh else jax.device_put
+  place_cohort = ((lambda c: engine.shard_cohort(c, mesh)) if mesh
+                  else (lambda c: c))
+  num_slots = (mesh.size * math.ceil(point.clients_per_round / mesh.size)
+               if mesh else point.clients_per_round)
+  data = put(engine.DeviceData(images, labels))
+  round_fn = engine.make_round_fn(
+      spec, data, executor=executor, chunk_size=point.chunk_size,
+      steps_per_call=point.local_steps, unroll=unroll)
+  state, table = put(engine.init_state(algorithm, variables, point.num_clients,
+                                       server_optimizer))
+  client_table_mb = engine.tree_bytes(table) / 2**20
+
+  round_times, cohort_times = [], []
+  for round_idx in range(point.rounds + 1):
+    start = time.perf_counter()
+    ids = cohort_lib.sample_clients(point.seed, round_idx, point.num_clients,
+                                    point.clients_per_round)
+    cohort = cohort_lib.make_cohort(
+        ids, partition, num_slots=num_slots, num_steps=point.local_steps,
+        batch_size=point.batch_size, local_epochs=1,
+        local_steps=point.local_steps, seed=point.seed, round_idx=round_idx,
+        labels=labels, batches_fn=algorithm.client_batches)
+    cohort_times.append(time.perf_counter() - start)
+    state, table, metrics = round_fn(state, table, place_cohort(cohort))
+    jax.block_until_ready((state, table, metrics))
+    round_times.append(time.perf_counter() - start)
+  seconds = statistics.median(round_times[1:])
+  return {
+      **dataclasses.asdict(point),
+      'executor': executor, 'unroll': unroll, 'status': 'ok', 'note': '',
+      'backend': backend, 'device': machine.device_name(),
+      'jax_version': jax.__version__,
+      'seconds_per_round': seconds,
+      'seconds_min': min(round_times[1:]), 'seconds_max': max(round_times[1:]),
+      'cohort_seconds': statistics.median(cohort_times[1:]),
+      'compile_seconds': max(round_times[0] - seconds, 0.0),
+      'client_steps_per_second':
+          point.clients_per_round * point.local_steps / seconds,
+      'peak_rss_mb': machine.peak_rss_mb(),
+      'peak_device_mb': machine.peak_device_mb(),
+      'data_mb': (images.nbytes + labels.nbytes) / 2**20,
+      'client_table_mb': client_table_mb,
+      'train_loss': float(metrics['train_loss_sum'] /
+                          max(float(metrics['train_examples']), 1.0)),
+  }
+
+
+# ---------------------------------------------------------------------------
+# Points in child processes, and the grid.
+# ---------------------------------------------------------------------------
+
+
+def _child_command(*args: str) -> List[str]:
+  return [sys.executable, '-m', 'launch.scaling', *args]
+
+
+def _child_env() -> Dict[str, str]:
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
+  return env
+
+
+def _last_json_line(stdout: str) -> Optional[Dict[str, Any]]:
+  for line in reversed(stdout.splitlines()):
+    if line.startswith(RESULT_PREFIX):
+      return json.loads(line[len(RESULT_PREFIX):])
+  return None
+
+
+def not_measured(point: Point, status: str, note: str) -> Dict[str, Any]:
+  """The row of a point that was skipped, timed out or failed."""
+  return {**dataclasses.asdict(point), 'status': status, 'note': note}
+
+
+def measure_in_subprocess(point: Point, *,
+                          timeout: Optional[float] = None) -> Dict[str, Any]:
+  """`measure_point` in a fresh Python process: per-point peak memory.
+
+  Adds ``wall_seconds`` (the child's whole life, start-up included).
+  """
+  start = time.perf_counter()
+  try:
+    proc = subprocess.run(_child_command(f'--point={point.to_json()}'),
+                          cwd=REPO_ROOT, env=_child_env(), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+  except subprocess.TimeoutExpired:
+    return not_measured(point, 'timeout',
+                        f'stopped after --max_seconds={timeout:g} s')
+  result = _last_json_line(proc.stdout)
+  if proc.returncode < 0:
+    return not_measured(point, 'failed', f'killed by signal {-proc.returncode}'
+                        ' (out of memory?)')
+  if proc.returncode != 0 or result is None:
+    lines = (proc.stderr or proc.stdout).strip().splitlines() or ['no output']
+    return not_measured(point, 'failed',
+                        f'exit {proc.returncode}: {lines[-1][:200]}')
+  result['wall_seconds'] = time.perf_counter() - start
+  return result
+
+
+def describe_backend() -> Dict[str, str]:
+  """Backend and device name, asked of a child process.
+
+  The orchestrating process imports JAX but never touches a device: starting a
+  GPU backend would reserve most of its memory, which the children need.
+  """
+  proc = subprocess.run(_child_command('--describe'), cwd=REPO_ROOT,
+                        env=_child_env(), capture_output=True, text=True,
+                        check=True)
+  return _last_json_line(proc.stdout)
+
+
+def predict_wall_seconds(point: Point,
+                         finished: Sequence[Dict[str, Any]]) -> Optional[float]:
+  """Wall time of ``point`` from the largest smaller finished point like it.
+
+  Round time is scaled linearly in C (the host executor and the host-side
+  cohort are linear; a GPU is at most that); start-up and compile are not.
+  """
+  like = [r for r in finished
+          if r['status'] == 'ok' and r['algorithm'] == point.algorithm
+          and r['clients_per_round'] <= point.clients_per_round
+          and 'wall_seconds' in r]
+  if not like:
+    return None
+  ref = max(like, key=lambda r: (r['clients_per_round'], r['num_clients']))
+  rounds = ref['rounds'] + 1
+  fixed = max(ref['wall_seconds'] - rounds * ref['seconds_per_round'], 0.0)
+  ratio = point.clients_per_round / ref['clients_per_round']
+  return fixed + (point.rounds + 1) * ref['seconds_per_round'] * ratio
+
+
+def run_grid(points: Sequence[Point], *, max_seconds: float = 0.0,
+             isolate: bool = True,
+             log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
+  """Measures every point (each in its own process unless ``isolate=False``).
+
+  ``max_seconds > 0`` skips points predicted to take longer and stops those
+  that do (isolated points only). In-process points share one peak RSS.
+  """
+  results = []
+  for point in points:
+    name = (f'{point.algorithm:>8} C={point.clients_per_round:<6} '
+            f'N={point.num_clients:<7}')
+    predicted = predict_wall_seconds(point, results)
+    if max_seconds > 0 and predicted is not None and predicted > max_seconds:
+      result = not_measured(point, 'skipped', f'predicted {predicted:.0f} s > '
+                            f'--max_seconds={max_seconds:g}')
+    elif isolate:
+      result = measure_in_subprocess(point, timeout=max_seconds or None)
+    else:
+      start = time.perf_counter()
+      result = measure_point(point)
+      result['wall_seconds'] = time.perf_counter() - start
+    result['isolated'] = isolate
+    results.append(result)
+    if result['status'] == 'ok':
+      log(f'{name} {result["seconds_per_round"]:8.3f} s/round (cohort '
+          f'{result["cohort_seconds"]:.3f} s, compile '
+          f'{result["compile_seconds"]:.1f} s), peak RSS '
+          f'{result["peak_rss_mb"]:.0f} MB')
+    else:
+      log(f'{name} {result["status"]}: {result["note"]}')
+  return results
+
+
+# ---------------------------------------------------------------------------
+# Outputs: JSON, markdown, plot.
+# ---------------------------------------------------------------------------
+
+TABLE_HEADER = (
+    '| algorithm | clients/round | total clients | s/round (median) | '
+    'min-max | cohort s | compile s | client-steps/s | peak RSS MB | '
+    'peak device MB | data MB | client table MB | note |\n'
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+
+
+def _number(value, digits):
+  return '-' if value is None else f'{value:.{digits}f}'
+
+
+def format_row(result: Dict[str, Any]) -> str:
+  """One markdown row; a point that was not measured keeps its note."""
+  head = (f'| {result["algorithm"]} | {result["clients_per_round"]} | '
+          f'{result["num_clients"]} |')
+  if result['status'] != 'ok':
+    return head + ' - | - | - | - | - | - | - | - | - | ' + (
+        f'{result["status"]}: {result["note"]} |')
+  return head + (
+      f' {result["seconds_per_round"]:.3f} | {result["seconds_min"]:.3f}-'
+      f'{result["seconds_max"]:.3f} | {result["cohort_seconds"]:.3f} | '
+      f'{result["compile_seconds"]:.1f} | '
+      f'{result["client_steps_per_second"]:.0f} | '
+      f'{result["peak_rss_mb"]:.0f} | '
+      f'{_number(result["peak_device_mb"], 0)} | '
+      f'{result["data_mb"]:.1f} | {result["client_table_mb"]:.1f} | '
+      f'{result["note"]} |')
+
+
+def describe_work(point: Point) -> str:
+  steps = 'step' if point.local_steps == 1 else 'steps'
+  pool = f' ({point.pool})' if point.model == 'small_cnn' else ''
+  return (f'{point.model}{pool}, {"x".join(map(str, point.image_shape))}, '
+          f'{point.local_steps} local {steps} of {point.batch_size}, '
+          f'{point.examples_per_client} synthetic examples per client')
+
+
+def format_section(results: Sequence[Dict[str, Any]], *, device: str,
+                   backend: str, command: str) -> str:
+  """A dated markdown section: settings, device, command, one row per point."""
+  first = results[0]
+  measured = [r for r in results if r['status'] == 'ok']
+  executor = measured[0]['executor'] if measured else first['executor']
+  jax_version = measured[0]['jax_version'] if measured else '?'
+  isolation = ('each point in its own process' if first.get('isolated', True)
+               else 'all points in one process (peak RSS is cumulative)')
+  lines = [
+      f'\n## {datetime.date.today()} - scaling: '
+      f'{describe_work(point_of(first))}',
+      '',
+      f'Device: {device} ({backend}); jax {jax_version}; executor '
+      f'{executor}; median of {first["rounds"]} rounds after 1 warm-up, each '
+      'round timed with its host-side cohort building ("cohort s"); '
+      f'{isolation}.',
+      f'Command: `{command}`',
+      '',
+      TABLE_HEADER,
+  ]
+  return '\n'.join(lines + [format_row(r) for r in results]) + '\n'
+
+
+def point_of(result: Dict[str, Any]) -> Point:
+  """The `Point` a result (or its JSON) describes; other keys are ignored."""
+  names = {f.name for f in dataclasses.fields(Point)}
+  fields = {k: v for k, v in result.items() if k in names}
+  if 'image_shape' in fields:  # JSON turned the tuple into a list.
+    fields['image_shape'] = tuple(fields['image_shape'])
+  return Point(**fields)
+
+
+def append_section(path: str, section: str, backend: str):
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  new = not os.path.exists(path)
+  with open(path, 'a') as f:
+    if new:
+      f.write(f'# Scaling on {backend}\n\nAppended by launch/scaling.py; '
+              'never edited by hand.\n')
+    f.write(section)
+
+
+def write_json(path: str, results: Sequence[Dict[str, Any]]):
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  with open(path, 'w') as f:
+    json.dump(list(results), f, indent=1)
+
+
+def plot_scaling(results: Sequence[Dict[str, Any]], path: Optional[str] = None,
+                 *, title: str = ''):
+  """Two log-log panels against clients per round: s/round and peak memory.
+
+  One line per (algorithm, population factor N / C); peak device memory, where
+  reported, is dashed beside peak host RSS. Draws on a `Figure` with the Agg
+  canvas (no global pyplot backend); saves to ``path`` if given.
+  """
+  measured = [r for r in results if r['status'] == 'ok']
+  fig = Figure(figsize=(11, 4.2))
+  FigureCanvasAgg(fig)
+  time_ax, memory_ax = fig.subplots(1, 2)
+  markers = dict(zip(sorted({r['algorithm'] for r in measured}), 'osD^v<>'))
+  lines = sorted({(r['algorithm'], r['num_clients'] // r['clients_per_round'])
+                  for r in measured})
+  colors = [f'C{i}' for i in range(10)]
+  for i, (algorithm, factor) in enumerate(lines):
+    rows = sorted((r for r in measured if r['algorithm'] == algorithm and
+                   r['num_clients'] // r['clients_per_round'] == factor),
+                  key=lambda r: r['clients_per_round'])
+    x = [r['clients_per_round'] for r in rows]
+    population = 'N = C' if factor == 1 else f'N = {factor} C'
+    style = dict(marker=markers[algorithm], color=colors[i % len(colors)])
+    time_ax.plot(x, [r['seconds_per_round'] for r in rows],
+                 label=f'{algorithm}, {population}', **style)
+    memory_ax.plot(x, [r['peak_rss_mb'] for r in rows],
+                   label=f'{algorithm}, {population}: host RSS', **style)
+    device = [(xi, r['peak_device_mb']) for xi, r in zip(x, rows)
+              if r.get('peak_device_mb') is not None]
+    if device:
+      memory_ax.plot(*zip(*device), linestyle='--',
+                     label=f'{algorithm}, {population}: device', **style)
+  for ax, ylabel in ((time_ax, 'seconds per round (median)'),
+                     (memory_ax, 'peak memory (MB)')):
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel('clients per round C')
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which='both', alpha=0.3)
+    if lines:
+      ax.legend(fontsize=7)
+  time_ax.set_title('time per round')
+  memory_ax.set_title('peak memory')
+  if title:
+    fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  if path:
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    fig.savefig(path, dpi=120)
+  return fig
+
+
+def plot_title(results: Sequence[Dict[str, Any]], device: str,
+               backend: str) -> str:
+  measured = [r for r in results if r['status'] == 'ok'] or list(results)
+  executor = measured[0].get('executor', '?')
+  work = describe_work(point_of(measured[0]))
+  return f'{device} ({backend}, executor {executor}): {work}'
+
+
+def default_paths(backend: str) -> Dict[str, str]:
+  return {'results': os.path.join('benchmarks', f'scaling_{backend}.json'),
+          'table': os.path.join('benchmarks', f'scaling_{backend}.md'),
+          'plot': os.path.join('docs', 'results', f'scaling_{backend}.png')}
+
+
+def save_outputs(results: Sequence[Dict[str, Any]], *, device: str,
+                 backend: str, command: str, results_path: str,
+                 table_path: str, plot_path: str) -> str:
+  """Writes the JSON, appends the markdown section, draws the PNG.
+
+  Returns the markdown section.
+  """
+  write_json(results_path, results)
+  section = format_section(results, device=device, backend=backend,
+                           command=command)
+  append_section(table_path, section, backend)
+  plot_scaling(results, plot_path, title=plot_title(results, device, backend))
+  return section
+
+
+# ---------------------------------------------------------------------------
+# Command line.
+# ---------------------------------------------------------------------------
+
+
+def _print_result(result: Dict[str, Any]):
+  print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def define_flags():
+  """The command line, defined only when this file runs as a script.
+
+  Importing the module (the tests, the notebook) then registers no absl flags,
+  which could clash with other launch/ modules' in the same process.
+  """
+  flags.DEFINE_list('clients_per_round', ['10', '100', '1000', '10000'],
+                    'Cohort sizes C.')
+  flags.DEFINE_list('population_factors', ['1', '10'],
+                    'Total clients N = C x factor, one point per factor.')
+  flags.DEFINE_integer('max_total_clients', 100_000,
+                       'Points with more total clients are left out.')
+  flags.DEFINE_list('algorithms', ['fedavg', 'fedquad'],
+                    'Names in fedjax_metric.algorithms.REGISTRY.')
+  flags.DEFINE_string('executor', 'auto',
+                      'host | vmap | chunked | sequential | auto (host on '
+                      'CPU, vmap elsewhere: engine.default_executor).')
+  flags.DEFINE_string('model', Point.model,
+                      'Model name; --pool applies to small_cnn only.')
+  flags.DEFINE_string('pool', Point.pool, 'small_cnn pool: stride|avg|max.')
+  flags.DEFINE_list('image_shape', [str(x) for x in Point.image_shape],
+                    'H,W,C of the synthetic images.')
+  flags.DEFINE_integer('local_steps', Point.local_steps,
+                       'Local steps per client.')
+  flags.DEFINE_integer('batch_size', Point.batch_size, 'Batch size.')
+  flags.DEFINE_integer('examples_per_client', Point.examples_per_client,
+                       'Synthetic examples each client holds.')
+  flags.DEFINE_integer('rounds', Point.rounds, 'Timed rounds after warm-up.')
+  flags.DEFINE_integer('chunk_size', Point.chunk_size,
+                       'Slots per chunk (chunked).')
+  flags.DEFINE_boolean('unroll', None,
+                       'Unroll local steps in vmap/chunked (default: on CPU).')
+  flags.DEFINE_float('max_seconds', 1800.0,
+                     'Wall-time budget of one grid point; 0 = none.')
+  flags.DEFINE_string('results', None, 'JSON results (default '
+                      'benchmarks/scaling_<backend>.json).')
+  flags.DEFINE_string('table', None, 'Markdown file appended to (default '
+                      'benchmarks/scaling_<backend>.md).')
+  flags.DEFINE_string('plot', None,
+                      'PNG (default docs/results/scaling_<backend>.png).')
+  flags.DEFINE_string('point', None, 'Internal: measure this JSON-encoded '
+                      'Point in this process and print its result line.')
+  flags.DEFINE_boolean('describe', False,
+                       'Internal: print the backend and device as JSON.')
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  if f.point:
+    _print_result(measure_point(Point.from_json(f.point)))
+    return
+  if f.describe:
+    _print_result({'backend': jax.default_backend(), 'device': machine.device_name()})
+    return
+  try:
+    check_algorithms(f.algorithms)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  points = make_grid(
+      [int(c) for c in f.clients_per_round],
+      [int(x) for x in f.population_factors], f.algorithms,
+      max_total_clients=f.max_total_clients, local_steps=f.local_steps,
+      batch_size=f.batch_size, examples_per_client=f.examples_per_client,
+      rounds=f.rounds, executor=f.executor, model=f.model, pool=f.pool,
+      image_shape=tuple(int(x) for x in f.image_shape),
+      chunk_size=f.chunk_size, unroll=f.unroll)
+  described = describe_backend()
+  backend, device = described['backend'], described['device']
+  print(f'{len(points)} points on {device} ({backend}); each in its own '
+        f'process, at most {f.max_seconds:g} s each.', flush=True)
+  results = run_grid(points, max_seconds=f.max_seconds,
+                     log=lambda line: print(line, flush=True))
+  paths = default_paths(backend)
+  command = ' '.join(['python -m launch.scaling', *sys.argv[1:]])
+  section = save_outputs(
+      results, device=device, backend=backend, command=command,
+      results_path=f.results or paths['results'],
+      table_path=f.table or paths['table'],
+      plot_path=f.plot or paths['plot'])
+  print(section)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

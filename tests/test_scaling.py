@@ -1,0 +1,229 @@
+"""launch/scaling.py: its pure pieces, a tiny grid point, and the notebook.
+
+The notebook test executes notebooks/scaling.ipynb without Jupyter: the code
+cells, in order, joined into one script and run by a fresh Python process with
+SCALING_TINY=1 (which the parameter cell reads to shrink the grid) and
+MPLBACKEND=Agg. That is the chosen way to execute it: it needs no
+jupyter / nbclient dependency, and a broken cell fails the run (which
+`test_broken_notebook_cell_fails` checks).
+"""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+from absl import flags
+import numpy as np
+import pytest
+
+from launch import scaling
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(REPO, 'notebooks', 'scaling.ipynb')
+
+# Tiny work: compile time dominates, rounds take milliseconds.
+TINY = dict(local_steps=1, batch_size=2, examples_per_client=4,
+            image_shape=(8, 8, 1), rounds=1)
+
+
+def ok_result(algorithm='fedavg', clients=10, factor=1, seconds=0.5,
+              peak_device_mb=None, **overrides):
+  """A result row as `measure_point` returns it, with made-up numbers."""
+  point = scaling.Point(algorithm, clients, clients * factor)
+  row = {**dataclasses.asdict(point), 'executor': 'host',
+         'unroll': True, 'status': 'ok', 'note': '', 'backend': 'cpu',
+         'device': 'Test CPU, 2 cores', 'jax_version': '0.0',
+         'seconds_per_round': seconds, 'seconds_min': seconds,
+         'seconds_max': seconds, 'cohort_seconds': 0.01,
+         'compile_seconds': 1.0, 'client_steps_per_second': clients / seconds,
+         'peak_rss_mb': 400.0 + clients, 'peak_device_mb': peak_device_mb,
+         'data_mb': 0.1 * factor * clients, 'client_table_mb': 0.0,
+         'train_loss': 2.3, 'wall_seconds': 5.0 + 2 * seconds}
+  row.update(overrides)
+  return row
+
+
+# ---------------------------------------------------------------------------
+# Pure pieces.
+# ---------------------------------------------------------------------------
+
+
+def test_import_registers_no_flags():
+  # Other launch/ modules (bench, main) define --local_steps, --point, ...; a
+  # test process that imports several of them must not see a clash.
+  assert 'clients_per_round' not in flags.FLAGS
+  assert 'max_seconds' not in flags.FLAGS
+
+
+def test_synthetic_federation_shapes_and_partition():
+  images, labels, partition = scaling.synthetic_federation(
+      5, 3, image_shape=(4, 4, 1), num_classes=10, seed=1)
+  assert images.shape == (15, 4, 4, 1) and images.dtype == np.uint8
+  assert labels.shape == (15,) and labels.dtype == np.int32
+  assert labels.min() >= 0 and labels.max() < 10
+  assert len(partition) == 5
+  # Every example belongs to exactly one client, E per client.
+  np.testing.assert_array_equal(np.sort(np.concatenate(list(partition))),
+                                np.arange(15))
+  assert all(len(p) == 3 for p in partition)
+
+
+def test_make_grid_order_populations_and_cap():
+  points = scaling.make_grid([100, 10], [10, 1], ['fedavg', 'fedquad'],
+                             max_total_clients=500, rounds=2)
+  keys = [(p.algorithm, p.clients_per_round, p.num_clients) for p in points]
+  assert keys == [('fedavg', 10, 10), ('fedavg', 10, 100), ('fedavg', 100, 100),
+                  ('fedquad', 10, 10), ('fedquad', 10, 100),
+                  ('fedquad', 100, 100)]  # 100 x 10 > 500 is left out.
+  assert all(p.rounds == 2 for p in points)
+
+
+def test_point_json_round_trip():
+  point = scaling.Point('fedquad', 7, 70, image_shape=(8, 8, 1), unroll=False)
+  assert scaling.Point.from_json(point.to_json()) == point
+
+
+def test_predict_scales_rounds_linearly_and_keeps_fixed_cost():
+  finished = [ok_result(clients=10, seconds=1.0, wall_seconds=6.0, rounds=3)]
+  point = scaling.Point('fedavg', 100, 100, rounds=3)
+  # Fixed: 6 - 4 rounds x 1 s = 2 s; then 4 rounds x 10 s.
+  assert scaling.predict_wall_seconds(point, finished) == pytest.approx(42.0)
+  other = scaling.Point('fedquad', 100, 100)
+  assert scaling.predict_wall_seconds(other, finished) is None
+
+
+def test_run_grid_skips_points_predicted_too_long(monkeypatch):
+  points = [scaling.Point('fedavg', 10, 10), scaling.Point('fedavg', 1000, 1000)]
+  calls = []
+
+  def fake_measure(point, *, timeout=None):
+    calls.append((point.clients_per_round, timeout))
+    return ok_result(clients=point.clients_per_round, seconds=1.0)
+
+  monkeypatch.setattr(scaling, 'measure_in_subprocess', fake_measure)
+  results = scaling.run_grid(points, max_seconds=60, log=lambda line: None)
+  assert calls == [(10, 60)]
+  assert [r['status'] for r in results] == ['ok', 'skipped']
+  assert 'max_seconds=60' in results[1]['note']
+
+
+def test_table_rows_for_measured_and_skipped_points():
+  skipped = scaling.not_measured(scaling.Point('fedquad', 10000, 100000),
+                                 'skipped', 'predicted 2000 s > --max_seconds=900')
+  section = scaling.format_section(
+      [ok_result(clients=10), ok_result(clients=10, peak_device_mb=123.4),
+       skipped], device='Test CPU, 2 cores', backend='cpu',
+      command='python -m launch.scaling')
+  lines = section.strip().splitlines()
+  columns = scaling.TABLE_HEADER.splitlines()[0].count('|')
+  rows = [line for line in lines if line.startswith('| fed')]
+  assert len(rows) == 3
+  assert all(row.count('|') == columns for row in rows)
+  assert '| fedavg | 10 | 10 | 0.500 |' in rows[0]
+  assert '| - |' in rows[0] and '| 123 |' in rows[1]  # device memory or '-'
+  assert rows[2].endswith('skipped: predicted 2000 s > --max_seconds=900 |')
+  assert 'Device: Test CPU, 2 cores (cpu)' in section
+  assert 'Command: `python -m launch.scaling`' in section
+
+
+def test_save_outputs_writes_json_markdown_and_png(tmp_path):
+  results = [ok_result(a, c, f, seconds=0.01 * c, peak_device_mb=50.0 * c)
+             for a in ('fedavg', 'fedquad') for c in (10, 100) for f in (1, 10)]
+  paths = dict(results_path=str(tmp_path / 'r.json'),
+               table_path=str(tmp_path / 'sub' / 't.md'),
+               plot_path=str(tmp_path / 'p.png'))
+  for _ in range(2):  # The markdown is appended to, the header written once.
+    scaling.save_outputs(results, device='Test CPU', backend='cpu',
+                         command='x', **paths)
+  with open(paths['results_path']) as f:
+    assert json.load(f) == json.loads(json.dumps(results))
+  markdown = open(paths['table_path']).read()
+  assert markdown.count('# Scaling on cpu') == 1
+  assert markdown.count('| fedquad | 100 | 1000 |') == 2
+  with open(paths['plot_path'], 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+# ---------------------------------------------------------------------------
+# Real (tiny) points.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('algorithm', ['fedavg', 'fedquad'])
+def test_tiny_point_in_process(algorithm):
+  result = scaling.measure_point(scaling.Point(algorithm, 3, 6, **TINY))
+  assert result['status'] == 'ok' and result['executor'] == 'host'
+  for key in ('seconds_per_round', 'cohort_seconds', 'peak_rss_mb', 'data_mb',
+              'client_steps_per_second'):
+    assert math.isfinite(result[key]) and result[key] > 0, key
+  assert result['compile_seconds'] >= 0
+  assert result['client_table_mb'] == 0  # No per-client state in either.
+  assert result['peak_device_mb'] is None  # CPU reports no memory stats.
+  assert result['data_mb'] == pytest.approx(6 * 4 * (64 + 4) / 2**20)
+  assert math.isfinite(result['train_loss'])
+  json.dumps(result)  # What a child process prints must be JSON.
+
+
+def test_tiny_point_in_subprocess_reports_its_own_peak():
+  result = scaling.measure_in_subprocess(
+      scaling.Point('fedavg', 2, 4, **TINY), timeout=120)
+  assert result['status'] == 'ok', result.get('note')
+  assert result['peak_rss_mb'] > 0 and result['wall_seconds'] > 0
+  assert result['seconds_per_round'] > 0
+
+
+def test_failing_child_is_reported_not_raised():
+  result = scaling.measure_in_subprocess(
+      scaling.Point('no_such_algorithm', 2, 2, **TINY), timeout=120)
+  assert result['status'] == 'failed'
+  assert "ValueError: Unknown algorithm 'no_such_algorithm'" in result['note']
+
+
+# ---------------------------------------------------------------------------
+# The notebook.
+# ---------------------------------------------------------------------------
+
+
+def notebook_code_cells():
+  with open(NOTEBOOK) as f:
+    notebook = json.load(f)
+  assert notebook['nbformat'] == 4
+  code = [c for c in notebook['cells'] if c['cell_type'] == 'code']
+  assert all(not c['outputs'] for c in code), 'commit the notebook without outputs'
+  return [''.join(c['source']) for c in code]
+
+
+def run_cells(cells, tmp_path):
+  """Runs code cells as one script in a fresh process, as a kernel would."""
+  script = tmp_path / 'notebook.py'
+  script.write_text('\n\n'.join(cells) + '\n')
+  env = dict(os.environ, SCALING_TINY='1', MPLBACKEND='Agg',
+             SCALING_OUTPUT_DIR=str(tmp_path / 'out'))
+  return subprocess.run([sys.executable, str(script)],
+                        cwd=os.path.dirname(NOTEBOOK), env=env,
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+
+
+def test_notebook_runs_on_tiny_settings(tmp_path):
+  proc = run_cells(notebook_code_cells(), tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = tmp_path / 'out'
+  results = json.loads((out / 'scaling_cpu.json').read_text())
+  assert len(results) == 4  # 2 algorithms x C in {2, 4}, N = C.
+  assert all(r['status'] == 'ok' for r in results)
+  table = (out / 'scaling_cpu.md').read_text()
+  assert table.count('| fedquad |') == 2
+  assert (out / 'scaling_cpu.png').read_bytes()[:4] == b'\x89PNG'
+  assert '| fedavg | 4 | 4 |' in proc.stdout  # The table is shown.
+
+
+def test_broken_notebook_cell_fails(tmp_path):
+  cells = notebook_code_cells()
+  broken = cells[:2] + ['raise RuntimeError("broken cell")'] + cells[2:]
+  proc = run_cells(broken, tmp_path)
+  assert proc.returncode != 0
+  assert 'broken cell' in proc.stderr
