@@ -122,6 +122,7 @@ class LocalCarry(NamedTuple):
   local_state: Any
   loss_sum: jax.Array       # sum over real examples of the step's mean loss
   example_count: jax.Array
+  num_examples: jax.Array   # the client's dataset size: epoch boundaries
 
 
 class RoundSpec(NamedTuple):
@@ -133,12 +134,16 @@ class RoundSpec(NamedTuple):
     learning_rate: ``round -> local learning rate`` (an optax schedule).
     preprocess: ``(images uint8 [B,H,W,C], key) -> float images``.
     seed: base of every PRNG key.
+    local_epoch_decay: the local learning rate is multiplied by
+      ``local_epoch_decay ** e`` in local epoch e of a round (FedRCL's
+      per-epoch LambdaLR, methods.md 1.3); 1.0 turns it off.
   """
   algorithm: Algorithm
   client_optimizer: Callable[[Any], optax.GradientTransformation]
   learning_rate: Callable[[Any], Any]
   preprocess: Callable[..., Any]
   seed: int
+  local_epoch_decay: float = 1.0
 
 
 class DeviceData(NamedTuple):
@@ -209,13 +214,15 @@ def client_key(spec: RoundSpec, round_idx, client_id):
   return jax.random.fold_in(key, client_id)
 
 
-def client_begin(spec: RoundSpec, server_state, client_row, client_id):
+def client_begin(spec: RoundSpec, server_state, client_row, client_id,
+                 num_examples):
   """The carry at step 0: global params, fresh optimizer state."""
   params, model_state = split_variables(server_state.variables)
   tx = spec.client_optimizer(spec.learning_rate(server_state.round))
   local_state = spec.algorithm.client_begin(server_state, client_row, client_id)
   zero = jnp.zeros((), jnp.float32)
-  return LocalCarry(params, model_state, tx.init(params), local_state, zero, zero)
+  return LocalCarry(params, model_state, tx.init(params), local_state, zero,
+                    zero, jnp.asarray(num_examples, jnp.float32))
 
 
 def local_step(spec: RoundSpec, data: DeviceData, server_state, client_row,
@@ -238,12 +245,32 @@ def local_step(spec: RoundSpec, data: DeviceData, server_state, client_row,
       carry.params, carry.model_state, batch, ctx)
   tx = spec.client_optimizer(spec.learning_rate(server_state.round))
   updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
+  if spec.local_epoch_decay != 1.0:
+    updates = jax.tree.map(
+        lambda u: u * local_epoch_factor(spec.local_epoch_decay, step,
+                                         carry.num_examples,
+                                         example_idx.shape[0]), updates)
   params = optax.apply_updates(carry.params, updates)
   local_state = alg.client_step_end(carry.local_state, params, model_state, ctx)
   count = jnp.sum(example_mask.astype(jnp.float32))
-  new = LocalCarry(params, model_state, opt_state, local_state,
-                   carry.loss_sum + loss * count, carry.example_count + count)
+  new = carry._replace(params=params, model_state=model_state,
+                       opt_state=opt_state, local_state=local_state,
+                       loss_sum=carry.loss_sum + loss * count,
+                       example_count=carry.example_count + count)
   return tree_where(count > 0, new, carry)
+
+
+def local_epoch_factor(decay, step, num_examples, batch_size):
+  """``decay ** e`` with e = step // ceil(n_k / B), the step's local epoch.
+
+  Scaling the optimizer's final update by it equals scaling its learning rate
+  (PyTorch's LambdaLR) for SGD with or without momentum and for Adam: each
+  applies ``p -= lr * direction`` with a direction that does not depend on lr.
+  Epochs are counted in batches of B examples, no drop_last (the reference).
+  """
+  steps_per_epoch = jnp.maximum(jnp.ceil(num_examples / batch_size), 1.0)
+  epoch = jnp.floor(step.astype(jnp.float32) / steps_per_epoch)
+  return jnp.asarray(decay, jnp.float32) ** epoch
 
 
 def run_steps(spec, data, server_state, client_row, client_id, carry,
@@ -273,7 +300,8 @@ def client_finish(spec: RoundSpec, server_state, client_row, client_id, carry,
 def client_update(spec, data, server_state, client_row, client_id, example_idx,
                   example_mask, num_examples, *, unroll):
   """One client's whole local training: [S, B] indices -> finish outputs."""
-  carry = client_begin(spec, server_state, client_row, client_id)
+  carry = client_begin(spec, server_state, client_row, client_id,
+                       num_examples)
   carry = run_steps(spec, data, server_state, client_row, client_id, carry,
                     example_idx, example_mask, jnp.zeros((), jnp.int32),
                     unroll=unroll)
@@ -425,9 +453,9 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   no stacked [C, ...] updates exist. Every function compiles once per run.
   """
 
-  def begin_body(server_state, client_table, client_id):
+  def begin_body(server_state, client_table, client_id, num_examples):
     row = gather_rows(client_table, client_id)
-    return row, client_begin(spec, server_state, row, client_id)
+    return row, client_begin(spec, server_state, row, client_id, num_examples)
 
   def steps_body(server_state, row, client_id, carry, example_idx,
                  example_mask, first_step, data):
@@ -448,7 +476,8 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   @functools.partial(jax.jit, donate_argnums=(1, 2))
   def whole_client(server_state, client_table, accumulator, client_id,
                    num_examples, example_idx, example_mask, data):
-    row, carry = begin_body(server_state, client_table, client_id)
+    row, carry = begin_body(server_state, client_table, client_id,
+                            num_examples)
     carry = steps_body(server_state, row, client_id, carry, example_idx,
                        example_mask, jnp.zeros((), jnp.int32), data)
     return finish_body(server_state, client_table, row, client_id,
@@ -492,7 +521,8 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
           (host.client_ids[slot], host.num_examples[slot],
            [(example_idx[slot, f:f + k], example_mask[slot, f:f + k],
              np.int32(f)) for f in live_blocks]))
-      row, carry = fns.begin(server_state, client_table, client_id)
+      row, carry = fns.begin(server_state, client_table, client_id,
+                             num_examples)
       for block in blocks:
         carry = fns.steps(server_state, row, client_id, carry, *block, data)
       client_table, accumulator = fns.finish(server_state, client_table, row,
@@ -509,7 +539,8 @@ def _zero_update(spec, server_state, client_table):
   """Zeros shaped like one client's update (found by abstract evaluation)."""
   def one_update(server_state, client_table):
     row = gather_rows(client_table, jnp.zeros((), jnp.int32))
-    carry = client_begin(spec, server_state, row, jnp.zeros((), jnp.int32))
+    carry = client_begin(spec, server_state, row, jnp.zeros((), jnp.int32),
+                         jnp.zeros((), jnp.float32))
     update, *_ = client_finish(spec, server_state, row,
                                jnp.zeros((), jnp.int32), carry,
                                jnp.zeros((), jnp.float32))

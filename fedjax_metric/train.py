@@ -104,7 +104,7 @@ def build_round_spec(config, algorithm, preprocess):
       lc.learning_rate, kind=lc.schedule, decay_rate=lc.decay_rate,
       num_rounds=config.num_rounds, warmup_rounds=lc.warmup_rounds)
   return engine.RoundSpec(algorithm, client_optimizer, schedule, preprocess,
-                          config.seed)
+                          config.seed, local_epoch_decay=lc.epoch_decay)
 
 
 def resolve_executor(config):

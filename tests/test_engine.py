@@ -188,6 +188,36 @@ def softmax(z):
   return e / e.sum(-1, keepdims=True)
 
 
+@pytest.mark.parametrize('executor', ['vmap', 'host', 'chunked'])
+def test_local_epoch_decay_scales_each_epochs_steps(executor):
+  """FedRCL's per-epoch LambdaLR: a 12-example client, batch 8 (2 steps per
+  epoch, the second half full), 2 epochs, decay 0.5: steps 0-1 at lr, steps
+  2-3 at lr / 2. Reference: the same four SGD steps in NumPy."""
+  images, labels = fx.make_data(60)
+  model = fx.linear()
+  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  variables = fx.init_variables(model, images)
+  parts = [np.arange(12), np.arange(12, 60)]
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  c = fx.cohort(parts, [0], num_slots=1, batch_size=8, epochs=2, num_steps=4)
+  assert c.example_mask[0].sum(1).tolist() == [8, 4, 8, 4]
+  spec = fx.make_spec(alg, lr=0.3)._replace(local_epoch_decay=0.5)
+  state, _, _ = run_rounds(executor, alg, data, parts, variables, [c],
+                           spec=spec, chunk_size=1)
+
+  w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+  b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
+  for step, lr in enumerate([0.3, 0.3, 0.15, 0.15]):
+    real = c.example_mask[0, step]
+    idx = c.example_idx[0, step][real]
+    x = images[idx].reshape(len(idx), -1).astype(np.float64) / 255.0
+    err = softmax(x @ w + b) - np.eye(fx.NUM_CLASSES)[labels[idx]]
+    w, b = w - lr * x.T @ err / len(idx), b - lr * err.mean(0)
+  got = state.variables['params']['Dense_0']
+  np.testing.assert_allclose(got['kernel'], w, atol=1e-5)
+  np.testing.assert_allclose(got['bias'], b, atol=1e-5)
+
+
 @pytest.mark.parametrize('executor', ['vmap', 'host'])
 def test_one_client_one_step_is_one_sgd_step(executor):
   """Independent reference: softmax regression, gradient derived by hand:
