@@ -186,14 +186,9 @@ def main(argv):
   ]
   table = '\n'.join(header + rows) + '\n'
   print(table)
-  out = _OUT.value or os.path.join('benchmarks', f'{backend}.md')
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  new = not os.path.exists(out)
-  with open(out, 'a') as f:
-    if new:
-      f.write(f'# Benchmarks on {backend}\n\nAppended by launch/bench.py; '
-              'never edited by hand.\n')
-    f.write(table)
+  machine.append_markdown(
+      _OUT.value or os.path.join('benchmarks', f'{backend}.md'), table,
+      title=f'Benchmarks on {backend}', script='launch/bench.py')
 
 
 if __name__ == '__main__':

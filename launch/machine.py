@@ -39,3 +39,14 @@ def peak_device_mb() -> Optional[float]:
            for device in jax.local_devices()]
   peaks = [p for p in peaks if p is not None]
   return max(peaks) / 2 ** 20 if peaks else None
+
+
+def append_markdown(path: str, section: str, *, title: str, script: str):
+  """Appends ``section`` to the markdown log at ``path``, creating it with
+  ``title`` and a never-edit-by-hand line the first time."""
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  new = not os.path.exists(path)
+  with open(path, 'a') as f:
+    if new:
+      f.write(f'# {title}\n\nAppended by {script}; never edited by hand.\n')
+    f.write(section)

@@ -425,13 +425,8 @@ def point_of(result: Dict[str, Any]) -> Point:
 
 
 def append_section(path: str, section: str, backend: str):
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  new = not os.path.exists(path)
-  with open(path, 'a') as f:
-    if new:
-      f.write(f'# Scaling on {backend}\n\nAppended by launch/scaling.py; '
-              'never edited by hand.\n')
-    f.write(section)
+  machine.append_markdown(path, section, title=f'Scaling on {backend}',
+                          script='launch/scaling.py')
 
 
 def write_json(path: str, results: Sequence[Dict[str, Any]]):
