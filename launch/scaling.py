@@ -34,11 +34,11 @@ negatives_1 | negatives_2], so its steps are 4x as wide as FedAvg's.
 The default work, 1 step of 4, is deliberately small: the study is about how
 the simulator's cost grows with C and N (per-client dispatch, host-side cohort
 building, memory), not about how fast a convolution runs, and the 10,000-client
-points must finish on a 2-core CPU. There (AMD EPYC, shared with other jobs) a
-client costs about 6 ms per round for FedAvg and 20 ms for FedQuad, so a
-10,000-client round takes about 1 and 3.5 minutes, and the whole default grid
-about 40 minutes (benchmarks/scaling_cpu.md). With batch 16 a client costs
-about 24 and 120 ms: FedQuad at 10,000 clients would take 20 minutes a round.
+points must finish on a 2-core CPU. There (AMD EPYC, nothing else running) a
+client costs about 3.5 ms per round for FedAvg and 13 ms for FedQuad with the
+host executor, so a 10,000-client round takes 35 s and 134 s, and the grid of
+benchmarks/scaling_cpu.md about 20 minutes. With batch 16 a client costs about
+4x more.
 For the host executor, time grows about linearly in local steps x batch size
 (plus a few ms per client), so other work can be extrapolated, or measured
 with ``--local_steps`` / ``--batch_size``.
