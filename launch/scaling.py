@@ -39,6 +39,7 @@ client costs about 3.5 ms per round for FedAvg and 13 ms for FedQuad with the
 host executor, so a 10,000-client round takes 35 s and 134 s, and the grid of
 benchmarks/scaling_cpu.md about 20 minutes. With batch 16 a client costs about
 4x more.
+
 For the host executor, time grows about linearly in local steps x batch size
 (plus a few ms per client), so other work can be extrapolated, or measured
 with ``--local_steps`` / ``--batch_size``.
