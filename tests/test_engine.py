@@ -188,17 +188,22 @@ def softmax(z):
   return e / e.sum(-1, keepdims=True)
 
 
+def softmax_regression():
+  """60 examples, FedAvg on the linear model: gradients we can write by hand."""
+  images, labels = fx.make_data(60)
+  model = fx.linear()
+  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  return images, labels, alg, fx.init_variables(model, images), data
+
+
 @pytest.mark.parametrize('executor', ['vmap', 'host', 'chunked'])
 def test_local_epoch_decay_scales_each_epochs_steps(executor):
   """FedRCL's per-epoch LambdaLR: a 12-example client, batch 8 (2 steps per
   epoch, the second half full), 2 epochs, decay 0.5: steps 0-1 at lr, steps
   2-3 at lr / 2. Reference: the same four SGD steps in NumPy."""
-  images, labels = fx.make_data(60)
-  model = fx.linear()
-  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
-  variables = fx.init_variables(model, images)
+  images, labels, alg, variables, data = softmax_regression()
   parts = [np.arange(12), np.arange(12, 60)]
-  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   c = fx.cohort(parts, [0], num_slots=1, batch_size=8, epochs=2, num_steps=4)
   assert c.example_mask[0].sum(1).tolist() == [8, 4, 8, 4]
   spec = fx.make_spec(alg, lr=0.3)._replace(local_epoch_decay=0.5)
@@ -222,12 +227,8 @@ def test_local_epoch_decay_scales_each_epochs_steps(executor):
 def test_one_client_one_step_is_one_sgd_step(executor):
   """Independent reference: softmax regression, gradient derived by hand:
   dL/dW = X^T (softmax(XW + b) - Y) / B, dL/db = mean(softmax - Y)."""
-  images, labels = fx.make_data(60)
-  model = fx.linear()
-  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
-  variables = fx.init_variables(model, images)
+  images, labels, alg, variables, data = softmax_regression()
   parts = [np.arange(8), np.arange(8, 60)]
-  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   c = fx.cohort(parts, [0], num_slots=1, batch_size=8, num_steps=1)
   state, _, _ = run_rounds(executor, alg, data, parts, variables, [c],
                            spec=fx.make_spec(alg, lr=0.3))
