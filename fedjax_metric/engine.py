@@ -246,10 +246,9 @@ def local_step(spec: RoundSpec, data: DeviceData, server_state, client_row,
   tx = spec.client_optimizer(spec.learning_rate(server_state.round))
   updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
   if spec.local_epoch_decay != 1.0:
-    updates = jax.tree.map(
-        lambda u: u * local_epoch_factor(spec.local_epoch_decay, step,
-                                         carry.num_examples,
-                                         example_idx.shape[0]), updates)
+    factor = local_epoch_factor(spec.local_epoch_decay, step,
+                                carry.num_examples, example_idx.shape[0])
+    updates = jax.tree.map(lambda u: u * factor, updates)
   params = optax.apply_updates(carry.params, updates)
   local_state = alg.client_step_end(carry.local_state, params, model_state, ctx)
   count = jnp.sum(example_mask.astype(jnp.float32))
@@ -336,6 +335,18 @@ def single_program_round(spec: RoundSpec, data, server_state, client_table,
   if chunk_size:
     return chunked_round(spec, data, server_state, client_table, cohort,
                          chunk_size=chunk_size, unroll=unroll)
+  client_table, *sums = vmapped_slots(spec, data, server_state, client_table,
+                                      cohort, unroll=unroll)
+  return finish_round(spec, server_state, client_table, cohort, *sums)
+
+
+def vmapped_slots(spec: RoundSpec, data, server_state, client_table,
+                  cohort: Cohort, *, unroll):
+  """Trains the cohort's slots side by side (vmap) and reduces over them.
+
+  Returns ``(client_table with the new rows, update_sum, weight_sum,
+  loss_sum, example_count)``; padding slots get weight 0 and write no row.
+  """
   rows = gather_rows(client_table, cohort.client_ids)
   per_client = functools.partial(client_update, spec, data, server_state,
                                  unroll=unroll)
@@ -343,10 +354,9 @@ def single_program_round(spec: RoundSpec, data, server_state, client_table,
       rows, cohort.client_ids, cohort.example_idx, cohort.example_mask,
       cohort.num_examples)
   weights = jnp.where(cohort.slot_mask, weights, 0.0)
-  client_table = scatter_rows(client_table, cohort.client_ids, new_rows)
-  return finish_round(spec, server_state, client_table, cohort,
-                      weighted_sum(weights, updates), jnp.sum(weights),
-                      jnp.sum(loss_sums), jnp.sum(counts))
+  return (scatter_rows(client_table, cohort.client_ids, new_rows),
+          weighted_sum(weights, updates), jnp.sum(weights),
+          jnp.sum(loss_sums), jnp.sum(counts))
 
 
 def pad_cohort(cohort: Cohort, num_slots: int) -> Cohort:
@@ -386,21 +396,12 @@ def chunked_round(spec: RoundSpec, data, server_state, client_table,
   chunks = jax.tree.map(
       lambda x: jnp.swapaxes(x.reshape((k, num_chunks) + x.shape[1:]), 0, 1),
       pad_cohort(cohort, num_chunks * k))
-  per_client = jax.vmap(functools.partial(client_update, spec, data,
-                                          server_state, unroll=unroll))
 
   def one_chunk(carry, chunk):
-    table, update_sum, weight_sum, loss_sum, count = carry
-    rows = gather_rows(table, chunk.client_ids)
-    updates, weights, new_rows, (loss_sums, counts) = per_client(
-        rows, chunk.client_ids, chunk.example_idx, chunk.example_mask,
-        chunk.num_examples)
-    weights = jnp.where(chunk.slot_mask, weights, 0.0)
-    update_sum = jax.tree.map(jnp.add, update_sum,
-                              weighted_sum(weights, updates))
-    return (scatter_rows(table, chunk.client_ids, new_rows), update_sum,
-            weight_sum + jnp.sum(weights), loss_sum + jnp.sum(loss_sums),
-            count + jnp.sum(counts)), None
+    table, *sums = carry
+    table, *chunk_sums = vmapped_slots(spec, data, server_state, table, chunk,
+                                       unroll=unroll)
+    return (table, *jax.tree.map(jnp.add, sums, chunk_sums)), None
 
   zero = jnp.zeros((), jnp.float32)
   carry = (client_table, _zero_update(spec, server_state, client_table),
