@@ -30,7 +30,6 @@ import tqdm
 from fedjax_metric import algorithms, engine, models, optimizers
 from fedjax_metric.data import augment, cohort as cohort_lib, partition, sources
 from fedjax_metric import evaluation
-from fedjax_metric.evaluation import make_evaluate_fn
 
 # Keys whose change between a run and its resumption is harmless.
 RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
@@ -128,21 +127,22 @@ def resolve_executor(config):
 
 
 def fit_executor_to_memory(config, executor, spec, data, server_state,
-                           client_table, example_shape, num_slots, num_devices,
+                           client_table, example_cohort, num_slots, num_devices,
                            memory_budget):
   """``(executor, chunk_size)`` that fit ``memory_budget`` bytes per device.
 
   ``chunked`` with ``chunk_size = 0`` picks k from XLA's memory analysis
   (`engine.chunk_memory_model`). ``auto`` resolved to ``vmap`` falls back to
   chunked when the whole cohort at once would not fit. Other choices are
-  taken as given.
+  taken as given. ``example_cohort()`` builds a cohort for its per-slot
+  shape, only when a memory model is needed.
   """
   auto_vmap = config.executor == 'auto' and executor == 'vmap'
   if not (auto_vmap or (executor == 'chunked' and not config.chunk_size)):
     return executor, config.chunk_size
   fixed, per_slot = engine.chunk_memory_model(
-      spec, data, server_state, client_table, example_shape,
-      unroll=config.unroll)
+      spec, data, server_state, client_table,
+      example_cohort().example_idx.shape[1:], unroll=config.unroll)
   chunk_size = engine.choose_chunk_size(fixed, per_slot, memory_budget,
                                         num_slots, num_devices)
   gib = 1024 ** 3
@@ -280,8 +280,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     num_devices = mesh.size
   put = (lambda x: engine.replicate(x, mesh)) if mesh else jax.device_put
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
-  evaluate = make_evaluate_fn(model, eval_preprocess, test.images, test.labels,
-                              batch_size=config.eval_batch_size)
+  evaluate = evaluation.make_evaluate_fn(model, eval_preprocess, test.images,
+                                         test.labels,
+                                         batch_size=config.eval_batch_size)
   if config.representation_examples > 0:
     features_fn = evaluation.make_feature_fn(
         model, eval_preprocess, test.images, test.labels,
@@ -339,8 +340,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
 
   executor, chunk_size = fit_executor_to_memory(
       config, executor, spec, data, server_state, client_table,
-      cohort_for(0).example_idx.shape[1:], num_slots, num_devices,
-      memory_budget)
+      lambda: cohort_for(start_round), num_slots, num_devices, memory_budget)
   round_fn = engine.make_round_fn(
       spec, data, executor=executor, chunk_size=chunk_size,
       steps_per_call=config.steps_per_call, unroll=config.unroll)
