@@ -25,13 +25,12 @@ import time
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import engine, models, optimizers
-from fedjax_metric.algorithms import fedavg
-from fedjax_metric.data import augment, cohort as cohort_lib
+from fedjax_metric import engine
+from fedjax_metric.data import cohort as cohort_lib
 from launch import machine
+from launch import scaling
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
 _STEPS = flags.DEFINE_integer('local_steps', 10, 'Local steps per client.')
@@ -59,29 +58,19 @@ def time_jax(executor, num_clients, *, unroll):
   """-> dict(seconds per round, compile seconds, rounds) for one executor."""
   h, w, c = (int(x) for x in _IMAGE.value)
   steps, batch = _STEPS.value, _BATCH.value
-  rng = np.random.default_rng(0)
-  per_client = steps * batch
-  images = rng.integers(0, 256, (num_clients * per_client, h, w, c), np.uint8)
-  labels = rng.integers(0, 10, len(images)).astype(np.int32)
-  partition = np.split(np.arange(len(images)), num_clients)
-  fields = {'pool': _POOL.value} if _MODEL.value == 'small_cnn' else {}
-  model = models.build(_MODEL.value, 10, (h, w, c), **fields)
-  preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
-  variables = model.init(jax.random.key(0),
-                         preprocess(jnp.asarray(images[:1]), None))
-  server_opt = optimizers.make_server_optimizer('sgd')
-  alg = fedavg.make(model, server_optimizer=server_opt)
-  spec = engine.RoundSpec(alg, optimizers.make_client_optimizer('sgd'),
-                          optimizers.make_round_schedule(0.01), preprocess, 0)
-  data = jax.device_put(engine.DeviceData(images, labels))
+  run = scaling.synthetic_run('fedavg', _MODEL.value, pool=_POOL.value,
+                              image_shape=(h, w, c), num_clients=num_clients,
+                              examples_per_client=steps * batch)
+  data = jax.device_put(engine.DeviceData(run.images, run.labels))
   round_fn = engine.make_round_fn(
-      spec, data, executor=executor, chunk_size=_CHUNK.value,
+      run.spec, data, executor=executor, chunk_size=_CHUNK.value,
       steps_per_call=steps, unroll=unroll)
-  state, table = engine.init_state(alg, variables, num_clients, server_opt)
+  state, table = engine.init_state(run.algorithm, run.variables, num_clients,
+                                   run.server_optimizer)
   times = []
   for r in range(_ROUNDS.value + 1):
     cohort = cohort_lib.make_cohort(
-        np.arange(num_clients), partition, num_slots=num_clients,
+        np.arange(num_clients), run.partition, num_slots=num_clients,
         num_steps=steps, batch_size=batch, local_epochs=1, local_steps=steps,
         seed=0, round_idx=r)
     cohort = jax.device_put(cohort)

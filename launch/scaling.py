@@ -67,7 +67,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -155,6 +155,39 @@ def check_algorithms(names: Sequence[str]):
                      f'{sorted(algorithms.REGISTRY)}.')
 
 
+class SyntheticRun(NamedTuple):
+  """A synthetic federation and the pieces that train it (bench and scaling)."""
+  images: np.ndarray
+  labels: np.ndarray
+  partition: np.ndarray
+  algorithm: engine.Algorithm
+  spec: engine.RoundSpec
+  variables: Any
+  server_optimizer: Any
+
+
+def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
+                  image_shape, num_clients: int, examples_per_client: int,
+                  seed: int = 0) -> SyntheticRun:
+  """`synthetic_federation` + a model + the algorithm with client SGD 0.01
+  and a plain SGD server: what launch/bench.py and this study time."""
+  images, labels, partition = synthetic_federation(
+      num_clients, examples_per_client, image_shape, seed=seed)
+  model_kwargs = {'pool': pool} if model_name == 'small_cnn' else {}
+  model = models.build(model_name, NUM_CLASSES, image_shape, **model_kwargs)
+  preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
+  variables = model.init(jax.random.key(seed),
+                         preprocess(jnp.asarray(images[:1]), None))
+  server_optimizer = optimizers.make_server_optimizer('sgd')
+  algorithm = algorithms.REGISTRY[algorithm_name](
+      model, server_optimizer=server_optimizer)
+  spec = engine.RoundSpec(algorithm, optimizers.make_client_optimizer('sgd'),
+                          optimizers.make_round_schedule(0.01), preprocess,
+                          seed)
+  return SyntheticRun(images, labels, partition, algorithm, spec, variables,
+                      server_optimizer)
+
+
 def measure_point(point: Point) -> Dict[str, Any]:
   """Builds the federation and round function for ``point`` and times rounds.
 
@@ -166,21 +199,12 @@ def measure_point(point: Point) -> Dict[str, Any]:
   executor = (engine.default_executor() if point.executor == 'auto'
               else point.executor)
   unroll = point.unroll if point.unroll is not None else backend == 'cpu'
-  images, labels, partition = synthetic_federation(
-      point.num_clients, point.examples_per_client, point.image_shape,
-      seed=point.seed)
-  model_kwargs = {'pool': point.pool} if point.model == 'small_cnn' else {}
-  model = models.build(point.model, NUM_CLASSES, point.image_shape,
-                       **model_kwargs)
-  preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
-  variables = model.init(jax.random.key(point.seed),
-                         preprocess(jnp.asarray(images[:1]), None))
-  server_optimizer = optimizers.make_server_optimizer('sgd')
-  algorithm = algorithms.REGISTRY[point.algorithm](
-      model, server_optimizer=server_optimizer)
-  spec = engine.RoundSpec(algorithm, optimizers.make_client_optimizer('sgd'),
-                          optimizers.make_round_schedule(0.01), preprocess,
-                          point.seed)
+  images, labels, partition, algorithm, spec, variables, server_optimizer = (
+      synthetic_run(point.algorithm, point.model, pool=point.pool,
+                    image_shape=point.image_shape,
+                    num_clients=point.num_clients,
+                    examples_per_client=point.examples_per_client,
+                    seed=point.seed))
   # As train.run: the single-program executors shard the cohort over a mesh.
   mesh = engine.make_mesh() if executor != 'host' else None
   put = (lambda x: engine.replicate(x, mesh)) if mesh else jax.device_put
