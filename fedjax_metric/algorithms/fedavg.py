@@ -131,3 +131,12 @@ def make(model, *, server_optimizer, weighting='num_examples'):
       client_step_end=unchanged_local_state,
       client_final=make_delta_final(weighting),
       server_update=make_server_update(server_optimizer))
+
+
+def make_with_term(model, term_fn, *, server_optimizer, weighting,
+                   weight=1.0):
+  """FedAvg whose client loss is CE + weight * ``term_fn`` (see
+  `make_ce_plus_term_loss`): SupConFL, FedRCL and FedSCL."""
+  return make(model, server_optimizer=server_optimizer,
+              weighting=weighting)._replace(
+                  client_loss=make_ce_plus_term_loss(model, term_fn, weight))

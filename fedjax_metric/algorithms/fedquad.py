@@ -95,7 +95,6 @@ def make_supconfl(model, *, server_optimizer, weighting='num_examples',
     return losses.supcon_loss(outputs['embedding'], batch.labels,
                               temperature=temperature, mask=batch.mask)
 
-  return fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)._replace(
-                         client_loss=fedavg.make_ce_plus_term_loss(
-                             model, supcon, beta))
+  return fedavg.make_with_term(model, supcon,
+                               server_optimizer=server_optimizer,
+                               weighting=weighting, weight=beta)

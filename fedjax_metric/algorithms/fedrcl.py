@@ -20,10 +20,9 @@ def _make(model, level_loss, server_optimizer, weighting):
   def multilevel(outputs, batch):
     return level_loss(outputs['features'], batch.labels, mask=batch.mask)
 
-  return fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)._replace(
-                         client_loss=fedavg.make_ce_plus_term_loss(model,
-                                                                   multilevel))
+  return fedavg.make_with_term(model, multilevel,
+                               server_optimizer=server_optimizer,
+                               weighting=weighting)
 
 
 def make_fedrcl(model, *, server_optimizer, weighting='uniform',
