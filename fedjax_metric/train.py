@@ -1,6 +1,6 @@
 """run(config, workdir): one whole federated experiment, read top to bottom.
 
-Workdir contract (../shared/spec/architecture.md):
+Workdir contract (README.md, "The workdir"):
   config.json      the resolved config
   partition.json   per-client sizes and class counts; partition.png heatmap
   metrics.jsonl    one JSON object per evaluation: round, wall_time, test_*
@@ -27,7 +27,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
 
-from fedjax_metric import algorithms, engine, models, optimizers
+from fedjax_metric import algorithms, engine, executors, memory, models
+from fedjax_metric import optimizers, sharding
 from fedjax_metric.data import augment, cohort as cohort_lib, partition, sources
 from fedjax_metric import evaluation
 
@@ -77,6 +78,7 @@ def build_model(model_config, num_classes, input_shape=None):
 
 
 def build_algorithm(config, model):
+  """The config's `engine.Algorithm`, with its server optimizer inside."""
   if config.algorithm not in algorithms.REGISTRY:
     raise ValueError(f'Unknown algorithm {config.algorithm!r}; registered: '
                      f'{sorted(algorithms.REGISTRY)}.')
@@ -86,12 +88,11 @@ def build_algorithm(config, model):
       b1=s.b1, b2=s.b2, eps=s.eps)
   kwargs = dict(config.algorithm_kwargs)
   try:
-    algorithm = algorithms.REGISTRY[config.algorithm](
+    return algorithms.REGISTRY[config.algorithm](
         model, server_optimizer=server_optimizer, weighting=s.weighting, **kwargs)
   except TypeError as e:
     raise ValueError(f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
                      f'{config.algorithm!r}: {e}') from e
-  return algorithm, server_optimizer
 
 
 def build_round_spec(config, algorithm, preprocess):
@@ -103,55 +104,8 @@ def build_round_spec(config, algorithm, preprocess):
       lc.learning_rate, kind=lc.schedule, decay_rate=lc.decay_rate,
       num_rounds=config.num_rounds, warmup_rounds=lc.warmup_rounds)
   return engine.RoundSpec(algorithm, client_optimizer, schedule, preprocess,
-                          config.seed, local_epoch_decay=lc.epoch_decay)
-
-
-def resolve_executor(config):
-  """The executor's name; ``auto`` depends on the backend and process count.
-
-  ``host`` drives one client at a time from Python on local devices, so it
-  cannot span processes: there ``auto`` means ``vmap`` and ``host`` is an error.
-  """
-  executor = config.executor
-  if executor == 'auto':
-    executor = engine.default_executor()
-    if executor == 'host' and jax.process_count() > 1:
-      say(f'executor=auto: vmap, not host, across {jax.process_count()} '
-          'processes.')
-      executor = 'vmap'
-  if executor == 'host' and jax.process_count() > 1:
-    raise ValueError(
-        f'executor=host cannot span {jax.process_count()} processes; use '
-        '--config.executor=vmap (or chunked / sequential, or auto).')
-  return executor
-
-
-def fit_executor_to_memory(config, executor, spec, data, server_state,
-                           client_table, example_cohort, num_slots, num_devices,
-                           memory_budget):
-  """``(executor, chunk_size)`` that fit ``memory_budget`` bytes per device.
-
-  ``chunked`` with ``chunk_size = 0`` picks k from XLA's memory analysis
-  (`engine.chunk_memory_model`). ``auto`` resolved to ``vmap`` falls back to
-  chunked when the whole cohort at once would not fit. Other choices are
-  taken as given. ``example_cohort()`` builds a cohort for its per-slot
-  shape, only when a memory model is needed.
-  """
-  auto_vmap = config.executor == 'auto' and executor == 'vmap'
-  if not (auto_vmap or (executor == 'chunked' and not config.chunk_size)):
-    return executor, config.chunk_size
-  fixed, per_slot = engine.chunk_memory_model(
-      spec, data, server_state, client_table,
-      example_cohort().example_idx.shape[1:], unroll=config.unroll)
-  chunk_size = engine.choose_chunk_size(fixed, per_slot, memory_budget,
-                                        num_slots, num_devices)
-  gib = 1024 ** 3
-  if auto_vmap and chunk_size >= num_slots:
-    return executor, 0
-  say(f'Memory: {fixed / gib:.2f} GiB fixed + {per_slot / 1024 ** 2:.1f} MiB '
-      f'per client slot; budget {memory_budget / gib:.2f} GiB per device -> '
-      f'executor=chunked with {chunk_size} slots per chunk.')
-  return 'chunked', chunk_size
+                          config.seed, local_epoch_decay=lc.epoch_decay,
+                          batch_size=lc.batch_size)
 
 
 def num_cohort_slots(config, num_devices: int) -> int:
@@ -270,32 +224,22 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   model = build_model(config.model, train.num_classes, train.images.shape[1:])
   variables = model.init(jax.random.key(config.seed),
                          eval_preprocess(jnp.asarray(train.images[:1]), None))
-  algorithm, server_optimizer = build_algorithm(config, model)
+  algorithm = build_algorithm(config, model)
   spec = build_round_spec(config, algorithm, train_preprocess)
-  executor = resolve_executor(config)
+  choice = executors.choose_executor(config.executor,
+                                     chunk_size=config.chunk_size)
   mesh = None
   num_devices = 1
-  if executor != 'host':
-    mesh = engine.make_mesh(config.num_devices or None)
+  if choice.name != 'host':
+    mesh = sharding.make_mesh(config.num_devices or None)
     num_devices = mesh.size
-  put = (lambda x: engine.replicate(x, mesh)) if mesh else jax.device_put
+  put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
-  evaluate = evaluation.make_evaluate_fn(model, eval_preprocess, test.images,
-                                         test.labels,
-                                         batch_size=config.eval_batch_size)
-  if config.representation_examples > 0:
-    features_fn = evaluation.make_feature_fn(
-        model, eval_preprocess, test.images, test.labels,
-        batch_size=config.eval_batch_size,
-        max_examples=config.representation_examples)
-    classification = evaluate
-
-    def evaluate(variables):  # pylint: disable=function-redefined
-      features, labels = features_fn(variables)
-      metrics = evaluation.representation_metrics(features, labels,
-                                                  test.num_classes)
-      return {**classification(variables),
-              **{f'test_{k}': float(v) for k, v in metrics.items()}}
+  evaluate = evaluation.make_evaluate_fn(
+      model, eval_preprocess, test.images, test.labels,
+      batch_size=config.eval_batch_size,
+      representation_examples=config.representation_examples,
+      num_classes=test.num_classes)
   lc = config.local
   client_sizes = [len(c) for c in clients]
   num_steps = cohort_lib.num_local_steps(
@@ -304,16 +248,19 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   num_slots = num_cohort_slots(config, num_devices)
   say(f'{config.algorithm} on {ds.name}: {config.num_clients} clients, '
       f'{config.clients_per_round} per round in {num_slots} slots, {num_steps} '
-      f'local steps of {lc.batch_size}; executor={executor} on {num_devices} '
-      f"{jax.default_backend()} device(s); "
+      f'local steps of {lc.batch_size}; executor={choice.name} on '
+      f"{num_devices} {jax.default_backend()} device(s); "
       f"{models.count_params(variables['params']):,} params.")
 
   # ----- State: fresh or restored. -----
   memory_budget = (int(config.memory_budget_gb * 1024 ** 3)
-                   or engine.default_memory_budget())
+                   or memory.default_memory_budget())
+  memory.check_client_table_fits(
+      memory.client_table_bytes(algorithm, variables, config.num_clients),
+      config.num_clients, memory_budget)
   server_state, client_table = engine.init_state(
-      algorithm, variables, config.num_clients, server_optimizer,
-      key=jax.random.key(config.seed + 1), memory_budget=memory_budget)
+      algorithm, variables, config.num_clients,
+      key=jax.random.key(config.seed + 1))
   checkpoints = ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, 'checkpoints')),
       options=ocp.CheckpointManagerOptions(
@@ -338,12 +285,20 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         local_steps=lc.steps, seed=config.seed, round_idx=round_idx,
         labels=train.labels, batches_fn=algorithm.client_batches)
 
-  executor, chunk_size = fit_executor_to_memory(
-      config, executor, spec, data, server_state, client_table,
-      lambda: cohort_for(start_round), num_slots, num_devices, memory_budget)
-  round_fn = engine.make_round_fn(
-      spec, data, executor=executor, chunk_size=chunk_size,
-      steps_per_call=config.steps_per_call, unroll=config.unroll)
+  def memory_model():
+    example_shape = cohort_for(start_round).example_idx.shape[1:]
+    return memory.chunk_memory_model(spec, data, server_state, client_table,
+                                     example_shape, unroll=config.unroll)
+
+  if choice.fit_to_memory:
+    choice = executors.fit_to_memory(choice, memory_model,
+                                     memory_budget=memory_budget,
+                                     num_slots=num_slots,
+                                     num_devices=num_devices)
+    say(f'Memory: executor={choice.name}; {choice.reason}.')
+  round_fn = executors.make_round_fn(
+      spec, data, executor=choice, steps_per_call=config.steps_per_call,
+      unroll=config.unroll)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   writer = None
   if chief:
@@ -366,10 +321,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                   disable=not (config.progress and chief), dynamic_ncols=True)
   for round_idx in bar:
     cohort = cohort_for(round_idx)
-    cohort = engine.shard_cohort(cohort, mesh) if mesh else cohort
+    cohort = sharding.shard_cohort(cohort, mesh) if mesh else cohort
     server_state, client_table, round_metrics = round_fn(
         server_state, client_table, cohort)
-    train_sums.append(engine.local_copy((round_metrics['train_loss_sum'],
+    train_sums.append(sharding.local_copy((round_metrics['train_loss_sum'],
                                          round_metrics['train_examples'])))
     done = round_idx + 1
     if done % config.eval_every == 0 or done == end_round:
@@ -384,7 +339,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             f'the last good checkpoint in {workdir}/checkpoints is kept.')
       last = {'round': done, 'wall_time': time.time() - start_time,
               'train_loss': train_loss,
-              **evaluate(engine.local_copy(server_state.variables))}
+              **evaluate(sharding.local_copy(server_state.variables))}
       if chief:
         with open(metrics_path, 'a') as f:
           f.write(json.dumps(last) + '\n')
@@ -402,13 +357,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
 
   rounds_completed = max(end_round, start_round)
   summary = {'rounds_completed': rounds_completed, 'workdir': workdir,
-             'executor': executor, 'chunk_size': chunk_size,
+             'executor': choice.name, 'chunk_size': choice.chunk_size,
              'backend': jax.default_backend(),
              'num_steps': num_steps, 'num_slots': num_slots,
              'wall_time': time.time() - start_time, **last}
   if rounds_completed == config.num_rounds:
     if 'test_accuracy' not in summary:  # Resumed at the very end.
-      summary.update(evaluate(engine.local_copy(server_state.variables)))
+      summary.update(evaluate(sharding.local_copy(server_state.variables)))
     if chief:
       _write_json(summary_path, summary)
   return summary

@@ -14,11 +14,8 @@ peak device bytes) belong to that point alone. The table is printed and
 appended to benchmarks/<device>.md with the machine named.
 """
 
-import datetime
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -27,7 +24,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from fedjax_metric import engine
+from fedjax_metric import engine, executors
 from fedjax_metric.data import cohort as cohort_lib
 from launch import machine
 from launch import scaling
@@ -62,11 +59,10 @@ def time_jax(executor, num_clients, *, unroll):
                               image_shape=(h, w, c), num_clients=num_clients,
                               examples_per_client=steps * batch)
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
-  round_fn = engine.make_round_fn(
+  round_fn = executors.make_round_fn(
       run.spec, data, executor=executor, chunk_size=_CHUNK.value,
       steps_per_call=steps, unroll=unroll)
-  state, table = engine.init_state(run.algorithm, run.variables, num_clients,
-                                   run.server_optimizer)
+  state, table = engine.init_state(run.algorithm, run.variables, num_clients)
   times = []
   for r in range(_ROUNDS.value + 1):
     cohort = cohort_lib.make_cohort(
@@ -108,20 +104,27 @@ def measure_point(point, unroll):
 
 def measure_in_child(point):
   """Runs `measure_point` in a fresh interpreter: per-point peak memory."""
-  argv = [sys.executable, '-m', 'launch.bench', f'--point={point}'] + [
+  args = [f'--point={point}'] + [
       arg for arg in sys.argv[1:] if not arg.startswith('--point')]
-  out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-  return json.loads(out.strip().splitlines()[-1])
+  child = machine.run_child('launch.bench', args)
+  if child.status != 'ok':
+    raise RuntimeError(f'Benchmark point {point} {child.status}: {child.note}')
+  return child.result
+
+
+COLUMNS = ['clients/round', 'executor', 's/round (median)', 'min-max',
+           'client-steps/s', 'compile s', 'peak RSS MB', 'peak device MB',
+           'vs PyTorch']
 
 
 def format_row(clients, name, r, torch_median):
-  client_steps = clients * _STEPS.value
+  """One table row's cells."""
   ratio = f'{r["median"] / torch_median:.2f}x' if torch_median else 'n/a'
-  compile_s = '-' if r['compile'] is None else f'{r["compile"]:.1f}'
-  device = '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}'
-  return (f'| {clients} | {name} | {r["median"]:.3f} | '
-          f'{r["min"]:.3f}-{r["max"]:.3f} | {client_steps / r["median"]:.0f} | '
-          f'{compile_s} | {r["rss_mb"]:.0f} | {device} | {ratio} |')
+  return [clients, name, f'{r["median"]:.3f}', f'{r["min"]:.3f}-{r["max"]:.3f}',
+          f'{clients * _STEPS.value / r["median"]:.0f}',
+          '-' if r['compile'] is None else f'{r["compile"]:.1f}',
+          f'{r["rss_mb"]:.0f}',
+          '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}', ratio]
 
 
 def model_label():
@@ -135,7 +138,7 @@ def main(argv):
   backend = jax.default_backend()
   unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
   if _POINT.value:
-    print(json.dumps(measure_point(_POINT.value, unroll)))
+    machine.print_result(measure_point(_POINT.value, unroll))
     return
   rows = []
   for clients in (int(c) for c in _CLIENTS.value):
@@ -153,27 +156,20 @@ def main(argv):
       label = f'pytorch loop ({r["note"]})' if name == 'torch' else name
       rows.append(format_row(clients, label, r, torch_median))
 
-  header = [
-      f'\n## {datetime.date.today()} - {model_label()}, '
-      f'{"x".join(_IMAGE.value)}, {_STEPS.value} local steps of '
-      f'{_BATCH.value}, FedAvg',
-      '',
-      f'Device: {machine.device_name()} ({backend}); jax {jax.__version__}; median '
-      f'of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. Each row '
-      'ran in its own process: peak RSS is that row\'s; device MB is XLA\'s '
-      'peak on device 0 (not reported on CPU, where it is host memory).',
+  notes = [
+      f'Device: {machine.device_name()} ({backend}); jax {jax.__version__}; '
+      f'median of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. '
+      "Each row ran in its own process: peak RSS is that row's; device MB is "
+      "XLA's peak on device 0 (not reported on CPU, where it is host memory).",
       f'Command: `python -m launch.bench --model={_MODEL.value} '
       f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
       f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
       f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
       f'--chunk_size={_CHUNK.value}`',
-      '',
-      '| clients/round | executor | s/round (median) | min-max | '
-      'client-steps/s | compile s | peak RSS MB | peak device MB | '
-      'vs PyTorch |',
-      '|---|---|---|---|---|---|---|---|---|',
   ]
-  table = '\n'.join(header + rows) + '\n'
+  table = machine.markdown_section(
+      f'{model_label()}, {"x".join(_IMAGE.value)}, {_STEPS.value} local steps '
+      f'of {_BATCH.value}, FedAvg', notes, COLUMNS, rows)
   print(table)
   machine.append_markdown(
       _OUT.value or os.path.join('benchmarks', f'{backend}.md'), table,

@@ -4,12 +4,20 @@ Shared by launch/bench.py and launch/scaling.py; no absl flags here, so both
 (and notebooks) can import it.
 """
 
+import datetime
+import json
 import os
 import platform
 import resource
-from typing import Optional
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import jax
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT_PREFIX = 'BENCH_RESULT '
 
 
 def device_name() -> str:
@@ -50,3 +58,69 @@ def append_markdown(path: str, section: str, *, title: str, script: str):
     if new:
       f.write(f'# {title}\n\nAppended by {script}; never edited by hand.\n')
     f.write(section)
+
+
+def print_result(result: Dict[str, Any]):
+  """A child's answer to `run_child`: one prefixed JSON line on stdout."""
+  print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+class ChildResult(NamedTuple):
+  """What `run_child` saw: the child's result, or why there is none."""
+  result: Optional[Dict[str, Any]]
+  status: str          # 'ok' | 'timeout' | 'failed'
+  note: str
+  wall_seconds: float  # the child's whole life, start-up included
+
+
+def run_child(module: str, args: Sequence[str], *,
+              timeout: Optional[float] = None) -> ChildResult:
+  """Runs ``python -m module *args`` in a fresh interpreter from the repo root.
+
+  One measurement per process gives per-point peak memory (RSS and device)
+  and keeps a crashing point (out of memory, a compiler error) from taking
+  the whole benchmark with it. The child answers with `print_result`.
+  """
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
+  start = time.perf_counter()
+  try:
+    proc = subprocess.run([sys.executable, '-m', module, *args], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+  except subprocess.TimeoutExpired:
+    return ChildResult(None, 'timeout', f'stopped after {timeout:g} s',
+                       time.perf_counter() - start)
+  wall = time.perf_counter() - start
+  result = None
+  for line in reversed(proc.stdout.splitlines()):
+    if line.startswith(RESULT_PREFIX):
+      result = json.loads(line[len(RESULT_PREFIX):])
+      break
+  if proc.returncode < 0:
+    return ChildResult(None, 'failed', f'killed by signal {-proc.returncode}'
+                       ' (out of memory?)', wall)
+  if proc.returncode != 0 or result is None:
+    lines = (proc.stderr or proc.stdout).strip().splitlines() or ['no output']
+    return ChildResult(None, 'failed',
+                       f'exit {proc.returncode}: {lines[-1][:200]}', wall)
+  return ChildResult(result, 'ok', '', wall)
+
+
+def markdown_section(heading: str, notes: Sequence[str], columns: List[str],
+                     rows: Sequence[Sequence[Any]]) -> str:
+  """A dated markdown section: heading, note lines, then a table.
+
+  Args:
+    heading: what was measured (the date is prepended).
+    notes: lines under the heading (device, settings, the command).
+    columns: table column names.
+    rows: one sequence of cell values (already formatted) per row.
+  """
+  lines = [f'\n## {datetime.date.today()} - {heading}', '', *notes, '',
+           '| ' + ' | '.join(columns) + ' |',
+           '|' + '---|' * len(columns)]
+  lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |'
+            for row in rows]
+  return '\n'.join(lines) + '\n'

@@ -59,12 +59,10 @@ notebooks/scaling.ipynb runs the same grid from Python.
 """
 
 import dataclasses
-import datetime
 import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
@@ -77,12 +75,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
 
-from fedjax_metric import algorithms, engine, models, optimizers
+from fedjax_metric import algorithms, engine, executors, memory, models
+from fedjax_metric import optimizers, sharding
 from fedjax_metric.data import augment, cohort as cohort_lib
 from launch import machine
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULT_PREFIX = 'SCALING_RESULT '
 NUM_CLASSES = 10
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +160,6 @@ class SyntheticRun(NamedTuple):
   algorithm: engine.Algorithm
   spec: engine.RoundSpec
   variables: Any
-  server_optimizer: Any
 
 
 def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
@@ -184,8 +180,7 @@ def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
   spec = engine.RoundSpec(algorithm, optimizers.make_client_optimizer('sgd'),
                           optimizers.make_round_schedule(0.01), preprocess,
                           seed)
-  return SyntheticRun(images, labels, partition, algorithm, spec, variables,
-                      server_optimizer)
+  return SyntheticRun(images, labels, partition, algorithm, spec, variables)
 
 
 def measure_point(point: Point) -> Dict[str, Any]:
@@ -196,29 +191,28 @@ def measure_point(point: Point) -> Dict[str, Any]:
   """
   check_algorithms([point.algorithm])
   backend = jax.default_backend()
-  executor = (engine.default_executor() if point.executor == 'auto'
-              else point.executor)
+  choice = executors.choose_executor(point.executor,
+                                     chunk_size=point.chunk_size)
   unroll = point.unroll if point.unroll is not None else backend == 'cpu'
-  images, labels, partition, algorithm, spec, variables, server_optimizer = (
+  images, labels, partition, algorithm, spec, variables = (
       synthetic_run(point.algorithm, point.model, pool=point.pool,
                     image_shape=point.image_shape,
                     num_clients=point.num_clients,
                     examples_per_client=point.examples_per_client,
                     seed=point.seed))
   # As train.run: the single-program executors shard the cohort over a mesh.
-  mesh = engine.make_mesh() if executor != 'host' else None
-  put = (lambda x: engine.replicate(x, mesh)) if mesh else jax.device_put
-  place_cohort = ((lambda c: engine.shard_cohort(c, mesh)) if mesh
+  mesh = sharding.make_mesh() if choice.name != 'host' else None
+  put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
+  place_cohort = ((lambda c: sharding.shard_cohort(c, mesh)) if mesh
                   else (lambda c: c))
   num_slots = (mesh.size * math.ceil(point.clients_per_round / mesh.size)
                if mesh else point.clients_per_round)
   data = put(engine.DeviceData(images, labels))
-  round_fn = engine.make_round_fn(
-      spec, data, executor=executor, chunk_size=point.chunk_size,
-      steps_per_call=point.local_steps, unroll=unroll)
-  state, table = put(engine.init_state(algorithm, variables, point.num_clients,
-                                       server_optimizer))
-  client_table_mb = engine.tree_bytes(table) / 2**20
+  round_fn = executors.make_round_fn(
+      spec, data, executor=choice, steps_per_call=point.local_steps,
+      unroll=unroll)
+  state, table = put(engine.init_state(algorithm, variables, point.num_clients))
+  client_table_mb = memory.tree_bytes(table) / 2**20
 
   round_times, cohort_times = [], []
   for round_idx in range(point.rounds + 1):
@@ -237,7 +231,7 @@ def measure_point(point: Point) -> Dict[str, Any]:
   seconds = statistics.median(round_times[1:])
   return {
       **dataclasses.asdict(point),
-      'executor': executor, 'unroll': unroll, 'status': 'ok', 'note': '',
+      'executor': choice.name, 'unroll': unroll, 'status': 'ok', 'note': '',
       'backend': backend, 'device': machine.device_name(),
       'jax_version': jax.__version__,
       'seconds_per_round': seconds,
@@ -260,24 +254,6 @@ def measure_point(point: Point) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def _child_command(*args: str) -> List[str]:
-  return [sys.executable, '-m', 'launch.scaling', *args]
-
-
-def _child_env() -> Dict[str, str]:
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
-  return env
-
-
-def _last_json_line(stdout: str) -> Optional[Dict[str, Any]]:
-  for line in reversed(stdout.splitlines()):
-    if line.startswith(RESULT_PREFIX):
-      return json.loads(line[len(RESULT_PREFIX):])
-  return None
-
-
 def not_measured(point: Point, status: str, note: str) -> Dict[str, Any]:
   """The row of a point that was skipped, timed out or failed."""
   return {**dataclasses.asdict(point), 'status': status, 'note': note}
@@ -289,24 +265,14 @@ def measure_in_subprocess(point: Point, *,
 
   Adds ``wall_seconds`` (the child's whole life, start-up included).
   """
-  start = time.perf_counter()
-  try:
-    proc = subprocess.run(_child_command(f'--point={point.to_json()}'),
-                          cwd=REPO_ROOT, env=_child_env(), capture_output=True,
-                          text=True, timeout=timeout, check=False)
-  except subprocess.TimeoutExpired:
+  child = machine.run_child('launch.scaling', [f'--point={point.to_json()}'],
+                            timeout=timeout)
+  if child.status == 'timeout':
     return not_measured(point, 'timeout',
                         f'stopped after --max_seconds={timeout:g} s')
-  result = _last_json_line(proc.stdout)
-  if proc.returncode < 0:
-    return not_measured(point, 'failed', f'killed by signal {-proc.returncode}'
-                        ' (out of memory?)')
-  if proc.returncode != 0 or result is None:
-    lines = (proc.stderr or proc.stdout).strip().splitlines() or ['no output']
-    return not_measured(point, 'failed',
-                        f'exit {proc.returncode}: {lines[-1][:200]}')
-  result['wall_seconds'] = time.perf_counter() - start
-  return result
+  if child.status != 'ok':
+    return not_measured(point, child.status, child.note)
+  return {**child.result, 'wall_seconds': child.wall_seconds}
 
 
 def describe_backend() -> Dict[str, str]:
@@ -315,10 +281,10 @@ def describe_backend() -> Dict[str, str]:
   The orchestrating process imports JAX but never touches a device: starting a
   GPU backend would reserve most of its memory, which the children need.
   """
-  proc = subprocess.run(_child_command('--describe'), cwd=REPO_ROOT,
-                        env=_child_env(), capture_output=True, text=True,
-                        check=True)
-  return _last_json_line(proc.stdout)
+  child = machine.run_child('launch.scaling', ['--describe'])
+  if child.status != 'ok':
+    raise RuntimeError(f'Could not start a JAX child process: {child.note}')
+  return child.result
 
 
 def predict_wall_seconds(point: Point,
@@ -379,33 +345,30 @@ def run_grid(points: Sequence[Point], *, max_seconds: float = 0.0,
 # Outputs: JSON, markdown, plot.
 # ---------------------------------------------------------------------------
 
-TABLE_HEADER = (
-    '| algorithm | clients/round | total clients | s/round (median) | '
-    'min-max | cohort s | compile s | client-steps/s | peak RSS MB | '
-    'peak device MB | data MB | client table MB | note |\n'
-    '|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+COLUMNS = ['algorithm', 'clients/round', 'total clients', 's/round (median)',
+           'min-max', 'cohort s', 'compile s', 'client-steps/s',
+           'peak RSS MB', 'peak device MB', 'data MB', 'client table MB',
+           'note']
 
 
 def _number(value, digits):
   return '-' if value is None else f'{value:.{digits}f}'
 
 
-def format_row(result: Dict[str, Any]) -> str:
-  """One markdown row; a point that was not measured keeps its note."""
-  head = (f'| {result["algorithm"]} | {result["clients_per_round"]} | '
-          f'{result["num_clients"]} |')
+def format_row(result: Dict[str, Any]) -> List[str]:
+  """One table row's cells; a point that was not measured keeps its note."""
+  head = [result['algorithm'], result['clients_per_round'],
+          result['num_clients']]
   if result['status'] != 'ok':
-    return head + ' - | - | - | - | - | - | - | - | - | ' + (
-        f'{result["status"]}: {result["note"]} |')
-  return head + (
-      f' {result["seconds_per_round"]:.3f} | {result["seconds_min"]:.3f}-'
-      f'{result["seconds_max"]:.3f} | {result["cohort_seconds"]:.3f} | '
-      f'{result["compile_seconds"]:.1f} | '
-      f'{result["client_steps_per_second"]:.0f} | '
-      f'{result["peak_rss_mb"]:.0f} | '
-      f'{_number(result["peak_device_mb"], 0)} | '
-      f'{result["data_mb"]:.1f} | {result["client_table_mb"]:.1f} | '
-      f'{result["note"]} |')
+    return head + ['-'] * 9 + [f'{result["status"]}: {result["note"]}']
+  return head + [
+      f'{result["seconds_per_round"]:.3f}',
+      f'{result["seconds_min"]:.3f}-{result["seconds_max"]:.3f}',
+      f'{result["cohort_seconds"]:.3f}', f'{result["compile_seconds"]:.1f}',
+      f'{result["client_steps_per_second"]:.0f}',
+      f'{result["peak_rss_mb"]:.0f}', _number(result['peak_device_mb'], 0),
+      f'{result["data_mb"]:.1f}', f'{result["client_table_mb"]:.1f}',
+      result['note']]
 
 
 def describe_work(point: Point) -> str:
@@ -425,19 +388,16 @@ def format_section(results: Sequence[Dict[str, Any]], *, device: str,
   jax_version = measured[0]['jax_version'] if measured else '?'
   isolation = ('each point in its own process' if first.get('isolated', True)
                else 'all points in one process (peak RSS is cumulative)')
-  lines = [
-      f'\n## {datetime.date.today()} - scaling: '
-      f'{describe_work(point_of(first))}',
-      '',
+  notes = [
       f'Device: {device} ({backend}); jax {jax_version}; executor '
       f'{executor}; median of {first["rounds"]} rounds after 1 warm-up, each '
       'round timed with its host-side cohort building ("cohort s"); '
       f'{isolation}.',
       f'Command: `{command}`',
-      '',
-      TABLE_HEADER,
   ]
-  return '\n'.join(lines + [format_row(r) for r in results]) + '\n'
+  return machine.markdown_section(
+      f'scaling: {describe_work(point_of(first))}', notes, COLUMNS,
+      [format_row(r) for r in results])
 
 
 def point_of(result: Dict[str, Any]) -> Point:
@@ -546,10 +506,6 @@ def save_outputs(results: Sequence[Dict[str, Any]], *, device: str,
 # ---------------------------------------------------------------------------
 
 
-def _print_result(result: Dict[str, Any]):
-  print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
 def define_flags():
   """The command line, defined only when this file runs as a script.
 
@@ -566,7 +522,7 @@ def define_flags():
                     'Names in fedjax_metric.algorithms.REGISTRY.')
   flags.DEFINE_string('executor', 'auto',
                       'host | vmap | chunked | sequential | auto (host on '
-                      'CPU, vmap elsewhere: engine.default_executor).')
+                      'CPU, vmap elsewhere: executors.choose_executor).')
   flags.DEFINE_string('model', Point.model,
                       'Model name; --pool applies to small_cnn only.')
   flags.DEFINE_string('pool', Point.pool, 'small_cnn pool: stride|avg|max.')
@@ -600,10 +556,10 @@ def main(argv):
   del argv
   f = flags.FLAGS
   if f.point:
-    _print_result(measure_point(Point.from_json(f.point)))
+    machine.print_result(measure_point(Point.from_json(f.point)))
     return
   if f.describe:
-    _print_result({'backend': jax.default_backend(), 'device': machine.device_name()})
+    machine.print_result({'backend': jax.default_backend(), 'device': machine.device_name()})
     return
   try:
     check_algorithms(f.algorithms)

@@ -7,6 +7,7 @@ import numpy as np
 
 from fedjax_metric import engine, models, optimizers
 from fedjax_metric.data import augment, cohort as cohort_lib
+from fedjax_metric.models import layers
 
 NUM_CLASSES = 3
 
@@ -21,6 +22,25 @@ class Linear(nn.Module):
     x = images.reshape(images.shape[0], -1)
     logits = nn.Dense(self.num_classes)(x)
     return {'logits': logits, 'embedding': x, 'features': []}
+
+
+class AllOutputs(nn.Module):
+  """Every output any algorithm reads, from a tiny conv net with BatchNorm:
+  logits, embedding (post-ReLU), projection, two feature levels."""
+  num_classes: int = NUM_CLASSES
+
+  @nn.compact
+  def __call__(self, images, *, train, mask=None):
+    x = nn.Conv(4, (3, 3), strides=2)(images)
+    x = layers.make_norm('batch')(x, train, mask)
+    level_0 = jnp.mean(x, axis=(1, 2))
+    x = nn.relu(x).reshape(images.shape[0], -1)
+    pre = nn.Dense(8)(x)
+    embedding = nn.relu(pre)
+    return {'logits': nn.Dense(self.num_classes)(embedding),
+            'embedding': embedding,
+            'projection': nn.Dense(8)(embedding),
+            'features': [level_0, pre]}
 
 
 def make_data(num_examples=60, shape=(6, 6, 1), seed=0):
@@ -50,6 +70,10 @@ INPUT_SHAPE = (1, 6, 6, 1)  # make_data's images
 def cnn(norm='none'):
   return models.make_model_fns(models.small_cnn.SmallCNN(
       num_classes=NUM_CLASSES, width=4, embedding_dim=8, norm=norm), INPUT_SHAPE)
+
+
+def all_outputs():
+  return models.make_model_fns(AllOutputs(), INPUT_SHAPE)
 
 
 def linear():

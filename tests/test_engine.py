@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import engine, optimizers
+from fedjax_metric import engine, executors, optimizers, sharding
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.data import partition as partition_lib
 import fl_fixtures as fx
@@ -27,14 +27,14 @@ def federation(model_fn=fx.cnn, num_clients=6, alpha=0.5, norm='none'):
 def run_rounds(executor, alg, data, parts, variables, cohorts, *, mesh=None,
                chunk_size=0, spec=None, steps_per_call=2):
   spec = spec or fx.make_spec(alg, momentum=0.9)
-  state, table = engine.init_state(alg, variables, len(parts), SGD_SERVER)
-  round_fn = engine.make_round_fn(spec, data, executor=executor,
+  state, table = engine.init_state(alg, variables, len(parts))
+  round_fn = executors.make_round_fn(spec, data, executor=executor,
                                   chunk_size=chunk_size,
                                   steps_per_call=steps_per_call)
   if mesh is not None:
-    state, table = engine.replicate((state, table), mesh)
+    state, table = sharding.replicate((state, table), mesh)
   for c in cohorts:
-    c = engine.shard_cohort(c, mesh) if mesh is not None else c
+    c = sharding.shard_cohort(c, mesh) if mesh is not None else c
     state, table, metrics = round_fn(state, table, c)
   return state, metrics, round_fn
 
@@ -121,16 +121,16 @@ def test_sharded_over_four_devices_equals_one_device():
   cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
              for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])]
   one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
-                         mesh=engine.make_mesh(1))
-  mesh4 = engine.make_mesh(4)
+                         mesh=sharding.make_mesh(1))
+  mesh4 = sharding.make_mesh(4)
   four, _, round_fn = run_rounds(
-      'vmap', alg, engine.replicate(data, mesh4), parts, variables, cohorts,
+      'vmap', alg, sharding.replicate(data, mesh4), parts, variables, cohorts,
       mesh=mesh4)
   assert len(four.variables['params']['Dense_0']['kernel'].sharding.device_set) == 4
   assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
   hlo = round_fn.jitted.lower(
-      *engine.replicate(engine.init_state(alg, variables, 6, SGD_SERVER), mesh4),
-      engine.shard_cohort(cohorts[0], mesh4), engine.replicate(data, mesh4)
+      *sharding.replicate(engine.init_state(alg, variables, 6), mesh4),
+      sharding.shard_cohort(cohorts[0], mesh4), sharding.replicate(data, mesh4)
   ).compile().as_text()
   assert 'all-reduce' in hlo  # The weighted sum became a cross-device reduce.
 
@@ -142,10 +142,10 @@ def test_chunked_sharded_over_four_devices_equals_vmap_on_one():
   cohorts = [fx.cohort(parts, ids, num_slots=8, round_idx=r)
              for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5, 0, 2]])]
   one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
-                         mesh=engine.make_mesh(1))
-  mesh4 = engine.make_mesh(4)
+                         mesh=sharding.make_mesh(1))
+  mesh4 = sharding.make_mesh(4)
   four, _, round_fn = run_rounds(
-      'chunked', alg, engine.replicate(data, mesh4), parts, variables, cohorts,
+      'chunked', alg, sharding.replicate(data, mesh4), parts, variables, cohorts,
       mesh=mesh4, chunk_size=4)
   assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
   assert round_fn.jitted._cache_size() == 1
@@ -170,8 +170,8 @@ def test_no_implicit_transfer_inside_a_round(executor, chunk_size):
   host, so it is given the NumPy cohort and puts each slot's indices itself."""
   _, alg, data, parts, variables = federation(norm='batch')
   spec = fx.make_spec(alg, momentum=0.9)
-  state, table = engine.init_state(alg, variables, len(parts), SGD_SERVER)
-  round_fn = engine.make_round_fn(spec, data, executor=executor,
+  state, table = engine.init_state(alg, variables, len(parts))
+  round_fn = executors.make_round_fn(spec, data, executor=executor,
                                   chunk_size=chunk_size, steps_per_call=2)
   cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
              for r, ids in enumerate([[0, 2, 5], [1, 3, 4]])]
@@ -283,34 +283,51 @@ def test_client_table_gather_and_scatter_drop_padding():
 def test_unknown_executor_is_a_clear_error():
   _, alg, data, _, _ = federation()
   with pytest.raises(ValueError, match='Unknown executor'):
-    engine.make_round_fn(fx.make_spec(alg), data, executor='pmap')
+    executors.make_round_fn(fx.make_spec(alg), data, executor='pmap')
   with pytest.raises(ValueError, match='chunk_size'):
-    engine.make_round_fn(fx.make_spec(alg), data, executor='chunked')
+    executors.make_round_fn(fx.make_spec(alg), data, executor='chunked')
 
 
 def counting_algorithm(model):
   """FedAvg plus every stateful slot, each counting something checkable:
-  table row = (times sampled, live steps taken so far); local state = steps
-  this round; server extra = participants per client seen by server_update."""
+  table row = (times sampled, live steps taken so far, last slot); local
+  state = steps this round; server extra = participants per client seen by
+  server_update. The context's step count, slot and example count are
+  recorded too."""
   base = fedavg.make(model, server_optimizer=SGD_SERVER)
 
   def init_client(variables, key):
     del variables, key
-    return {'sampled': jnp.zeros((), jnp.int32), 'steps': jnp.zeros((), jnp.int32)}
+    zero = jnp.zeros((), jnp.int32)
+    return {'sampled': zero, 'steps': zero, 'slot': zero - 1,
+            'ctx_steps': jnp.zeros((), jnp.float32),
+            'examples': jnp.zeros((), jnp.float32), 'label_sum': zero}
 
-  def client_begin(server_state, client_row, client_id):
-    del server_state, client_row, client_id
-    return jnp.zeros((), jnp.int32)
+  def init_server(variables, num_clients, key):
+    state = base.init_server(variables, num_clients, key)
+    return state._replace(extra=jnp.zeros((num_clients,), jnp.int32))
 
-  def client_step_end(local_state, params, model_state, ctx):
-    del params, model_state, ctx
-    return local_state + 1
+  def client_begin(ctx):
+    variables, _ = base.client_begin(ctx)
+    # Sum of the labels of the round's real examples, through scan_batches.
+    label_sum = ctx.scan_batches(
+        lambda total, batch: total + jnp.sum(
+            jnp.where(batch.mask, batch.labels, 0)), jnp.zeros((), jnp.int32))
+    return variables, {'steps': jnp.zeros((), jnp.int32),
+                       'label_sum': label_sum}
 
-  def client_final(server_state, row, client_id, local_state, end_variables, n):
-    update, weight, _ = base.client_final(server_state, row, client_id,
-                                          local_state, end_variables, n)
+  def client_step_end(ctx, params, model_state):
+    del params, model_state
+    return {**ctx.local_state, 'steps': ctx.local_state['steps'] + 1}
+
+  def client_final(ctx, end_variables):
+    update, weight, _ = base.client_final(ctx, end_variables)
+    row = ctx.client_row
     return update, weight, {'sampled': row['sampled'] + 1,
-                            'steps': row['steps'] + local_state}
+                            'steps': row['steps'] + ctx.local_state['steps'],
+                            'slot': ctx.slot, 'ctx_steps': ctx.num_steps,
+                            'examples': ctx.num_examples,
+                            'label_sum': ctx.local_state['label_sum']}
 
   def server_update(server_state, aggregate, client_table):
     state = base.server_update(server_state, aggregate, client_table)
@@ -319,8 +336,7 @@ def counting_algorithm(model):
     return state._replace(extra=seen)
 
   return base._replace(
-      init_client=init_client,
-      init_server_extra=lambda v, n: jnp.zeros((n,), jnp.int32),
+      init_client=init_client, init_server=init_server,
       client_begin=client_begin, client_step_end=client_step_end,
       client_final=client_final, server_update=server_update)
 
@@ -328,12 +344,13 @@ def counting_algorithm(model):
 @pytest.mark.parametrize('executor', ['vmap', 'host', 'chunked'])
 def test_client_table_step_hook_and_server_extra(executor):
   model, _, data, parts, variables = federation()
+  labels = np.asarray(data.labels)
   alg = counting_algorithm(model)
   rounds = [[0, 2, 5], [2, 3], [5, 2, 1, 0]]
   cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r, batch_size=4)
              for r, ids in enumerate(rounds)]
-  state, table = engine.init_state(alg, variables, len(parts), SGD_SERVER)
-  round_fn = engine.make_round_fn(fx.make_spec(alg), data, executor=executor,
+  state, table = engine.init_state(alg, variables, len(parts))
+  round_fn = executors.make_round_fn(fx.make_spec(alg), data, executor=executor,
                                   chunk_size=2, steps_per_call=3)
   for c in cohorts:
     state, table, _ = round_fn(state, table, c)
@@ -345,3 +362,12 @@ def test_client_table_step_hook_and_server_extra(executor):
     for slot in np.flatnonzero(c.slot_mask):
       live_steps[c.client_ids[slot]] += c.example_mask[slot].any(-1).sum()
   np.testing.assert_array_equal(table['steps'], live_steps)
+  # The context of each client's last round: its slot, real steps, size.
+  last = cohorts[-1]
+  for slot in np.flatnonzero(last.slot_mask):
+    client = last.client_ids[slot]
+    assert int(table['slot'][client]) == slot
+    assert float(table['ctx_steps'][client]) == last.example_mask[slot].any(
+        -1).sum()
+    assert float(table['examples'][client]) == len(parts[client])
+    assert int(table['label_sum'][client]) == labels[parts[client]].sum()

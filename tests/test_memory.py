@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import engine, models, optimizers, train
+from fedjax_metric import engine, executors, memory, models, optimizers, train
 from fedjax_metric.algorithms import fedavg, moon
 from fedjax_metric.data import partition as partition_lib
 import fl_fixtures as fx
@@ -18,17 +18,17 @@ MIB = 1024 ** 2
 
 def test_choose_chunk_size_by_hand():
   # 100 MiB fixed, 10 MiB per slot, 200 MiB budget -> 10 slots per device.
-  assert engine.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 1000) == 10
+  assert memory.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 1000) == 10
   # Over 4 devices each holds k / 4 slots: k = 40.
-  assert engine.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 1000, 4) == 40
+  assert memory.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 1000, 4) == 40
   # Never more than the cohort (rounded up to the device count).
-  assert engine.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 6) == 6
-  assert engine.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 6, 4) == 8
+  assert memory.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 6) == 6
+  assert memory.choose_chunk_size(100 * MIB, 10 * MIB, 200 * MIB, 6, 4) == 8
 
 
 def test_choose_chunk_size_fails_clearly_when_one_slot_does_not_fit():
-  with pytest.raises(engine.MemoryBudgetError, match='batch_size'):
-    engine.choose_chunk_size(100 * MIB, 150 * MIB, 200 * MIB, 10)
+  with pytest.raises(memory.MemoryBudgetError, match='batch_size'):
+    memory.choose_chunk_size(100 * MIB, 150 * MIB, 200 * MIB, 10)
 
 
 def test_chunk_memory_model_predicts_a_larger_chunk():
@@ -39,16 +39,15 @@ def test_chunk_memory_model_predicts_a_larger_chunk():
   alg = fedavg.make(model, server_optimizer=SGD_SERVER)
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   spec = fx.make_spec(alg)
-  state, table = engine.init_state(alg, fx.init_variables(model, images), 6,
-                                   SGD_SERVER)
+  state, table = engine.init_state(alg, fx.init_variables(model, images), 6)
   example_shape = (5, 8)
-  fixed, per_slot = engine.chunk_memory_model(spec, data, state, table,
+  fixed, per_slot = memory.chunk_memory_model(spec, data, state, table,
                                               example_shape)
   # Arguments alone (data, state) are a floor for the fixed part.
-  assert fixed >= engine.tree_bytes((data, state)) - 64
+  assert fixed >= memory.tree_bytes((data, state)) - 64
   assert per_slot > 0
   cohort = fx.cohort(parts, list(range(6)), num_slots=6, num_steps=5)
-  analysis = engine.make_single_program_round_fn(
+  analysis = executors.make_single_program_round_fn(
       spec, data, chunk_size=6).jitted.lower(
           state, table, cohort, data).compile().memory_analysis()
   actual = (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes +
@@ -66,38 +65,44 @@ def test_moon_table_at_10000_clients_is_sized_without_allocating():
   model = models.build('resnet18', 10, (32, 32, 3))
   variables = abstract_variables(model, (32, 32, 3))
   alg = moon.make(model, server_optimizer=SGD_SERVER)
-  row = engine.tree_bytes(variables)
-  assert engine.client_table_bytes(alg, variables, 10_000) == 10_000 * row
+  row = memory.tree_bytes(variables)
+  assert memory.client_table_bytes(alg, variables, 10_000) == 10_000 * row
   assert 40e6 < row < 50e6  # 11.2M float32 parameters (+ BN statistics).
-  with pytest.raises(engine.MemoryBudgetError) as error:
-    engine.check_client_table_fits(
-        engine.client_table_bytes(alg, variables, 10_000), 10_000,
-        engine.default_memory_budget())
+  with pytest.raises(memory.MemoryBudgetError) as error:
+    memory.check_client_table_fits(
+        memory.client_table_bytes(alg, variables, 10_000), 10_000,
+        memory.default_memory_budget())
   message = str(error.value)
   assert '10,000 clients' in message and 'num_clients' in message
   assert 'memory_budget_gb' in message
 
 
-def test_init_state_refuses_a_table_over_budget_and_accepts_one_under():
+def test_a_table_over_budget_is_refused_and_one_at_budget_is_built():
   images, _ = fx.make_data(8)
   model = fx.cnn()
   variables = fx.init_variables(model, images)
   alg = moon.make(model, server_optimizer=SGD_SERVER)
-  need = engine.client_table_bytes(alg, variables, 10_000)
-  with pytest.raises(engine.MemoryBudgetError, match='10,000 clients'):
-    engine.init_state(alg, variables, 10_000, SGD_SERVER,
-                      memory_budget=need - 1)
-  fits = engine.client_table_bytes(alg, variables, 500)
-  _, table = engine.init_state(alg, variables, 500, SGD_SERVER,
-                               memory_budget=fits)
-  assert engine.tree_bytes(table) == fits
+  need = memory.client_table_bytes(alg, variables, 10_000)
+  with pytest.raises(memory.MemoryBudgetError, match='10,000 clients'):
+    memory.check_client_table_fits(need, 10_000, need - 1)
+  fits = memory.client_table_bytes(alg, variables, 500)
+  memory.check_client_table_fits(fits, 500, fits)  # Exactly at the budget.
+  _, table = engine.init_state(alg, variables, 500)
+  assert memory.tree_bytes(table) == fits
+
+
+def test_train_refuses_a_table_over_budget_before_allocating(tmp_path):
+  config = load_config('moon')
+  config.memory_budget_gb = 1e-6
+  with pytest.raises(memory.MemoryBudgetError, match='clients'):
+    train.run(config, str(tmp_path / 'moon'))
 
 
 def test_stateless_algorithms_need_no_table():
   images, _ = fx.make_data(8)
   model = fx.cnn()
   alg = fedavg.make(model, server_optimizer=SGD_SERVER)
-  assert engine.client_table_bytes(alg, fx.init_variables(model, images),
+  assert memory.client_table_bytes(alg, fx.init_variables(model, images),
                                    10_000) == 0
 
 
@@ -117,5 +122,5 @@ def test_train_fails_clearly_when_one_client_cannot_fit(tmp_path):
   config.executor = 'chunked'
   config.chunk_size = 0
   config.memory_budget_gb = 1e-6  # 1 KiB: not even the model fits.
-  with pytest.raises(engine.MemoryBudgetError, match='batch_size'):
+  with pytest.raises(memory.MemoryBudgetError, match='batch_size'):
     train.run(config, str(tmp_path / 'tight'))

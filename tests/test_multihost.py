@@ -13,13 +13,12 @@ import subprocess
 import sys
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
 from configs import fedavg
-from fedjax_metric import train
+from fedjax_metric import executors, train
 from launch import main as launch_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,6 +132,5 @@ def test_distributed_flags():
 def test_host_executor_does_not_span_processes(monkeypatch):
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   with pytest.raises(ValueError, match='executor=host cannot span 2'):
-    train.resolve_executor(ml_collections.ConfigDict({'executor': 'host'}))
-  assert train.resolve_executor(
-      ml_collections.ConfigDict({'executor': 'auto'})) == 'vmap'
+    executors.choose_executor('host')
+  assert executors.choose_executor('auto', backend='cpu').name == 'vmap'

@@ -5,6 +5,7 @@ unknown keyword is an error (see train.build_algorithm).
 """
 
 from fedjax_metric.algorithms import fedavg, fedprox, fedquad, fedrcl, moon
+from fedjax_metric.algorithms import scaffold
 
 REGISTRY = {
     'fedavg': fedavg.make,
@@ -16,4 +17,5 @@ REGISTRY = {
     'moon': moon.make,
     'fedrcl': fedrcl.make_fedrcl,
     'fedscl': fedrcl.make_fedscl,
+    'scaffold': scaffold.make,
 }

@@ -1,5 +1,9 @@
 """FedAvg (McMahan et al., AISTATS 2017) and the default piece of every slot.
 
+McMahan, Moore, Ramage, Hampson and Aguera y Arcas, 'Communication-Efficient
+Learning of Deep Networks from Decentralized Data', AISTATS 2017, Algorithm 1
+(longer notes: docs/methods.md, FedAvg).
+
 Clients minimise the masked mean cross-entropy from the global model; the
 server averages the deltas ``w_k - w`` weighted by client size (Eq. in Alg. 1:
 ``w <- sum_k n_k/n w_k``) or uniformly, then applies a server optimizer to the
@@ -23,19 +27,55 @@ def no_client_state(variables, key):
   return ()
 
 
-def no_server_extra(variables, num_clients):
-  del variables, num_clients
-  return ()
+def make_init_server(server_optimizer, init_extra=None):
+  """init_server: the global model, the server optimizer's state, round 0.
+
+  ``init_extra(variables, num_clients, key) -> extra`` builds the
+  algorithm's own server state (default ``()``).
+  """
+
+  def init_server(variables, num_clients, key):
+    params, _ = split_variables(variables)
+    extra = (() if init_extra is None
+             else init_extra(variables, num_clients, key))
+    return engine.ServerState(variables=variables,
+                              opt_state=server_optimizer.init(params),
+                              round=jnp.zeros((), jnp.int32), extra=extra)
+
+  return init_server
 
 
-def no_local_state(server_state, client_row, client_id):
-  del server_state, client_row, client_id
-  return ()
+def start_from_global(ctx):
+  """client_begin: train from the global model; no per-round state."""
+  return ctx.server_state.variables, ()
 
 
-def unchanged_local_state(local_state, params, model_state, ctx):
-  del params, model_state, ctx
-  return local_state
+def unchanged_local_state(ctx, params, model_state):
+  del params, model_state
+  return ctx.local_state
+
+
+def forward_and_cross_entropy(model, params, model_state, batch, *,
+                              rows=None):
+  """The training forward pass and its masked mean cross-entropy.
+
+  Args:
+    model: `ModelFns`.
+    params, model_state: the variables being trained.
+    batch: `engine.Batch`; BatchNorm statistics use its real examples.
+    rows: take the cross-entropy over the first ``rows`` examples only
+      (FedQuad's anchors); None means all.
+
+  Returns:
+    ``(outputs, ce, new_model_state)``.
+  """
+  outputs, model_state = model.apply(params, model_state, batch.images,
+                                     train=True, mask=batch.mask)
+  rows = slice(None) if rows is None else slice(0, rows)
+  ce = masked_mean(
+      softmax_cross_entropy(outputs['logits'][rows], batch.labels[rows]),
+      batch.mask[rows])
+  return outputs, ce, model_state
 
 
 def make_cross_entropy_loss(model):
@@ -43,11 +83,9 @@ def make_cross_entropy_loss(model):
 
   def client_loss(params, model_state, batch, ctx):
     del ctx
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
-    loss = masked_mean(softmax_cross_entropy(outputs['logits'], batch.labels),
-                       batch.mask)
-    return loss, (model_state, {})
+    _, ce, model_state = forward_and_cross_entropy(model, params, model_state,
+                                                   batch)
+    return ce, (model_state, {})
 
   return client_loss
 
@@ -61,10 +99,8 @@ def make_ce_plus_term_loss(model, term_fn, weight=1.0):
 
   def client_loss(params, model_state, batch, ctx):
     del ctx
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
-    ce = masked_mean(softmax_cross_entropy(outputs['logits'], batch.labels),
-                     batch.mask)
+    outputs, ce, model_state = forward_and_cross_entropy(model, params,
+                                                         model_state, batch)
     term = masked_mean(term_fn(outputs, batch), batch.mask)
     return ce + weight * term, (model_state, {'ce': ce, 'metric': term})
 
@@ -76,13 +112,12 @@ def make_delta_final(weighting: str = 'num_examples'):
   if weighting not in WEIGHTINGS:
     raise ValueError(f'Unknown weighting {weighting!r}; use one of {WEIGHTINGS}.')
 
-  def client_final(server_state, client_row, client_id, local_state,
-                   end_variables, num_examples):
-    del client_id, local_state
-    delta = jax.tree.map(jnp.subtract, end_variables, server_state.variables)
-    weight = num_examples if weighting == 'num_examples' else jnp.ones_like(
-        num_examples)
-    return delta, weight, client_row
+  def client_final(ctx, end_variables):
+    delta = jax.tree.map(jnp.subtract, end_variables,
+                         ctx.server_state.variables)
+    weight = (ctx.num_examples if weighting == 'num_examples'
+              else jnp.ones_like(ctx.num_examples))
+    return delta, weight, ctx.client_row
 
   return client_final
 
@@ -124,9 +159,9 @@ def make(model, *, server_optimizer, weighting='num_examples'):
     weighting: 'num_examples' (McMahan et al.) or 'uniform' (FedRCL).
   """
   return engine.Algorithm(
+      init_server=make_init_server(server_optimizer),
       init_client=no_client_state,
-      init_server_extra=no_server_extra,
-      client_begin=no_local_state,
+      client_begin=start_from_global,
       client_loss=make_cross_entropy_loss(model),
       client_step_end=unchanged_local_state,
       client_final=make_delta_final(weighting),

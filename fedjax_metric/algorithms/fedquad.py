@@ -1,20 +1,25 @@
 """FedQuad and its metric-learning baselines: FedAvg with a metric term.
 
-FedQuad (seed 000, Eq. 3 and Algorithm 1): each client minimises
+FedQuad (Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet
+Learning to Mitigate Data Heterogeneity', arXiv:2509.04107, 2025, Eq. 3 and
+Algorithm 1): each client minimises
 ``CE(F(x_a), y_a) + beta * l_quad*(f(x_a), f(x_p), f(x_n1), f(x_n2))`` on the
 model's non-normalised embeddings, with quadruplets drawn per client by
 `data.quadruplets` (the host-side `client_batches` slot); aggregation is
-FedAvg weighted by |D_i|. The baselines of the seed's Tables I-IV replace the
+FedAvg weighted by |D_i|. The baselines of the paper's Tables I-IV replace the
 metric term only:
 
-  * ``quadrupletfl``: Chen et al. 2017's quadruplet loss (second term
-    d(n1, n2));
+  * ``quadrupletfl``: the quadruplet loss of Chen et al., 'Beyond Triplet
+    Loss: A Deep Quadruplet Network for Person Re-identification', CVPR 2017
+    (second term d(n1, n2));
   * ``tripletfl``: triplet loss on (a, p, n1);
   * ``supconfl``: supervised contrastive loss on the batch's L2-normalised
     embeddings (no sampled companions).
 
 Slots replaced relative to FedAvg: ``client_loss`` and (except SupConFL)
-``client_batches``.
+``client_batches``. The distance reading (``squared``), the sampling
+fallbacks and the baselines' defaults are discussed in docs/methods.md,
+FedQuad.
 """
 
 import functools
@@ -34,15 +39,11 @@ def make_sampled_metric_loss(model, metric_fn, num_negatives, beta):
 
   def client_loss(params, model_state, batch, ctx):
     del ctx
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
     b = batch.labels.shape[0] // groups
+    outputs, ce, model_state = fedavg.forward_and_cross_entropy(
+        model, params, model_state, batch, rows=b)
     embeddings = [outputs['embedding'][g * b:(g + 1) * b] for g in range(groups)]
-    anchor_mask = batch.mask[:b]
     companion_mask = batch.mask[b:2 * b]
-    ce = losses.masked_mean(
-        losses.softmax_cross_entropy(outputs['logits'][:b], batch.labels[:b]),
-        anchor_mask)
     metric = losses.masked_mean(metric_fn(*embeddings), companion_mask)
     return ce + beta * metric, (model_state, {'ce': ce, 'metric': metric})
 
@@ -63,7 +64,11 @@ def _make_sampled(metric_fn, num_negatives, model, *, server_optimizer,
 
 def make_fedquad(model, *, server_optimizer, weighting='num_examples', beta=0.5,
                  margin_1=1.0, margin_2=0.5, squared=True):
-  """FedQuad: CE + beta * fedquad_loss (seed defaults beta 0.5, m1 1, m2 0.5)."""
+  """FedQuad: CE + beta * fedquad_loss (paper's beta 0.5, m1 1, m2 0.5).
+
+  ``squared=True`` is Algorithm 1's squared distance, ``squared=False`` Eq. 5's
+  plain Euclidean distance (Goksu & Pugeault, arXiv 2025).
+  """
   return _make_sampled(losses.fedquad_loss, 2, model,
                        server_optimizer=server_optimizer, weighting=weighting,
                        beta=beta, margin_1=margin_1, margin_2=margin_2,

@@ -1,10 +1,11 @@
-"""MOON: model-contrastive federated learning (Li et al., CVPR 2021).
+"""MOON (Li, He and Song, 'Model-Contrastive Federated Learning', CVPR 2021).
 
 Local objective (Eq. 3-4): ``CE(F(x), y) + mu * l_con`` with
 ``l_con = -log(exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) +
 exp(sim(z, z_prev)/tau)))``: z from the model being trained, z_glob from the
 current global model and z_prev from this client's previous local model, both
-frozen and in eval mode (methods.md section 2.2, from QinbinLi/MOON main.py).
+frozen and in eval mode (the authors' released code, github.com/QinbinLi/MOON,
+main.py ``train_net_fedcon``; docs/methods.md, MOON).
 
 Slots replaced relative to FedAvg:
   * ``init_client``: the client-table row is the client's previous local model,
@@ -44,10 +45,8 @@ def make(model, *, server_optimizer, weighting='num_examples', mu=1.0,
     return jax.lax.stop_gradient(outputs['embedding'])
 
   def client_loss(params, model_state, batch, ctx):
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
-    ce = losses.masked_mean(
-        losses.softmax_cross_entropy(outputs['logits'], batch.labels), batch.mask)
+    outputs, ce, model_state = fedavg.forward_and_cross_entropy(
+        model, params, model_state, batch)
     z_global = frozen_embedding(ctx.server_state.variables, batch.images)
     z_previous = frozen_embedding(ctx.client_row, batch.images)
     contrastive = losses.masked_mean(
@@ -56,11 +55,8 @@ def make(model, *, server_optimizer, weighting='num_examples', mu=1.0,
     contrastive = jnp.where(ctx.server_state.round == 0, 0.0, contrastive)
     return ce + mu * contrastive, (model_state, {'ce': ce, 'metric': contrastive})
 
-  def client_final(server_state, client_row, client_id, local_state,
-                   end_variables, num_examples):
-    update, weight, _ = base.client_final(server_state, client_row, client_id,
-                                          local_state, end_variables,
-                                          num_examples)
+  def client_final(ctx, end_variables):
+    update, weight, _ = base.client_final(ctx, end_variables)
     return update, weight, end_variables
 
   return base._replace(init_client=init_client, client_loss=client_loss,

@@ -1,55 +1,49 @@
-"""Global test accuracy and loss, as sufficient statistics (sum, count).
+"""Global test accuracy and loss, and representation metrics from one pass.
 
 The test set lives on the device, padded to a whole number of fixed-size
-batches; a Python loop runs one jitted forward per batch and sums on the
-device, so the host reads three scalars per evaluation.
+batches; one jitted forward per batch sums the statistics on the device
+(`forward.make_forward_pass`), so the host reads a few scalars per evaluation
+and, when representation metrics are asked for, the features of a fixed
+subset from the same forward pass.
 """
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric.losses import softmax_cross_entropy
-from fedjax_metric.models import split_variables
+from fedjax_metric.evaluation import forward as forward_lib
+from fedjax_metric.evaluation import representation
 
 
 def make_evaluate_fn(model, preprocess, images: np.ndarray, labels: np.ndarray,
-                     *, batch_size: int = 1000):
-  """Returns ``variables -> {'test_accuracy', 'test_loss'}`` (floats).
+                     *, batch_size: int = 1000,
+                     representation_examples: int = 0,
+                     num_classes: int = 0):
+  """Returns ``variables -> {'test_accuracy', 'test_loss', ...}`` (floats).
 
   Args:
     model: `ModelFns`.
     preprocess: ``(uint8 images, key) -> float images`` without augmentation.
     images: uint8 [N, H, W, C]; labels: int [N].
     batch_size: examples per jitted forward.
+    representation_examples: > 0 adds ``test_<name>`` for every metric of
+      `representation.representation_metrics` on the embeddings of the first
+      this-many test examples (a fixed subset, comparable across rounds).
+    num_classes: needed with ``representation_examples``.
   """
-  n = len(labels)
-  if n == 0:
-    raise ValueError('The evaluation split is empty.')
-  batch_size = min(batch_size, n)
-  num_batches = -(-n // batch_size)
-  pad = num_batches * batch_size - n
-  mask = np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])
-  padded_images = np.concatenate([images, np.zeros((pad,) + images.shape[1:],
-                                                   images.dtype)])
-  padded_labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
-  batches = jax.device_put([
-      (padded_images[i:i + batch_size], padded_labels[i:i + batch_size],
-       mask[i:i + batch_size]) for i in range(0, n + pad, batch_size)])
-
-  @jax.jit
-  def batch_sums(variables, images, labels, mask):
-    params, model_state = split_variables(variables)
-    x = preprocess(images, jax.random.key(0))
-    outputs, _ = model.apply(params, model_state, x, train=False)
-    logits = outputs['logits']
-    correct = (jnp.argmax(logits, -1) == labels) & mask
-    loss = jnp.where(mask, softmax_cross_entropy(logits, labels), 0.0)
-    return jnp.stack([jnp.sum(correct.astype(jnp.float32)), jnp.sum(loss)])
+  if representation_examples and num_classes < 1:
+    raise ValueError('representation_examples needs num_classes >= 1.')
+  forward = forward_lib.make_forward_pass(
+      model, preprocess, images, labels, batch_size=batch_size,
+      feature_examples=representation_examples)
+  subset_labels = np.asarray(labels[:representation_examples])
 
   def evaluate(variables):
-    totals = sum(batch_sums(variables, *batch) for batch in batches)
-    correct, loss = np.asarray(totals)
-    return {'test_accuracy': float(correct / n), 'test_loss': float(loss / n)}
+    result = forward(variables)
+    metrics = {'test_accuracy': result.correct / result.count,
+               'test_loss': result.loss_sum / result.count}
+    if result.features is not None:
+      values = representation.representation_metrics(
+          result.features, subset_labels, num_classes)
+      metrics.update({f'test_{k}': float(v) for k, v in values.items()})
+    return metrics
 
   return evaluate

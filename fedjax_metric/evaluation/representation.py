@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric.models import split_variables
+from fedjax_metric.evaluation import forward as forward_lib
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 EFFECTIVE_RANK_MATRICES = ('covariance', 'features')
@@ -336,9 +336,7 @@ def make_feature_fn(model, preprocess, images: np.ndarray, labels: np.ndarray,
   The features are ``outputs['embedding']`` of ``model.apply(..., train=False)``
   on the first ``n = min(len(labels), max_examples)`` examples, a fixed subset
   so that metrics are comparable across rounds and runs. As in
-  `make_evaluate_fn`, the subset is put on the device once, padded to whole
-  batches so one jitted forward serves every batch, and padding rows are cut
-  off on the host.
+  `make_evaluate_fn`, it is one `forward.make_forward_pass` over the subset.
 
   Args:
     model: `ModelFns`.
@@ -351,25 +349,12 @@ def make_feature_fn(model, preprocess, images: np.ndarray, labels: np.ndarray,
   if n == 0:
     raise ValueError('No examples to compute features on (empty split or '
                      'max_examples <= 0).')
-  images = np.asarray(images[:n])
+  forward = forward_lib.make_forward_pass(
+      model, preprocess, np.asarray(images[:n]), np.asarray(labels[:n]),
+      batch_size=batch_size, feature_examples=n, classify=False)
   subset_labels = np.asarray(labels[:n]).copy()
-  batch_size = min(batch_size, n)
-  num_batches = -(-n // batch_size)
-  pad = num_batches * batch_size - n
-  padded = np.concatenate([images, np.zeros((pad,) + images.shape[1:],
-                                            images.dtype)])
-  batches = jax.device_put([padded[i:i + batch_size]
-                            for i in range(0, n + pad, batch_size)])
-
-  @jax.jit
-  def embed(variables, images):
-    params, model_state = split_variables(variables)
-    x = preprocess(images, jax.random.key(0))
-    outputs, _ = model.apply(params, model_state, x, train=False)
-    return outputs['embedding']
 
   def features(variables):
-    out = np.concatenate([np.asarray(embed(variables, b)) for b in batches])
-    return out[:n], subset_labels
+    return forward(variables).features, subset_labels
 
   return features

@@ -1,0 +1,21 @@
+r"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates.
+
+Default: FedAvg's digits setting (configs/common.py) with the paper's
+unweighted averaging and plain local SGD, for which the control-variate
+correction is exact.
+
+  python -m launch.main --config=configs/scaffold.py --workdir=/tmp/scaffold
+  python -m launch.main --config=configs/scaffold.py:dataset=fashion_mnist \
+      --config.num_clients=100 --config.clients_per_round=10 \
+      --workdir=/tmp/scaffold_fmnist
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, runlocal=False, dataset='')
+  c = common.base_config()
+  c.algorithm = 'scaffold'
+  c.server.weighting = 'uniform'
+  return common.finalize(c, arg)
