@@ -161,12 +161,14 @@ def central(c):
 
 
 def fedquad_setting(arg):
-  """FedQuad's experimental setting (seed 000, Section IV-A), shared by FedQuad
-  and the baselines of its Tables I-IV: CIFAR-10, the 3-block CNN with a 128-d
+  """FedQuad's experimental setting (Goksu & Pugeault, 'FedQuad: Federated
+  Stochastic Quadruplet Learning to Mitigate Data Heterogeneity',
+  arXiv:2509.04107, 2025, Section IV-A), shared by FedQuad and the baselines
+  of its Tables I-IV: CIFAR-10, the 3-block CNN with a 128-d
   embedding, all clients every round, Adam 1e-3 (weight decay 1e-5), batch
   128, 5 local epochs, 20 rounds, NIID-Bench Dirichlet (alpha 0.3 / 0.5) or
-  IID, aggregation weighted by |D_i|. The seed names no augmentation; none is
-  used.
+  IID, aggregation weighted by |D_i|. The paper names no augmentation; none
+  is used.
 
   ``arg`` fields: clients (10 / 50 / 200), alpha, iid, central, model
   ('fedquad_cnn', or 'small_cnn' with BatchNorm for CPU-sized runs).
@@ -193,7 +195,9 @@ FEDQUAD_ARGS = dict(runlocal=False, dataset='', clients=10, alpha=0.5,
 
 
 def fedrcl_setting(arg):
-  """FedRCL's setting (seed 001 and methods.md 1.3): CIFAR-10, ResNet-18 with
+  """FedRCL's setting (Seo et al., 'Relaxed Contrastive Learning for Federated
+  Learning', CVPR 2024, Sec. 5, and the authors' released configs,
+  github.com/skynbe/FedRCL; docs/methods.md, FedRCL): CIFAR-10, ResNet-18 with
   GroupNorm(2), 100 clients, 5% (5) per round, the balanced Dirichlet
   partition, SGD lr 0.1 decayed 0.998 per round, weight decay 1e-3, gradient
   clipping 10, batch 50, 5 local epochs, 1000 rounds, unweighted averaging,

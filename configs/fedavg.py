@@ -1,5 +1,9 @@
 r"""FedAvg (McMahan et al. 2017).
 
+McMahan, Moore, Ramage, Hampson and Aguera y Arcas, 'Communication-Efficient
+Learning of Deep Networks from Decentralized Data', AISTATS 2017, Algorithm 1
+(docs/methods.md, FedAvg).
+
 Default: the small CNN on digits (the embedded dataset), 10 clients all taking
 part, Dirichlet(0.5) NIID-Bench partition, 1 local epoch of SGD(0.05), batch 32,
 20 rounds. ``setting=fedquad`` / ``setting=fedrcl`` put FedAvg in those papers'

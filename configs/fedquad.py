@@ -1,4 +1,9 @@
-r"""FedQuad (seed 000): CE + beta * l_quad* on sampled quadruplets.
+r"""FedQuad: CE + beta * l_quad* on sampled quadruplets.
+
+Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to
+Mitigate Data Heterogeneity', arXiv:2509.04107, 2025, Eq. 3 and Algorithm 1.
+``squared`` picks Algorithm 1's squared distance (True) or Eq. 5's plain
+distance (False); docs/methods.md, FedQuad, discusses both.
 
 FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.

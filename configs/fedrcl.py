@@ -1,4 +1,9 @@
-r"""FedRCL (seed 001): CE + multi-level relaxed supervised contrastive loss.
+r"""FedRCL: CE + multi-level relaxed supervised contrastive loss.
+
+Seo, Kim, Kim and Han, 'Relaxed Contrastive Learning for Federated Learning',
+CVPR 2024, Eq. 5 and Algorithm 1. ``form='code'`` is the authors' released
+loss (github.com/skynbe/FedRCL), ``form='paper'`` Eq. 5 (docs/methods.md,
+FedRCL).
 
 FedRCL's setting (configs/common.py fedrcl_setting): CIFAR-10, ResNet-18 with
 GroupNorm(2), 100 clients, 5 per round, balanced Dirichlet, SGD 0.1 x 0.998 per

@@ -1,5 +1,9 @@
 r"""FedSCL (FedRCL's baseline): CE + multi-level supervised contrastive loss.
 
+The baseline of Seo et al., 'Relaxed Contrastive Learning for Federated
+Learning', CVPR 2024, built on Khosla et al., 'Supervised Contrastive
+Learning', NeurIPS 2020, Eq. 2 (docs/methods.md, FedRCL and FedSCL).
+
 FedRCL's setting (configs/common.py fedrcl_setting): CIFAR-10, ResNet-18 with
 GroupNorm(2), 100 clients, 5 per round, balanced Dirichlet, SGD 0.1 x 0.998 per
 round, grad clip 10, batch 50, 5 local epochs, 1000 rounds.

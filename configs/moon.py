@@ -1,9 +1,11 @@
 r"""MOON (Li et al. 2021): CE + mu * model-contrastive loss.
 
-MOON's CIFAR-10 setting with its simple CNN (QinbinLi/MOON README and main.py;
-methods.md section 2): 10 parties, all every round, NIID-Bench Dirichlet 0.5,
-SGD lr 0.01 momentum 0.9 weight decay 1e-5, batch 64, 10 local epochs, mu 5,
-tau 0.5, 100 rounds, a projection head of 256 with the classifier on it.
+Li, He and Song, 'Model-Contrastive Federated Learning', CVPR 2021. MOON's
+CIFAR-10 setting with its simple CNN (the authors' released code,
+github.com/QinbinLi/MOON, README and main.py; docs/methods.md, MOON): 10
+parties, all every round, NIID-Bench Dirichlet 0.5, SGD lr 0.01 momentum 0.9
+weight decay 1e-5, batch 64, 10 local epochs, mu 5, tau 0.5, 100 rounds, a
+projection head of 256 with the classifier on it.
 
   python -m launch.main --config=configs/moon.py --workdir=runs/moon
   python -m launch.main --config=configs/moon.py:dataset=fashion_mnist --workdir=runs/moon_fmnist

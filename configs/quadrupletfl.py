@@ -1,5 +1,9 @@
 r"""QuadrupletFL (FedQuad's baseline): CE + beta * Chen et al.'s quadruplet loss.
 
+Chen, Chen, Zhang and Huang, 'Beyond Triplet Loss: A Deep Quadruplet Network
+for Person Re-identification', CVPR 2017, as a baseline of Goksu & Pugeault,
+'FedQuad', arXiv:2509.04107, 2025 (docs/methods.md, FedQuad).
+
 FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 

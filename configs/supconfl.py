@@ -1,5 +1,9 @@
 r"""SupConFL (FedQuad's baseline): CE + beta * supervised contrastive loss.
 
+Khosla et al., 'Supervised Contrastive Learning', NeurIPS 2020, Eq. 2, as a
+baseline of Goksu & Pugeault, 'FedQuad', arXiv:2509.04107, 2025
+(docs/methods.md, FedQuad).
+
 FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 

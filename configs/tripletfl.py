@@ -1,5 +1,9 @@
 r"""TripletFL (FedQuad's baseline): CE + beta * triplet loss.
 
+Hoffer and Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015,
+as a baseline of Goksu & Pugeault, 'FedQuad', arXiv:2509.04107, 2025
+(docs/methods.md, FedQuad).
+
 FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 

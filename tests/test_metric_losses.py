@@ -63,7 +63,12 @@ def ref_supcon(f, y, t, mask=None):
 
 
 def ref_relaxed_code(f, y, t, thr, beta, mask=None):
-  """Step-by-step CLLoss control flow of skynbe/FedRCL as in spec/methods.md 1.2 (a), (b)."""
+  """Step-by-step CLLoss control flow of github.com/skynbe/FedRCL utils/loss.py.
+
+  The authors' released loss (Seo et al., CVPR 2024): (a) hardest positive
+  and top-2 negatives, (b) the constant-positive penalty; docs/methods.md,
+  FedRCL.
+  """
   s, m, b = np_sim(f), np_mask(mask, len(f)), len(f)
   out = np.zeros(b)
   for i in range(b):

@@ -1,7 +1,9 @@
-"""FedProx (Li et al., MLSys 2020): FedAvg plus a proximal term.
+"""FedProx: FedAvg plus a proximal term.
 
-Local objective (Eq. 2): ``h_k(w; w^t) = F_k(w) + mu/2 ||w - w^t||^2``.
-Only the client loss changes; ``w^t`` is the global params in the context.
+Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, 'Federated Optimization in
+Heterogeneous Networks', MLSys 2020. Local objective (Eq. 2):
+``h_k(w; w^t) = F_k(w) + mu/2 ||w - w^t||^2``. Only the client loss changes;
+``w^t`` is the global params in the context (docs/methods.md, FedProx).
 """
 
 import jax

@@ -1,13 +1,16 @@
-"""FedRCL (Seo et al., CVPR 2024) and its FedSCL baseline.
+"""FedRCL and its FedSCL baseline (Seo, Kim, Kim and Han, 'Relaxed Contrastive
+Learning for Federated Learning', CVPR 2024).
 
 FedRCL's local objective: ``CE + mean over feature levels of (l_scl + beta *
 l_penalty)``, the relaxed supervised contrastive loss on the L2-normalised,
 globally average-pooled, pre-ReLU features of every stage (the model's
-'features' list; methods.md section 1). ``form='code'`` (default) is the
-authors' released loss (hard positive, top-2 negatives, single-partner
-penalty); ``form='paper'`` the paper's equation. FedSCL is the same with plain
-supervised contrastive learning (no penalty). The reference aggregates
-unweighted: use ``server.weighting='uniform'`` (the configs do).
+'features' list; Sec. 4.4 and Algorithm 1 line 8). ``form='code'``
+(default) is the authors' released loss (github.com/skynbe/FedRCL,
+utils/loss.py CLLoss: hard positive, top-2 negatives, single-partner
+penalty); ``form='paper'`` the paper's Eq. 5 (docs/methods.md, FedRCL).
+FedSCL is the same with plain supervised contrastive learning (no penalty).
+The reference aggregates unweighted: use ``server.weighting='uniform'`` (the
+configs do).
 
 Slot replaced relative to FedAvg: ``client_loss``.
 """
@@ -27,7 +30,11 @@ def _make(model, level_loss, server_optimizer, weighting):
 
 def make_fedrcl(model, *, server_optimizer, weighting='uniform',
                 temperature=0.05, threshold=0.7, beta=1.0, form='code'):
-  """FedRCL: defaults tau 0.05, threshold lambda 0.7, beta 1 (fedrcl.yaml)."""
+  """FedRCL: defaults tau 0.05, threshold lambda 0.7, beta 1.
+
+  The defaults are the authors' released configs/client/fedrcl.yaml
+  (github.com/skynbe/FedRCL).
+  """
   if form not in ('code', 'paper'):
     raise ValueError(f"form must be 'code' or 'paper', got {form!r}.")
 

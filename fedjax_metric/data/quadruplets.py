@@ -1,4 +1,7 @@
-"""FedQuad's stochastic quadruplet sampling per client (seed 000, Section III-A).
+"""FedQuad's stochastic quadruplet sampling per client (Section III-A).
+
+Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to
+Mitigate Data Heterogeneity', arXiv:2509.04107, 2025.
 
 For every anchor x_a of class k on client i, drawn from the client's own data:
   x_p  ~ D_k \\ {x_a}                 (same class, not the anchor itself)
@@ -9,7 +12,8 @@ from (seed, round, client)). Each local step's row of indices is laid out as
 [anchors | positives | negatives_1 | negatives_2], B each, so the device side
 gathers 4B images in one go and the loss splits them.
 
-Fallbacks, for clients whose data cannot form a full quadruplet:
+Fallbacks, for clients whose data cannot form a full quadruplet (the paper
+does not cover this case; docs/methods.md, FedQuad):
   * the anchor is the only example of its class: x_p = x_a (d(a, p) = 0, the
     negatives are still pushed away);
   * exactly one other class on the client: k'' = k' (two negatives of that

@@ -76,6 +76,8 @@ def _pair_masks(labels, mask):
 def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=True, mask=None):
   """Triplet loss (Hoffer & Ailon 2015; the TripletFL baseline of FedQuad, Tables I-IV).
 
+  Hoffer & Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015.
+
   ``l_i = [d(a_i, p_i) - d(a_i, n_i) + margin]_+``.
 
   Args:
@@ -95,6 +97,9 @@ def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=True, mask=N
 def quadruplet_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, margin_2=0.5,
                     squared=True, mask=None):
   """Classic quadruplet loss (Chen et al., CVPR 2017, Eq. 5; the QuadrupletFL baseline).
+
+  Chen, Chen, Zhang and Huang, 'Beyond Triplet Loss: A Deep Quadruplet Network for
+  Person Re-identification', CVPR 2017.
 
   ``l_i = [d(a, p) - d(a, n1) + m1]_+ + [d(a, p) - d(n1, n2) + m2]_+``: the second term
   compares the positive pair with the NEGATIVE pair (n1, n2). Not FedQuad; see
@@ -117,11 +122,15 @@ def quadruplet_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, m
 
 def fedquad_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, margin_2=0.5,
                  squared=True, mask=None):
-  """FedQuad's reformulated quadruplet loss l_quad* (Goksu & Pugeault, Eq. 5 / Alg. 1).
+  """FedQuad's reformulated quadruplet loss l_quad* (Eq. 5 / Algorithm 1).
+
+  Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to Mitigate
+  Data Heterogeneity', arXiv:2509.04107, 2025.
 
   ``l_i = [d(a, p) - d(a, n1) + m1]_+ + [d(a, p) - d(a, n2) + m2]_+``: BOTH terms push
   the anchor from a negative (n1, n2 from two distinct classes != y_a). Eq. 5 writes the
-  L2 norm, Algorithm 1 squares it; ``squared=True`` (Algorithm 1) is the default.
+  L2 norm, Algorithm 1 squares it: ``squared=True`` is Algorithm 1's reading,
+  ``squared=False`` Eq. 5's (docs/methods.md, FedQuad, compares the two).
 
   Args:
     anchor, positive, negative_1, negative_2: [B, D] encoder embeddings, not normalised.
@@ -140,6 +149,8 @@ def fedquad_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, marg
 
 def supcon_loss(features, labels, *, temperature=0.07, mask=None):
   """Supervised contrastive loss L_out (Khosla et al., NeurIPS 2020, Eq. 2), single view.
+
+  Khosla et al., 'Supervised Contrastive Learning', NeurIPS 2020.
 
   With s_ij the cosine similarity, P(i) = {p != i : y_p = y_i} and A(i) = {a != i}::
 
@@ -172,8 +183,13 @@ def relaxed_supcon_loss(features, labels, *, temperature=0.05, threshold=0.7, be
 
   Returns ``l_scl(i) + beta * l_pen(i)`` with s_ij the cosine similarity and t = temperature.
 
-  form='code' (default; skynbe/FedRCL ``utils/loss.py`` CLLoss with ``fedrcl.yaml``, i.e.
-  spec/methods.md 1.2 a-b -- the released behaviour, hard-mined, NOT Eq. 5):
+  Seo, Kim, Kim and Han, 'Relaxed Contrastive Learning for Federated Learning', CVPR
+  2024, Eq. 5; longer notes in docs/methods.md, FedRCL.
+
+  form='code' (default; the authors' released code, github.com/skynbe/FedRCL,
+  ``utils/loss.py`` CLLoss with ``configs/client/fedrcl.yaml`` -- the released
+  behaviour, hard-mined, NOT Eq. 5; the maintainers call the hard mining
+  intentional in that repository's issue #3):
     * l_scl(i) = -log( e^{s_ip*/t} / (e^{s_ip*/t} + sum_{n in N2(i)} e^{s_in/t}) ) where
       p* = argmin_{j : y_j = y_i} s_ij over the class INCLUDING i (a lone anchor falls back
       to itself) and N2(i) = the 2 most similar other-class samples (fewer if fewer exist).
@@ -194,7 +210,7 @@ def relaxed_supcon_loss(features, labels, *, temperature=0.05, threshold=0.7, be
     describes (pointed out in skynbe/FedRCL issue #1). The maintainer answered there that
     the penalty is built as a contrastive loss whose positive similarity is the constant 1;
     we therefore keep the paper's pair set (all over-threshold same-class pairs) and put
-    it in that form's denominator (spec/methods.md 1.2 b). With one pair in P(i) this
+    it in that form's denominator, as the code form does. With one pair in P(i) this
     equals the code penalty.
 
   Masked samples are excluded from every pair set and give 0.
@@ -250,8 +266,9 @@ def multilevel_relaxed_supcon_loss(levels, labels, *, temperature=0.05, threshol
                                    beta=1.0, form='code', mask=None):
   """FedRCL multi-level loss (Seo et al., Sec. 4.4 / Alg. 1 line 8): mean over levels.
 
-  ``L_RCL = 1/L sum_l L_RCL(x, y; phi_l)`` -- the MEAN, not the sum (spec/methods.md
-  1.2 c). Each level is normalised separately; the kwargs are `relaxed_supcon_loss`'s.
+  ``L_RCL = 1/L sum_l L_RCL(x, y; phi_l)`` -- the MEAN, not the sum, as Sec. 4.4 writes
+  it and the authors' released code (github.com/skynbe/FedRCL) computes it. Each level
+  is normalised separately; the kwargs are `relaxed_supcon_loss`'s.
 
   Args:
     levels: list of L arrays [B, D_l] (dims may differ).
@@ -288,6 +305,9 @@ def multilevel_supcon_loss(levels, labels, *, temperature=0.05, mask=None):
 
 def moon_contrastive_loss(z, z_global, z_previous, *, temperature=0.5, mask=None):
   """MOON model-contrastive loss (Li et al., CVPR 2021, Eq. 3; QinbinLi/MOON main.py).
+
+  Li, He and Song, 'Model-Contrastive Federated Learning', CVPR 2021; the authors'
+  released code is github.com/QinbinLi/MOON, main.py ``train_net_fedcon``.
 
   ``l_i = -log( e^{sim(z, z_glob)/t} / (e^{sim(z, z_glob)/t} + sum_k e^{sim(z, z_prev_k)/t}) )``,
   i.e. cross-entropy with target 0 over logits [sim(z, z_glob), sim(z, z_prev_1), ...] / t,

@@ -1,13 +1,16 @@
-"""FedQuad's three-block CNN encoder (seed 000, Section IV-A; methods.md 6).
+"""FedQuad's three-block CNN encoder (Section IV-A).
+
+Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to
+Mitigate Data Heterogeneity', arXiv:2509.04107, 2025.
 
 The paper: three blocks of 3x3 conv (stride 1, padding 1) -> BatchNorm -> ReLU,
 a 2x2 max-pool after the first two blocks, adaptive average pooling to 1x1
 after the third, flatten (256) -> Linear to a 128-d embedding, plus "a softmax
 layer ... solely for cross-entropy loss measurement". The quadruplet loss acts
-on that embedding *un-normalised* (methods.md 6).
+on that embedding *un-normalised* (Eq. 5 uses the raw embedding f(x)).
 
 Choices the paper leaves open, and why:
-  * Channel widths are not given; 64/128/256 (methods.md 6): the last must be
+  * Channel widths are not given; 64/128/256 (our choice): the last must be
     256 to match the stated flatten size.
   * No ReLU between the embedding and the classifier: the forward pass "applies
     the linear layer to obtain the final embeddings" and the classifier is only

@@ -9,8 +9,8 @@ def pool_2x2(x, kind: str):
 
   Same values and gradients as ``nn.max_pool(x, (2, 2), strides=(2, 2))``
   (odd sizes floor, as with VALID padding), but its backward pass is a
-  broadcast-compare instead of XLA's select-and-scatter, which runs ~5x slower
-  on CPU (measured: 7.1 ms -> 1.4 ms for [32, 28, 28, 32]; benchmarks/cpu.md).
+  broadcast-compare instead of XLA's select-and-scatter, which was measured
+  several times slower on CPU (benchmarks/cpu_notes.md).
 
   Args:
     x: [B, H, W, C].

@@ -1,7 +1,9 @@
-"""MOON's SimpleCNN with projection head (Li et al., CVPR 2021; methods.md 2.1).
+"""MOON's SimpleCNN with projection head.
+
+Li, He and Song, 'Model-Contrastive Federated Learning', CVPR 2021.
 
 Port of ``ModelFedCon(SimpleCNN_header, out_dim, n_classes)`` from
-QinbinLi/MOON ``model.py``::
+the authors' released code (github.com/QinbinLi/MOON, ``model.py``)::
 
   h = features(x)            # conv(6,5x5) relu pool conv(16,5x5) relu pool
                              # flatten fc(120) relu fc(84) relu

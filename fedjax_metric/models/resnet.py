@@ -1,6 +1,9 @@
-"""CIFAR ResNet-18 with FedRCL's pre-ReLU multi-level taps (methods.md 1.1).
+"""CIFAR ResNet-18 with FedRCL's pre-ReLU multi-level taps.
 
-Port of ``ResNet18_base`` from skynbe/FedRCL ``models/resnet_base.py`` as the
+FedRCL: Seo, Kim, Kim and Han, 'Relaxed Contrastive Learning for Federated
+Learning', CVPR 2024, Sec. 4.4 (multi-level contrastive training). Port of
+``ResNet18_base`` from the authors' released code (github.com/skynbe/FedRCL,
+``models/resnet_base.py``) as the
 FedRCL client calls it (``no_relu=True``): 3x3 stride-1 stem without max-pool,
 BasicBlocks [2, 2, 2, 2] with widths w, 2w, 4w, 8w and strides 1, 2, 2, 2, a
 1x1 conv + norm shortcut where the shape changes, bias-free convs, and every

@@ -45,7 +45,9 @@ class SmallCNN(nn.Module):
     for channels in (self.width, 2 * self.width):
       strides = 2 if self.pool == 'stride' else 1
       x = norm(nn.Conv(channels, (3, 3), strides=strides)(x), train, mask)
-      # FedRCL's level taps are pre-ReLU, globally average-pooled (methods.md 1.1).
+      # FedRCL's level taps are pre-ReLU, globally average-pooled, as in
+      # the authors' released code (github.com/skynbe/FedRCL,
+      # models/resnet_base.py).
       features.append(jnp.mean(x, axis=(1, 2)))
       x = nn.relu(x)
       if self.pool != 'stride':
