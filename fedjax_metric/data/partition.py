@@ -6,12 +6,21 @@ index array per client; the arrays are pairwise disjoint and depend only on `see
 cannot be reproduced bit-for-bit anyway, so only the procedures are reproduced). Classes are the
 distinct label values present, in sorted order.
 
-The four Dirichlet procedures of spec/methods.md §7 are kept apart on purpose; they produce
-different client-size and label-skew statistics and are not interchangeable:
-  'niid_bench'  NIID-Bench / MOON `partition_data` (noniid-labeldir), spec §2.3.
-  'balanced'    FedRCL `cifar_dirichlet_balanced`, spec §1.4.
-  'per_client'  FedAU `util/util.py::partition`, spec §4.4.
-  'per_class'   fedbox `split_dirichlet_label` as used by SSD / FedU2, spec §3.3.
+The four Dirichlet procedures below are kept apart on purpose; they produce different
+client-size and label-skew statistics and are not interchangeable (docs/methods.md,
+"Dirichlet label-skew partitions", describes each):
+  'niid_bench'  NIID-Bench (Li, Diao, Chen and He, 'Federated Learning on Non-IID Data
+                Silos: An Experimental Study', ICDE 2022) 'noniid-labeldir', as in the
+                released github.com/Xtra-Computing/NIID-Bench utils.py `partition_data`
+                (MOON ships the same function).
+  'balanced'    FedRCL (Seo et al., 'Relaxed Contrastive Learning for Federated
+                Learning', CVPR 2024): `cifar_dirichlet_balanced` of the released
+                github.com/skynbe/FedRCL.
+  'per_client'  FedAU (Wang and Ji, 'A Lightweight Method for Tackling Unknown
+                Participation Statistics in Federated Averaging', ICLR 2024): the
+                released github.com/IBM/fedau util/util.py `partition`.
+  'per_class'   fedbox `split_dirichlet_label` as used by SSD / FedU2 (the released
+                github.com/hc-fang/ssd, fedbox/utils/data/splitting.py).
 This module must not import jax: it runs once on the host before training.
 """
 
@@ -53,7 +62,7 @@ def iid(labels, num_clients, *, seed):
 
 
 def _niid_bench_cuts(p, sizes, n_total, n_k):
-  """Cut points for one class in NIID-Bench (spec §2.3); None if the capped p is all zero.
+  """Cut points for one class in NIID-Bench (`partition_data`); None if capped p is all 0.
 
   Args:
     p: [J] Dirichlet proportions over parties.
@@ -73,7 +82,7 @@ def _niid_bench_cuts(p, sizes, n_total, n_k):
 
 
 def _niid_bench(class_idx, num_clients, alpha, rng, min_size, max_tries):
-  """NIID-Bench / MOON 'noniid-labeldir' (utils.py `partition_data`), spec §2.3."""
+  """NIID-Bench / MOON 'noniid-labeldir' (NIID-Bench utils.py `partition_data`)."""
   n_total = sum(len(c) for c in class_idx)
   if min_size * num_clients > n_total:
     raise ValueError(f'min_size={min_size} cannot be reached: {num_clients} clients x {min_size} '
@@ -117,7 +126,7 @@ def _weighted_sample(rng, weights, m):
 
 
 def _balanced(labels, num_clients, alpha, rng):
-  """FedRCL balanced Dirichlet (datasets `cifar_dirichlet_balanced`), spec §1.4.
+  """FedRCL balanced Dirichlet (skynbe/FedRCL datasets `cifar_dirichlet_balanced`).
 
   Clients are filled one after another with exactly floor(N/J) examples each; the N mod J
   leftovers stay unassigned, as in the reference.
@@ -136,7 +145,7 @@ def _balanced(labels, num_clients, alpha, rng):
 
 
 def _per_client(class_idx, num_clients, alpha, rng):
-  """FedAU `util/util.py::partition`, spec §4.4: rows of a [J, C] matrix are client label mixes.
+  """FedAU `util/util.py::partition`: rows of a [J, C] matrix are client label mixes.
 
   Class c's (ascending, unshuffled) index list is cut sequentially: client n ends at
   round(count_c * sum_{m<=n} P[m, c] / sum_m P[m, c]). np.round (half-to-even) as in the reference.
@@ -166,7 +175,7 @@ def _largest_remainder(total, ratios):
 
 
 def _per_class(class_idx, num_clients, alpha, rng):
-  """fedbox `split_dirichlet_label` (SSD / FedU2 `split_dataset.py`), spec §3.3; no min-size loop.
+  """fedbox `split_dirichlet_label` (SSD / FedU2 `split_dataset.py`); no min-size loop.
 
   Unlike NIID-Bench, counts use largest-remainder rounding so each class is fully assigned.
   """
@@ -241,39 +250,112 @@ def shards(labels, num_clients, classes_per_client, *, seed):
   return _as_int64([np.concatenate([pieces[s] for s in row]) for row in perm])
 
 
-def one_class(labels, num_clients=None, *, allow_repeat=False, seed=0):
-  """One class per client (FedAwS, Yu et al. 2020; FedUV; FedMetric), spec §5.
+def one_class(labels, num_clients=None, *, clients_per_class=None,
+              allow_repeat=False, seed=0):
+  """One class per client: the setting of FedAwS, FedUV and FedMetric.
 
-  With num_clients None (or C), client k holds all of the k-th class (sorted label order). With
-  num_clients > C and allow_repeat, client i holds class i % C, so class c is shared by
-  ceil/floor(J / C) clients, which split its shuffled examples into near-equal parts. Each
-  client's indices are shuffled with `seed`.
+  Yu et al., 'Federated Learning with Only Positive Labels', ICML 2020;
+  Hosseini et al., 'Federated Learning of User Verification Models Without
+  Sharing Embeddings', ICML 2021; Park, Hosseini and Yun, 'Federated
+  Learning with Metric Loss', FL-ICML workshop 2021 (10 clients, one per
+  MNIST / CIFAR-10 class).
+
+  Classes are the distinct label values in sorted order, class #c the c-th.
+  Client i always holds class #(i % C):
+    * num_clients None (or C): client c holds all of class #c.
+    * clients_per_class=k: J = k * C clients; class #c is held by clients
+      c, c + C, ..., c + (k - 1) C, which split its shuffled examples into
+      near-equal parts. Equal to ``num_clients=k * C, allow_repeat=True``.
+    * num_clients=J > C with allow_repeat: the same layout, so class #c is
+      shared by ceil or floor(J / C) clients.
+  `one_class_labels` recovers each client's class. Each client's indices
+  are shuffled with `seed`.
+
+  Args:
+    labels: [N] class labels.
+    num_clients: J; None means C (or k * C with clients_per_class).
+    clients_per_class: k >= 1, clients per class; num_clients, if given,
+      must then be k * C.
+    allow_repeat: allow num_clients > C without clients_per_class.
+    seed: seed of `np.random.default_rng`.
+
+  Returns:
+    J np.int64 index arrays.
 
   Raises:
-    ValueError: num_clients < C (some client would need two classes), num_clients > C without
-      allow_repeat, or a class with fewer examples than the clients that share it.
+    ValueError: num_clients < C (some client would need two classes),
+      num_clients > C without allow_repeat or clients_per_class,
+      clients_per_class < 1, num_clients != clients_per_class * C, or a
+      class with fewer examples than the clients that share it (a client
+      would get no data).
   """
   labels = np.asarray(labels)
   class_idx = _class_indices(_check_inputs(labels, 1))
   num_classes = len(class_idx)
+  if clients_per_class is not None:
+    if (int(clients_per_class) != clients_per_class
+        or clients_per_class < 1):
+      raise ValueError(f'clients_per_class must be an integer >= 1, got '
+                       f'{clients_per_class}.')
+    total = int(clients_per_class) * num_classes
+    if num_clients is not None and num_clients != total:
+      raise ValueError(
+          f'num_clients={num_clients} but {num_classes} classes x '
+          f'clients_per_class={clients_per_class} = {total} clients; pass '
+          f'num_clients=None or {total}.')
+    num_clients = total
+    allow_repeat = True
   if num_clients is None:
     num_clients = num_classes
   _check_inputs(labels, num_clients)
   if num_clients < num_classes:
-    raise ValueError(f'one_class needs num_clients >= num_classes: got num_clients={num_clients} '
-                     f'< {num_classes} classes, so some class would have no client.')
+    raise ValueError(
+        f'one_class needs num_clients >= num_classes: got num_clients='
+        f'{num_clients} < {num_classes} classes, so some class would have '
+        'no client.')
   if num_clients > num_classes and not allow_repeat:
-    raise ValueError(f'num_clients={num_clients} > {num_classes} classes: several clients must '
-                     'share a class; pass allow_repeat=True to allow that.')
+    raise ValueError(
+        f'num_clients={num_clients} > {num_classes} classes: several '
+        'clients must share a class; pass allow_repeat=True (or '
+        'clients_per_class) to allow that.')
   rng = np.random.default_rng(seed)
   parts = [None] * num_clients
   for c, idx in enumerate(class_idx):
-    owners = np.arange(c, num_clients, num_classes)  # Clients i with i % C == c.
+    owners = np.arange(c, num_clients, num_classes)  # Clients i % C == c.
     if len(idx) < len(owners):
-      raise ValueError(f'Class #{c} has {len(idx)} examples but {len(owners)} clients share it.')
-    for owner, piece in zip(owners, np.array_split(rng.permutation(idx), len(owners))):
+      raise ValueError(f'Class #{c} has {len(idx)} examples but '
+                       f'{len(owners)} clients share it, so a client would '
+                       'get no data.')
+    pieces = np.array_split(rng.permutation(idx), len(owners))
+    for owner, piece in zip(owners, pieces):
       parts[owner] = piece
   return _as_int64(parts)
+
+
+def one_class_labels(partition, labels):
+  """The single class (label value) of each client of a one-class partition.
+
+  Args:
+    partition: list of J index arrays, e.g. from `one_class`.
+    labels: [N] labels the indices point into.
+
+  Returns:
+    [J] array of label values (labels' dtype), entry j the label that every
+    example of client j carries.
+
+  Raises:
+    ValueError: a client has no example or holds two or more classes.
+  """
+  labels = np.asarray(labels)
+  classes = []
+  for j, idx in enumerate(partition):
+    held = np.unique(labels[np.asarray(idx, dtype=np.int64)])
+    if held.size != 1:
+      raise ValueError(f'Client {j} holds {held.size} classes '
+                       f'({held.tolist()[:5]}); a one-class partition needs '
+                       'exactly one per client.')
+    classes.append(held[0])
+  return np.asarray(classes, dtype=labels.dtype)
 
 
 def class_counts(labels, partition, num_classes=None):

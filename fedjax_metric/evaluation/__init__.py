@@ -9,3 +9,8 @@ from fedjax_metric.evaluation.representation import uniformity  # noqa: F401
 from fedjax_metric.evaluation.representation import vci  # noqa: F401
 from fedjax_metric.evaluation.representation import within_between_ratio  # noqa: F401
 from fedjax_metric.evaluation.representation import within_class_trace  # noqa: F401
+from fedjax_metric.evaluation.oneclass import auroc  # noqa: F401
+from fedjax_metric.evaluation.oneclass import center_scores  # noqa: F401
+from fedjax_metric.evaluation.oneclass import class_centers  # noqa: F401
+from fedjax_metric.evaluation.oneclass import cosine_scores  # noqa: F401
+from fedjax_metric.evaluation.oneclass import one_class_auroc  # noqa: F401

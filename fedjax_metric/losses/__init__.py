@@ -15,3 +15,14 @@ from fedjax_metric.losses.metric import (  # noqa: F401
     supcon_loss,
     triplet_loss,
 )
+from fedjax_metric.losses.oneclass import (  # noqa: F401
+    deepsvdd_center,
+    deepsvdd_loss,
+    fedaws_positive_loss,
+    fedmetric_loss,
+    feduv_loss,
+    spreadout_regularizer,
+)
+from fedjax_metric.losses.participation import (  # noqa: F401
+    pmfl_contrastive_loss,
+)

@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric.models import fedquad_cnn
+from fedjax_metric.models import lenet
 from fedjax_metric.models import moon_cnn
 from fedjax_metric.models import resnet
+from fedjax_metric.models import resnet32
 from fedjax_metric.models import small_cnn
 
 
@@ -77,6 +79,9 @@ REGISTRY = {
     'fedquad_cnn': fedquad_cnn.FedQuadCNN,
     'moon_cnn': moon_cnn.MoonCNN,
     'resnet18': resnet.ResNet18,
+    # Embedding networks of the one-class family: no 'logits' output.
+    'lenet': lenet.LeNet,
+    'resnet32': resnet32.ResNet32,
 }
 
 
