@@ -86,6 +86,16 @@ def base_config():
       learning_rate=1.0, momentum=0.0, b1=0.9, b2=0.99, eps=1e-3,
       weighting='num_examples',  # num_examples | uniform
   ))
+  # Which clients take part in a round: 'uniform' draws clients_per_round of
+  # them uniformly; 'bernoulli' | 'markov' | 'cyclic' | 'cyclic_offset' give
+  # each client its own probability (mean E[p], floored, tied to its label
+  # histogram by a Dirichlet(beta) vector) and a pattern over rounds
+  # (fedjax_metric/data/participation.py); clients_per_round is then unused.
+  c.participation = ml_collections.ConfigDict(dict(
+      pattern='uniform', mean=0.1, floor=0.02, beta=0.1,
+      normalize='expected',  # expected (FedAU's code) | empirical (PMFL's text)
+      markov_rate=0.05, cycle=100,
+  ))
   c.executor = 'auto'       # auto | host | vmap | chunked | sequential
   c.chunk_size = 0          # chunked executor: slots per chunk
   c.steps_per_call = 10     # host executor: unrolled steps per jitted call
@@ -96,6 +106,9 @@ def base_config():
   # allocated, and chunked with chunk_size=0 picks its chunk size from it.
   c.memory_budget_gb = 0.0
   c.eval_every = 1
+  # classification | one_class (per-class AUROC) | ssl (kNN monitor; linear
+  # probe and fine-tuning at the end): fedjax_metric/evaluation/protocols.py.
+  c.eval_protocol = 'classification'
   c.eval_batch_size = 1000
   # > 0: also log effective rank, VCI, within/between-class traces and
   # uniformity of the global model's embeddings on this many test examples.

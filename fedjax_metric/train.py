@@ -29,8 +29,9 @@ import tqdm
 
 from fedjax_metric import algorithms, engine, executors, memory, models
 from fedjax_metric import optimizers, sharding
-from fedjax_metric.data import augment, cohort as cohort_lib, partition, sources
-from fedjax_metric import evaluation
+from fedjax_metric.data import augment, cohort as cohort_lib, partition
+from fedjax_metric.data import participation, sources
+from fedjax_metric.evaluation import protocols
 
 # Keys whose change between a run and its resumption is harmless.
 RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
@@ -108,9 +109,33 @@ def build_round_spec(config, algorithm, preprocess):
                           batch_size=lc.batch_size)
 
 
-def num_cohort_slots(config, num_devices: int) -> int:
-  """C: clients per round, padded up to a multiple of the device count."""
-  return num_devices * math.ceil(config.clients_per_round / num_devices)
+def participation_mask(config, class_counts):
+  """``(probabilities [N], mask [T, N])`` of the config's pattern, or None.
+
+  With ``participation.pattern = 'uniform'`` (the default) every round draws
+  ``clients_per_round`` clients uniformly (`cohort.sample_clients`) and no
+  mask exists. Other patterns give each client its own probability, tied to
+  its label histogram, and a fixed availability mask; both are functions of
+  the seed, so a resumed run rebuilds the same mask.
+  """
+  p = config.participation
+  if p.pattern == 'uniform':
+    return None
+  probs = participation.probabilities(
+      class_counts, mean=p.mean, floor=p.floor, beta=p.beta, seed=config.seed,
+      normalize=p.normalize)
+  mask = participation.sample(probs, config.num_rounds, p.pattern,
+                              seed=config.seed, markov_rate=p.markov_rate,
+                              cycle=p.cycle)
+  return probs, mask
+
+
+def num_cohort_slots(config, num_devices: int, mask=None) -> int:
+  """C: clients per round (the most active in any round under a
+  participation pattern), padded up to a multiple of the device count."""
+  most = config.clients_per_round if mask is None else participation.max_active(
+      mask)
+  return num_devices * math.ceil(most / num_devices)
 
 
 # ---------------------------------------------------------------------------
@@ -217,6 +242,20 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         counts, os.path.join(workdir, 'partition.png'),
         title=f'{ds.name}: {partition_label(config.partition)}')
 
+  active = participation_mask(config, counts)
+  if active is not None:
+    probs, active = active
+    if chief:
+      _write_json(os.path.join(workdir, 'participation.json'), {
+          'pattern': config.participation.pattern,
+          'probabilities': probs.tolist(),
+          'participation_rate': active.mean(0).tolist(),
+          'active_per_round': active.sum(1).tolist()})
+      participation.plot(
+          active, os.path.join(workdir, 'participation.png'),
+          title=f'{config.participation.pattern} participation')
+    active = active.astype(bool)
+
   # ----- Model, algorithm, executor. -----
   mean, std = augment.channel_stats(train.images)
   train_preprocess = augment.make_preprocess(mean, std, ds.augmentation)
@@ -235,19 +274,20 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     num_devices = mesh.size
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
-  evaluate = evaluation.make_evaluate_fn(
-      model, eval_preprocess, test.images, test.labels,
-      batch_size=config.eval_batch_size,
-      representation_examples=config.representation_examples,
-      num_classes=test.num_classes)
+  evaluator = protocols.make_evaluator(config, model=model,
+                                      preprocess=eval_preprocess, train=train,
+                                      test=test, clients=clients)
   lc = config.local
   client_sizes = [len(c) for c in clients]
   num_steps = cohort_lib.num_local_steps(
       client_sizes, batch_size=lc.batch_size, local_epochs=lc.epochs,
       local_steps=lc.steps)
-  num_slots = num_cohort_slots(config, num_devices)
+  num_slots = num_cohort_slots(config, num_devices, active)
+  per_round = (config.clients_per_round if active is None else
+               f'{config.participation.pattern} participation, '
+               f'{active.sum(1).mean():.1f}')
   say(f'{config.algorithm} on {ds.name}: {config.num_clients} clients, '
-      f'{config.clients_per_round} per round in {num_slots} slots, {num_steps} '
+      f'{per_round} per round in {num_slots} slots, {num_steps} '
       f'local steps of {lc.batch_size}; executor={choice.name} on '
       f"{num_devices} {jax.default_backend()} device(s); "
       f"{models.count_params(variables['params']):,} params.")
@@ -277,8 +317,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     client_table = restored['client_table']
     say(f'Resuming {workdir} from round {start_round}.')
   def cohort_for(round_idx):
-    ids = cohort_lib.sample_clients(config.seed, round_idx, config.num_clients,
-                                    config.clients_per_round)
+    if active is None:
+      ids = cohort_lib.sample_clients(config.seed, round_idx,
+                                      config.num_clients,
+                                      config.clients_per_round)
+    else:
+      ids = np.flatnonzero(active[round_idx])
     return cohort_lib.make_cohort(
         ids, clients, num_slots=num_slots, num_steps=num_steps,
         batch_size=lc.batch_size, local_epochs=lc.epochs,
@@ -339,7 +383,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             f'the last good checkpoint in {workdir}/checkpoints is kept.')
       last = {'round': done, 'wall_time': time.time() - start_time,
               'train_loss': train_loss,
-              **evaluate(sharding.local_copy(server_state.variables))}
+              **evaluator.every(*sharding.local_copy((server_state,
+                                                      client_table)))}
       if chief:
         with open(metrics_path, 'a') as f:
           f.write(json.dumps(last) + '\n')
@@ -347,7 +392,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         for name, value in last.items():
           if name != 'round':
             writer.add_scalar(name, value, done)
-      bar.set_postfix(acc=f"{last['test_accuracy']:.4f}")
+      bar.set_postfix({evaluator.headline: f'{last[evaluator.headline]:.4f}'})
     if done % config.checkpoint_every == 0 or done == end_round:
       save(done)
   checkpoints.wait_until_finished()
@@ -362,8 +407,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
              'num_steps': num_steps, 'num_slots': num_slots,
              'wall_time': time.time() - start_time, **last}
   if rounds_completed == config.num_rounds:
-    if 'test_accuracy' not in summary:  # Resumed at the very end.
-      summary.update(evaluate(sharding.local_copy(server_state.variables)))
+    state = sharding.local_copy((server_state, client_table))
+    if evaluator.headline not in summary:  # Resumed at the very end.
+      summary.update(evaluator.every(*state))
+    summary.update(evaluator.final(*state))
     if chief:
       _write_json(summary_path, summary)
   return summary

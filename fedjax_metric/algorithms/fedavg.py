@@ -142,11 +142,22 @@ def apply_server_optimizer(server_optimizer, server_state, mean_delta):
                                round=server_state.round + 1)
 
 
+def skip_if_nobody(aggregate: engine.Aggregate, old_state, new_state):
+  """``new_state``, or after a round in which no client took part (possible
+  under participation patterns) ``old_state`` with the round advanced: a
+  server optimizer with momentum would otherwise still move the model."""
+  unchanged = old_state._replace(round=new_state.round)
+  return jax.tree.map(
+      lambda new, old: jnp.where(aggregate.num_participants > 0, new, old),
+      new_state, unchanged)
+
+
 def make_server_update(server_optimizer):
   def server_update(server_state, aggregate, client_table):
     del client_table
-    return apply_server_optimizer(server_optimizer, server_state,
-                                  mean_update(aggregate))
+    new_state = apply_server_optimizer(server_optimizer, server_state,
+                                       mean_update(aggregate))
+    return skip_if_nobody(aggregate, server_state, new_state)
   return server_update
 
 
