@@ -14,3 +14,7 @@ from fedjax_metric.evaluation.oneclass import center_scores  # noqa: F401
 from fedjax_metric.evaluation.oneclass import class_centers  # noqa: F401
 from fedjax_metric.evaluation.oneclass import cosine_scores  # noqa: F401
 from fedjax_metric.evaluation.oneclass import one_class_auroc  # noqa: F401
+from fedjax_metric.evaluation.downstream import fine_tune  # noqa: F401
+from fedjax_metric.evaluation.downstream import knn_accuracy  # noqa: F401
+from fedjax_metric.evaluation.downstream import linear_probe  # noqa: F401
+from fedjax_metric.evaluation.downstream import stratified_subset  # noqa: F401

@@ -26,3 +26,14 @@ from fedjax_metric.losses.oneclass import (  # noqa: F401
 from fedjax_metric.losses.participation import (  # noqa: F401
     pmfl_contrastive_loss,
 )
+from fedjax_metric.losses.unsupervised import (  # noqa: F401
+    alignment_loss,
+    decorrelation_loss,
+    dsr_loss,
+    fedu2_uniform_regularizer,
+    nt_xent_loss,
+    projector_distillation_loss,
+    relational_loss,
+    tangent_sliced_wasserstein,
+    uniformity_loss,
+)
