@@ -19,6 +19,7 @@ from fedjax_metric.models import moon_cnn
 from fedjax_metric.models import resnet
 from fedjax_metric.models import resnet32
 from fedjax_metric.models import small_cnn
+from fedjax_metric.models import ssl
 
 
 class ModelFns(NamedTuple):
@@ -79,6 +80,8 @@ REGISTRY = {
     'fedquad_cnn': fedquad_cnn.FedQuadCNN,
     'moon_cnn': moon_cnn.MoonCNN,
     'resnet18': resnet.ResNet18,
+    'ssl_resnet18': ssl.SSLResNet18,
+    'ssl_cnn': ssl.SSLSmallCNN,
     # Embedding networks of the one-class family: no 'logits' output.
     'lenet': lenet.LeNet,
     'resnet32': resnet32.ResNet32,
