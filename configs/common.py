@@ -96,6 +96,10 @@ def base_config():
       normalize='expected',  # expected (FedAU's code) | empirical (PMFL's text)
       markov_rate=0.05, cycle=100,
   ))
+  # Matmul / convolution precision of the run's programs: default (the
+  # platform's float32 path; TF32 on recent NVIDIA GPUs) | highest (full
+  # float32) | bf16 (bfloat16 compute, float32 parameters).
+  c.precision = 'default'
   c.executor = 'auto'       # auto | host | vmap | chunked | sequential
   c.chunk_size = 0          # chunked executor: slots per chunk
   c.steps_per_call = 10     # host executor: unrolled steps per jitted call
@@ -135,6 +139,8 @@ def shrink_for_runlocal(c):
                       ('widths', (8, 16, 32))):
     if field in c.model:
       c.model[field] = tiny
+  if c.model.get('projection_dim'):  # 0 means no head: keep it off.
+    c.model.projection_dim = 16
   c.eval_every = 1
   c.checkpoint_every = 1
   return c
@@ -236,7 +242,10 @@ def fedrcl_setting(arg):
                       schedule='exponential', decay_rate=0.998,
                       epoch_decay=0.998))
   c.server.weighting = 'uniform'
-  c.eval_every = 10
+  # Every round, as the released trainer (eval freq 1): the paper reports an
+  # exponential moving average (0.9) of these per-round accuracies
+  # (launch/sweep.py table --metric=test_accuracy_ema).
+  c.eval_every = 1
   c.representation_examples = 2000  # FedRCL's effective-rank analysis
   if arg.central:
     central(c)

@@ -17,13 +17,15 @@ import numpy as np
 from fedjax_metric.data.cohort import Cohort
 
 
-def make_mesh(num_devices: int | None = None):
+def make_mesh(num_devices: int | None = None, *, backend: str | None = None):
   """A 1-D mesh over the ``clients`` axis, over every process's devices.
 
   Axis type Auto, not the Explicit default of `jax.make_mesh`: indexing the
   replicated dataset with client-sharded indices raises a ShardingTypeError
   under Explicit axes. With several processes (`jax.distributed.initialize`)
   each runs the same program, so the mesh must hold all their devices.
+  ``backend`` ('cpu', 'gpu', ...) picks devices other than the default
+  backend's, e.g. simulated CPU devices on a one-GPU machine.
   """
   if (num_devices and jax.process_count() > 1
       and num_devices != jax.device_count()):
@@ -31,7 +33,14 @@ def make_mesh(num_devices: int | None = None):
         f'num_devices={num_devices} with {jax.process_count()} processes: a '
         f'multi-process mesh spans all {jax.device_count()} devices. Set '
         '--config.num_devices=0.')
-  devices = jax.devices()[:num_devices] if num_devices else jax.devices()
+  devices = jax.devices(backend)
+  if num_devices:
+    if num_devices > len(devices):
+      raise ValueError(
+          f'num_devices={num_devices}, but only {len(devices)} '
+          f'{devices[0].platform} device(s) exist. Lower --config.num_devices '
+          '(0 = all).')
+    devices = devices[:num_devices]
   return jax.sharding.Mesh(np.asarray(devices), ('clients',),
                            axis_types=(jax.sharding.AxisType.Auto,))
 

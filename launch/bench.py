@@ -24,7 +24,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from fedjax_metric import engine, executors
+from fedjax_metric import engine, executors, train
 from fedjax_metric.data import cohort as cohort_lib
 from launch import machine
 from launch import scaling
@@ -43,6 +43,11 @@ _CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
 _UNROLL = flags.DEFINE_boolean(
     'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds after warm-up.')
+_CONV = flags.DEFINE_enum('conv_impl', 'xla', ['xla', 'patches'],
+                          'Convolution form (models.layers.make_conv).')
+_PRECISION = flags.DEFINE_enum('precision', 'default',
+                               ['default', 'highest', 'bf16'],
+                               'Matmul precision (config.precision).')
 _TORCH = flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
 _OUT = flags.DEFINE_string('out', None, 'Markdown file (default '
                            'benchmarks/<backend>.md).')
@@ -57,7 +62,9 @@ def time_jax(executor, num_clients, *, unroll):
   steps, batch = _STEPS.value, _BATCH.value
   run = scaling.synthetic_run('fedavg', _MODEL.value, pool=_POOL.value,
                               image_shape=(h, w, c), num_clients=num_clients,
-                              examples_per_client=steps * batch)
+                              examples_per_client=steps * batch,
+                              precision=_PRECISION.value,
+                              conv_impl=_CONV.value)
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
   round_fn = executors.make_round_fn(
       run.spec, data, executor=executor, chunk_size=_CHUNK.value,
@@ -97,7 +104,8 @@ def measure_point(point, unroll):
   if executor == 'torch':
     result = time_torch(int(clients))
   else:
-    result = time_jax(executor, int(clients), unroll=unroll)
+    with train.matmul_precision(_PRECISION.value):
+      result = time_jax(executor, int(clients), unroll=unroll)
   return {**result, 'rss_mb': machine.peak_rss_mb(),
           'device_mb': machine.peak_device_mb()}
 
@@ -165,7 +173,8 @@ def main(argv):
       f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
       f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
       f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
-      f'--chunk_size={_CHUNK.value}`',
+      f'--chunk_size={_CHUNK.value} --precision={_PRECISION.value} '
+      f'--conv_impl={_CONV.value}`',
   ]
   table = machine.markdown_section(
       f'{model_label()}, {"x".join(_IMAGE.value)}, {_STEPS.value} local steps '

@@ -76,7 +76,7 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from fedjax_metric import algorithms, engine, executors, memory, models
-from fedjax_metric import optimizers, sharding
+from fedjax_metric import optimizers, sharding, train
 from fedjax_metric.data import augment, cohort as cohort_lib
 from launch import machine
 
@@ -99,6 +99,8 @@ class Point:
   chunk_size: int = 10
   unroll: Optional[bool] = None  # None: on CPU only (as launch/bench.py).
   seed: int = 0
+  precision: str = 'default'  # train.PRECISIONS
+  conv_impl: str = 'xla'  # 'xla' | 'patches' (models.layers.make_conv)
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self))
@@ -164,13 +166,20 @@ class SyntheticRun(NamedTuple):
 
 def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
                   image_shape, num_clients: int, examples_per_client: int,
-                  seed: int = 0) -> SyntheticRun:
+                  seed: int = 0, precision: str = 'default',
+                  conv_impl: str = 'xla') -> SyntheticRun:
   """`synthetic_federation` + a model + the algorithm with client SGD 0.01
-  and a plain SGD server: what launch/bench.py and this study time."""
+  and a plain SGD server: what launch/bench.py and this study time.
+  ``precision``: as ``config.precision`` (train.matmul_precision)."""
   images, labels, partition = synthetic_federation(
       num_clients, examples_per_client, image_shape, seed=seed)
-  model_kwargs = {'pool': pool} if model_name == 'small_cnn' else {}
-  model = models.build(model_name, NUM_CLASSES, image_shape, **model_kwargs)
+  model_kwargs = {'conv_impl': conv_impl}
+  if model_name == 'small_cnn':
+    model_kwargs['pool'] = pool
+  model = models.build(
+      model_name, NUM_CLASSES, image_shape,
+      compute_dtype=jnp.bfloat16 if precision == 'bf16' else None,
+      **model_kwargs)
   preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
   variables = model.init(jax.random.key(seed),
                          preprocess(jnp.asarray(images[:1]), None))
@@ -187,8 +196,15 @@ def measure_point(point: Point) -> Dict[str, Any]:
   """Builds the federation and round function for ``point`` and times rounds.
 
   Peak memory is this process's: run each point in a fresh process
-  (`measure_in_subprocess`) for a per-point number.
+  (`measure_in_subprocess`) for a per-point number. The executor is chosen
+  as train.run chooses it (``auto`` falls back to chunks that fit the
+  memory budget).
   """
+  with train.matmul_precision(point.precision):
+    return _measure_point(point)
+
+
+def _measure_point(point: Point) -> Dict[str, Any]:
   check_algorithms([point.algorithm])
   backend = jax.default_backend()
   choice = executors.choose_executor(point.executor,
@@ -199,7 +215,8 @@ def measure_point(point: Point) -> Dict[str, Any]:
                     image_shape=point.image_shape,
                     num_clients=point.num_clients,
                     examples_per_client=point.examples_per_client,
-                    seed=point.seed))
+                    seed=point.seed, precision=point.precision,
+                    conv_impl=point.conv_impl))
   # As train.run: the single-program executors shard the cohort over a mesh.
   mesh = sharding.make_mesh() if choice.name != 'host' else None
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
@@ -208,22 +225,32 @@ def measure_point(point: Point) -> Dict[str, Any]:
   num_slots = (mesh.size * math.ceil(point.clients_per_round / mesh.size)
                if mesh else point.clients_per_round)
   data = put(engine.DeviceData(images, labels))
-  round_fn = executors.make_round_fn(
-      spec, data, executor=choice, steps_per_call=point.local_steps,
-      unroll=unroll)
   state, table = put(engine.init_state(algorithm, variables, point.num_clients))
   client_table_mb = memory.tree_bytes(table) / 2**20
 
-  round_times, cohort_times = [], []
-  for round_idx in range(point.rounds + 1):
-    start = time.perf_counter()
+  def cohort_for(round_idx):
     ids = cohort_lib.sample_clients(point.seed, round_idx, point.num_clients,
                                     point.clients_per_round)
-    cohort = cohort_lib.make_cohort(
+    return cohort_lib.make_cohort(
         ids, partition, num_slots=num_slots, num_steps=point.local_steps,
         batch_size=point.batch_size, local_epochs=1,
         local_steps=point.local_steps, seed=point.seed, round_idx=round_idx,
         labels=labels, batches_fn=algorithm.client_batches)
+
+  choice = executors.fit_to_memory(
+      choice, lambda: memory.chunk_memory_model(
+          spec, data, state, table, cohort_for(0).example_idx.shape[1:],
+          unroll=unroll),
+      memory_budget=memory.default_memory_budget(), num_slots=num_slots,
+      num_devices=mesh.size if mesh else 1)
+  round_fn = executors.make_round_fn(
+      spec, data, executor=choice, steps_per_call=point.local_steps,
+      unroll=unroll)
+
+  round_times, cohort_times = [], []
+  for round_idx in range(point.rounds + 1):
+    start = time.perf_counter()
+    cohort = cohort_for(round_idx)
     cohort_times.append(time.perf_counter() - start)
     state, table, metrics = round_fn(state, table, place_cohort(cohort))
     jax.block_until_ready((state, table, metrics))
@@ -231,7 +258,8 @@ def measure_point(point: Point) -> Dict[str, Any]:
   seconds = statistics.median(round_times[1:])
   return {
       **dataclasses.asdict(point),
-      'executor': choice.name, 'unroll': unroll, 'status': 'ok', 'note': '',
+      'executor': choice.name, 'chunk_used': choice.chunk_size,
+      'unroll': unroll, 'status': 'ok', 'note': '',
       'backend': backend, 'device': machine.device_name(),
       'jax_version': jax.__version__,
       'seconds_per_round': seconds,
@@ -536,6 +564,10 @@ def define_flags():
   flags.DEFINE_integer('rounds', Point.rounds, 'Timed rounds after warm-up.')
   flags.DEFINE_integer('chunk_size', Point.chunk_size,
                        'Slots per chunk (chunked).')
+  flags.DEFINE_enum('precision', Point.precision, ['default', 'highest', 'bf16'],
+                    'Matmul precision (config.precision).')
+  flags.DEFINE_enum('conv_impl', Point.conv_impl, ['xla', 'patches'],
+                    'Convolution form (models.layers.make_conv).')
   flags.DEFINE_boolean('unroll', None,
                        'Unroll local steps in vmap/chunked (default: on CPU).')
   flags.DEFINE_float('max_seconds', 1800.0,
@@ -572,7 +604,8 @@ def main(argv):
       batch_size=f.batch_size, examples_per_client=f.examples_per_client,
       rounds=f.rounds, executor=f.executor, model=f.model, pool=f.pool,
       image_shape=tuple(int(x) for x in f.image_shape),
-      chunk_size=f.chunk_size, unroll=f.unroll)
+      chunk_size=f.chunk_size, unroll=f.unroll, precision=f.precision,
+      conv_impl=f.conv_impl)
   described = describe_backend()
   backend, device = described['backend'], described['device']
   print(f'{len(points)} points on {device} ({backend}); each in its own '

@@ -28,11 +28,11 @@ def run_rounds(executor, alg, data, parts, variables, cohorts, *, mesh=None,
                chunk_size=0, spec=None, steps_per_call=2):
   spec = spec or fx.make_spec(alg, momentum=0.9)
   state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(spec, data, executor=executor,
-                                  chunk_size=chunk_size,
-                                  steps_per_call=steps_per_call)
   if mesh is not None:
-    state, table = sharding.replicate((state, table), mesh)
+    state, table, data = sharding.replicate((state, table, data), mesh)
+  round_fn = executors.make_round_fn(spec, data, executor=executor,
+                                     chunk_size=chunk_size,
+                                     steps_per_call=steps_per_call)
   for c in cohorts:
     c = sharding.shard_cohort(c, mesh) if mesh is not None else c
     state, table, metrics = round_fn(state, table, c)
@@ -116,13 +116,14 @@ def test_padded_examples_and_steps_change_nothing(norm):
 
 
 def test_sharded_over_four_devices_equals_one_device():
-  assert jax.device_count() >= 4, 'conftest sets 4 simulated CPU devices'
+  # Simulated CPU devices (conftest.py), also on a machine with one GPU.
+  assert len(jax.devices('cpu')) >= 4, 'conftest sets 4 simulated CPU devices'
   _, alg, data, parts, variables = federation()
   cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
              for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])]
   one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
-                         mesh=sharding.make_mesh(1))
-  mesh4 = sharding.make_mesh(4)
+                         mesh=sharding.make_mesh(1, backend='cpu'))
+  mesh4 = sharding.make_mesh(4, backend='cpu')
   four, _, round_fn = run_rounds(
       'vmap', alg, sharding.replicate(data, mesh4), parts, variables, cohorts,
       mesh=mesh4)
@@ -142,8 +143,8 @@ def test_chunked_sharded_over_four_devices_equals_vmap_on_one():
   cohorts = [fx.cohort(parts, ids, num_slots=8, round_idx=r)
              for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5, 0, 2]])]
   one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
-                         mesh=sharding.make_mesh(1))
-  mesh4 = sharding.make_mesh(4)
+                         mesh=sharding.make_mesh(1, backend='cpu'))
+  mesh4 = sharding.make_mesh(4, backend='cpu')
   four, _, round_fn = run_rounds(
       'chunked', alg, sharding.replicate(data, mesh4), parts, variables, cohorts,
       mesh=mesh4, chunk_size=4)

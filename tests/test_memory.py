@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import engine, executors, memory, models, optimizers, train
+from fedjax_metric import algorithms, engine, executors, memory, models
+from fedjax_metric import optimizers, train
+from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.algorithms import fedavg, moon
 from fedjax_metric.data import partition as partition_lib
 import fl_fixtures as fx
@@ -124,3 +126,41 @@ def test_train_fails_clearly_when_one_client_cannot_fit(tmp_path):
   config.memory_budget_gb = 1e-6  # 1 KiB: not even the model fits.
   with pytest.raises(memory.MemoryBudgetError, match='batch_size'):
     train.run(config, str(tmp_path / 'tight'))
+
+
+def test_auto_falls_back_to_chunks_that_fit_for_fedquad():
+  """`auto` on an accelerator: vmap when the cohort fits the budget, else
+  the largest chunk that does. FedQuad's steps are 4B rows wide (anchor,
+  positive, two negatives): the memory model sees that width, and the
+  chunked round it picks equals the vmapped one."""
+  images, labels = fx.make_data(96)
+  parts = partition_lib.iid(labels, 8, seed=0)
+  model = fx.cnn()
+  alg = algorithms.REGISTRY['fedquad'](model, server_optimizer=SGD_SERVER)
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  spec = fx.make_spec(alg)
+  variables = fx.init_variables(model, images)
+  cohort = cohort_lib.make_cohort(
+      np.arange(8), parts, num_slots=8, num_steps=2, batch_size=4,
+      local_epochs=1, local_steps=2, seed=0, round_idx=0, labels=labels,
+      batches_fn=alg.client_batches)
+  assert cohort.example_idx.shape[2] == 16  # 4 groups of B = 4.
+  state, table = engine.init_state(alg, variables, 8)
+  fixed, per_slot = memory.chunk_memory_model(spec, data, state, table,
+                                              cohort.example_idx.shape[1:])
+  auto = executors.choose_executor('auto', backend='gpu', process_count=1)
+  assert auto.name == 'vmap' and auto.fit_to_memory
+  model_fn = lambda: (fixed, per_slot)
+  roomy = executors.fit_to_memory(auto, model_fn, num_slots=8,
+                                  memory_budget=fixed + 100 * per_slot)
+  assert (roomy.name, roomy.chunk_size) == ('vmap', 0)
+  tight = executors.fit_to_memory(auto, model_fn, num_slots=8,
+                                  memory_budget=fixed + 3 * per_slot + 1)
+  assert (tight.name, tight.chunk_size) == ('chunked', 3)
+  results = []
+  for choice in (roomy, tight):
+    state, table = engine.init_state(alg, variables, 8)
+    round_fn = executors.make_round_fn(spec, data, executor=choice)
+    state, _, _ = round_fn(state, table, cohort)
+    results.append(state.variables)
+  assert fx.max_abs_diff(*results) < 1e-5

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -184,3 +185,21 @@ def test_representation_metrics_are_logged_when_enabled(tmp_path):
                'between_class_trace', 'uniformity'):
     assert np.isfinite(row[f'test_{name}']), name
   assert 1.0 <= row['test_effective_rank'] <= 16  # runlocal embedding_dim
+
+
+def test_prefetch_yields_in_order_and_builds_ahead():
+  started = []
+  building_4 = threading.Event()
+
+  def build(i):
+    started.append(i)
+    if i == 4:
+      building_4.set()
+    return i * i
+
+  cohorts = train.prefetch(build, range(3, 7))
+  assert next(cohorts) == 9
+  # While the caller holds round 3's cohort, round 4's is built in a thread.
+  assert building_4.wait(timeout=10)
+  assert list(cohorts) == [16, 25, 36]
+  assert sorted(started) == [3, 4, 5, 6]  # Each built once.

@@ -51,8 +51,21 @@ def merge_variables(params, model_state):
   return {'params': params, **model_state}
 
 
-def make_model_fns(module, input_shape=None) -> ModelFns:
-  """Wraps a linen module whose __call__ takes (images, *, train, mask)."""
+def _cast_floats(tree, dtype):
+  return jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+      tree)
+
+
+def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
+  """Wraps a linen module whose __call__ takes (images, *, train, mask).
+
+  ``compute_dtype`` (e.g. ``jnp.bfloat16``) runs the forward pass in that
+  dtype while the stored variables stay float32: params and images are cast
+  on the way in (gradients flow back through the cast to the float32
+  params), outputs and updated BatchNorm statistics are cast back to
+  float32. None computes in the variables' own dtype.
+  """
 
   def init(key, images=None):
     if images is None:
@@ -62,6 +75,16 @@ def make_model_fns(module, input_shape=None) -> ModelFns:
     return dict(module.init(key, images, train=False))
 
   def apply(params, model_state, images, *, train, mask=None):
+    if compute_dtype is not None:
+      outputs, updated = apply_in_dtype(
+          _cast_floats(params, compute_dtype), model_state,
+          images.astype(compute_dtype), train=train, mask=mask)
+      updated = jax.tree.map(lambda new, old: new.astype(old.dtype), updated,
+                             model_state)
+      return _cast_floats(outputs, jnp.float32), updated
+    return apply_in_dtype(params, model_state, images, train=train, mask=mask)
+
+  def apply_in_dtype(params, model_state, images, *, train, mask):
     variables = merge_variables(params, model_state)
     if train and model_state:
       outputs, updated = module.apply(
@@ -88,10 +111,12 @@ REGISTRY = {
 }
 
 
-def build(name: str, num_classes: int, input_shape=None, **kwargs) -> ModelFns:
+def build(name: str, num_classes: int, input_shape=None, *,
+          compute_dtype=None, **kwargs) -> ModelFns:
   """Builds a registered model by name; kwargs go to the module.
 
-  ``input_shape`` (H, W, C) lets ``init(key)`` run without sample images.
+  ``input_shape`` (H, W, C) lets ``init(key)`` run without sample images;
+  ``compute_dtype`` see `make_model_fns`.
   """
   if name not in REGISTRY:
     raise ValueError(
@@ -103,7 +128,8 @@ def build(name: str, num_classes: int, input_shape=None, **kwargs) -> ModelFns:
     raise TypeError(f'{name} has no field(s) {unknown}; its fields are '
                     f'{sorted(fields - {"num_classes"})}')
   shape = None if input_shape is None else (1,) + tuple(input_shape)
-  return make_model_fns(REGISTRY[name](num_classes=num_classes, **kwargs), shape)
+  return make_model_fns(REGISTRY[name](num_classes=num_classes, **kwargs), shape,
+                        compute_dtype)
 
 
 def count_params(params) -> int:

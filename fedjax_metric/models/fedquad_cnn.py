@@ -26,7 +26,8 @@ from typing import Optional, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fedjax_metric.models.layers import make_norm, pool_2x2
+from fedjax_metric.models.layers import make_conv, make_norm, pool_2x2
+from fedjax_metric.models.projection import head_and_classifier
 
 
 class FedQuadCNN(nn.Module):
@@ -38,11 +39,18 @@ class FedQuadCNN(nn.Module):
       (256 in the paper).
     embedding_dim: D, the embedding the metric loss uses (128 in the paper).
     norm: 'batch' (paper), 'group' or 'none' after each conv.
+    conv_impl: 'xla' (nn.Conv) or 'patches' (`layers.PatchConv`: batched
+      matrix multiplies when vmapped over clients; same parameters).
+    projection_dim: > 0 adds MOON's projection head (models/projection.py)
+      on the embedding: 'embedding' is then its output z and the classifier
+      sits on z (for MOON in FedQuad's comparison; FedQuad itself uses 0).
   """
   num_classes: int
   widths: Sequence[int] = (64, 128, 256)
   embedding_dim: int = 128
   norm: str = 'batch'
+  conv_impl: str = 'xla'
+  projection_dim: int = 0
 
   @nn.compact
   def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
@@ -66,7 +74,8 @@ class FedQuadCNN(nn.Module):
     features = []
     for block, channels in enumerate(self.widths):
       # 3x3, stride 1, SAME == PyTorch padding=1.
-      x = nn.Conv(channels, (3, 3), strides=1, padding='SAME')(x)
+      x = make_conv(self.conv_impl)(channels, (3, 3), strides=1,
+                                    padding='SAME')(x)
       x = nn.relu(norm(x, train, mask))
       if block < 2:
         x = pool_2x2(x, 'max')
@@ -76,5 +85,7 @@ class FedQuadCNN(nn.Module):
         x = jnp.mean(x, axis=(1, 2))
         features.append(x)
     embedding = nn.Dense(self.embedding_dim)(x)
-    logits = nn.Dense(self.num_classes)(embedding)
+    embedding, logits = head_and_classifier(
+        embedding, projection_dim=self.projection_dim,
+        num_classes=self.num_classes)
     return {'logits': logits, 'embedding': embedding, 'features': features}

@@ -1,6 +1,7 @@
 """Layers shared by the models, in the forms XLA runs fast on every backend."""
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 
@@ -50,3 +51,66 @@ def make_norm(kind: str, groups: int = 2):
   if kind == 'group':
     return lambda x, train, mask: nn.GroupNorm(num_groups=groups)(x)
   raise ValueError(f"Unknown norm {kind!r}; use 'none', 'batch' or 'group'.")
+
+
+class PatchConv(nn.Module):
+  """A 2-D convolution as image patches times a matrix (im2col + GEMM).
+
+  Same parameters (``kernel`` [kh, kw, C, O], ``bias`` [O]), initialisers and
+  outputs as ``nn.Conv`` with the same arguments, so the two are
+  interchangeable in a checkpoint. Why it exists: under ``vmap`` over
+  per-client weights, ``nn.Conv`` becomes one grouped convolution with a
+  group per client, which accelerator backends run far below their matmul
+  rate; here the weights only enter a ``dot_general``, which vmap turns into
+  a batched matrix multiply over the clients axis (tensor-core GEMMs on a
+  GPU), while the patch extraction has no per-client weights at all.
+
+  Attributes:
+    features: O, output channels.
+    kernel_size: (kh, kw).
+    strides: int or (sh, sw).
+    padding: 'SAME' or 'VALID'.
+    use_bias: add a bias.
+  """
+  features: int
+  kernel_size: tuple = (3, 3)
+  strides: int | tuple = 1
+  padding: str = 'SAME'
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    """x [B, H, W, C] -> [B, H', W', O]."""
+    kh, kw = self.kernel_size
+    strides = ((self.strides, self.strides) if isinstance(self.strides, int)
+               else tuple(self.strides))
+    channels = x.shape[-1]
+    kernel = self.param('kernel', nn.initializers.lecun_normal(),
+                        (kh, kw, channels, self.features))
+    # [B, H', W', C * kh * kw], features ordered channel-major (C, kh, kw).
+    patches = jax.lax.conv_general_dilated_patches(
+        x, (kh, kw), strides, self.padding,
+        dimension_numbers=('NHWC', 'OIHW', 'NHWC'))
+    matrix = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, self.features)
+    y = jnp.einsum('bhwk,ko->bhwo', patches, matrix.astype(patches.dtype))
+    if self.use_bias:
+      bias = self.param('bias', nn.initializers.zeros, (self.features,))
+      y = y + bias.astype(y.dtype)
+    return y
+
+
+class Conv(PatchConv):
+  """`PatchConv` under ``nn.Conv``'s class name: flax names submodules after
+  their class (``Conv_0``, ``Conv_1``, ...), so a model built with either
+  convolution has the same parameter tree and checkpoints load into both."""
+
+
+def make_conv(impl: str):
+  """``nn.Conv`` ('xla') or `PatchConv` ('patches'), same call signature:
+  ``conv(features, kernel_size, strides=..., padding=..., use_bias=...)``."""
+  if impl == 'xla':
+    return nn.Conv
+  if impl == 'patches':
+    return lambda features, kernel_size, **kwargs: Conv(
+        features, tuple(kernel_size), **kwargs)
+  raise ValueError(f"Unknown conv_impl {impl!r}; use 'xla' or 'patches'.")

@@ -11,7 +11,8 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fedjax_metric.models.layers import make_norm, pool_2x2
+from fedjax_metric.models.layers import make_conv, make_norm, pool_2x2
+from fedjax_metric.models.projection import head_and_classifier
 
 
 class SmallCNN(nn.Module):
@@ -23,12 +24,19 @@ class SmallCNN(nn.Module):
     embedding_dim: D, the width of the penultimate layer ('embedding').
     pool: 'stride' (stride-2 convs), 'avg' or 'max' (2x2 pooling).
     norm: 'none', 'batch' or 'group' after each conv.
+    conv_impl: 'xla' (nn.Conv) or 'patches' (`layers.PatchConv`: batched
+      matrix multiplies when vmapped over clients; same parameters).
+    projection_dim: > 0 adds MOON's projection head (models/projection.py)
+      on the dense layer: 'embedding' is then its output z [B,
+      projection_dim] and the classifier sits on z.
   """
   num_classes: int
   width: int = 32
   embedding_dim: int = 128
   pool: str = 'stride'
   norm: str = 'none'
+  conv_impl: str = 'xla'
+  projection_dim: int = 0
 
   @nn.compact
   def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
@@ -44,7 +52,8 @@ class SmallCNN(nn.Module):
     features = []
     for channels in (self.width, 2 * self.width):
       strides = 2 if self.pool == 'stride' else 1
-      x = norm(nn.Conv(channels, (3, 3), strides=strides)(x), train, mask)
+      conv = make_conv(self.conv_impl)(channels, (3, 3), strides=strides)
+      x = norm(conv(x), train, mask)
       # FedRCL's level taps are pre-ReLU, globally average-pooled, as in
       # the authors' released code (github.com/skynbe/FedRCL,
       # models/resnet_base.py).
@@ -54,5 +63,7 @@ class SmallCNN(nn.Module):
         x = pool_2x2(x, self.pool)
     x = x.reshape(x.shape[0], -1)
     embedding = nn.relu(nn.Dense(self.embedding_dim)(x))
-    logits = nn.Dense(self.num_classes)(embedding)
+    embedding, logits = head_and_classifier(
+        embedding, projection_dim=self.projection_dim,
+        num_classes=self.num_classes)
     return {'logits': logits, 'embedding': embedding, 'features': features}
