@@ -1,9 +1,19 @@
-r"""Steady-state speed of a federated round, per executor, vs a PyTorch loop.
+r"""Steady-state speed of a federated round, per executor, vs PyTorch.
 
   python -m launch.bench                       # small CNN, 10 and 100 clients
   python -m launch.bench --clients=10,100 --local_steps=10 --batch_size=32 \
       --executors=host,vmap,chunked,sequential --pool=stride --torch
   python -m launch.bench --model=fedquad_cnn --executors=host
+  python -m launch.bench --executors=host,vmap,torch_vmap,torch_vmap_compiled
+
+PyTorch (launch/torch_reference.py, the ``[bench]`` extra) runs on the device
+JAX runs on (CUDA when JAX is on a GPU and torch sees one, else the CPU) in
+up to three forms: ``torch``, the per-client loop of the reference
+implementations (``--torch`` adds it, on by default); ``torch_vmap``, all
+clients of a round at once with torch.func (vmap + grad over stacked
+parameters, eager); ``torch_vmap_compiled``, that step in torch.compile
+(added wherever ``torch_vmap`` is timed unless ``--notorch_compile``). Every
+row's time is compared with the loop and with the fastest PyTorch form.
 
 Each configuration: FedAvg, every client takes exactly ``local_steps`` SGD
 steps of ``batch_size`` on synthetic 28x28x1 data; one warm-up round (its time
@@ -38,7 +48,8 @@ _MODEL = flags.DEFINE_enum('model', 'small_cnn', ['small_cnn', 'fedquad_cnn'],
 _POOL = flags.DEFINE_string('pool', 'stride', 'small_cnn pool: stride|avg|max.')
 _EXECUTORS = flags.DEFINE_list('executors', ['host', 'vmap', 'chunked'],
                                'Executors to time: host, vmap, chunked, '
-                               'sequential.')
+                               'sequential; PyTorch: torch (the per-client '
+                               'loop), torch_vmap, torch_vmap_compiled.')
 _CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
 _UNROLL = flags.DEFINE_boolean(
     'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).')
@@ -49,11 +60,23 @@ _PRECISION = flags.DEFINE_enum('precision', 'default',
                                ['default', 'highest', 'bf16'],
                                'Matmul precision (config.precision).')
 _TORCH = flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
+_TORCH_COMPILE = flags.DEFINE_boolean(
+    'torch_compile', True, 'Where torch_vmap is timed, also time '
+    'torch_vmap_compiled (its step in torch.compile).')
+_TORCH_THREADS = flags.DEFINE_integer(
+    'torch_threads', None, 'torch.set_num_threads for the PyTorch rows '
+    "(default: torch's own, one per core).")
 _OUT = flags.DEFINE_string('out', None, 'Markdown file (default '
                            'benchmarks/<backend>.md).')
 _POINT = flags.DEFINE_string(
     'point', None, 'Internal: time one "executor,clients" point (or '
     '"torch,clients") in this process and print it as JSON.')
+
+# Executor name -> torch_reference.time_torch_rounds variant.
+TORCH_VARIANTS = {'torch': 'loop', 'torch_vmap': 'vmap',
+                  'torch_vmap_compiled': 'vmap_compiled'}
+TORCH_LABELS = {'torch': 'pytorch loop', 'torch_vmap': 'pytorch vmap',
+                'torch_vmap_compiled': 'pytorch vmap + compile'}
 
 
 def time_jax(executor, num_clients, *, unroll):
@@ -86,23 +109,44 @@ def time_jax(executor, num_clients, *, unroll):
           'compile': times[0] - median}
 
 
-def time_torch(clients):
+def time_torch(name, clients):
+  """Times one PyTorch form on the device JAX uses.
+
+  Args:
+    name: a key of `TORCH_VARIANTS`.
+    clients: clients per round.
+
+  Returns:
+    dict(median, min, max seconds per round, compile = warm-up round minus
+    median, device_mb = CUDA's peak allocated MiB or None, torch_device,
+    torch_version, num_threads, load = 1-minute load averages before and
+    after).
+  """
   from launch import torch_reference  # pylint: disable=g-import-not-at-top
   h, w, c = (int(x) for x in _IMAGE.value)
+  load_before = os.getloadavg()[0]
+  device = torch_reference.pick_device(jax.default_backend())
   r = torch_reference.time_torch_rounds(
       clients_per_round=clients, local_steps=_STEPS.value,
       batch_size=_BATCH.value, image_shape=(h, w, c), pool=_POOL.value,
-      model=_MODEL.value, num_rounds=_ROUNDS.value, warmup_rounds=1, lr=0.01)
+      model=_MODEL.value, num_rounds=_ROUNDS.value, warmup_rounds=1, lr=0.01,
+      variant=TORCH_VARIANTS[name], device=device,
+      num_threads=_TORCH_THREADS.value)
   return {'median': r['median'], 'min': r['min'],
-          'max': max(r['seconds_per_round']), 'compile': None,
-          'note': f'torch {r["torch_version"]}, {r["num_threads"]} threads'}
+          'max': max(r['seconds_per_round']),
+          'compile': r['warmup_seconds'][0] - r['median'],
+          'device_mb': r['peak_device_mb'], 'torch_device': r['device'],
+          'torch_version': r['torch_version'],
+          'num_threads': r['num_threads'],
+          'load': [load_before, os.getloadavg()[0]]}
 
 
 def measure_point(point, unroll):
   """Times one point in this process; adds its peak memory."""
   executor, clients = point.split(',')
-  if executor == 'torch':
-    result = time_torch(int(clients))
+  if executor in TORCH_VARIANTS:
+    return {**time_torch(executor, int(clients)),
+            'rss_mb': machine.peak_rss_mb()}
   else:
     with train.matmul_precision(_PRECISION.value):
       result = time_jax(executor, int(clients), unroll=unroll)
@@ -122,17 +166,70 @@ def measure_in_child(point):
 
 COLUMNS = ['clients/round', 'executor', 's/round (median)', 'min-max',
            'client-steps/s', 'compile s', 'peak RSS MB', 'peak device MB',
-           'vs PyTorch']
+           'vs PyTorch loop', 'vs best PyTorch']
 
 
-def format_row(clients, name, r, torch_median):
-  """One table row's cells."""
-  ratio = f'{r["median"] / torch_median:.2f}x' if torch_median else 'n/a'
+def ratio_cell(median, reference):
+  """Time ratio to a PyTorch median: below 1 is faster than PyTorch."""
+  return f'{median / reference:.2f}x' if reference else 'n/a'
+
+
+def format_row(clients, name, r, loop_median, best_torch):
+  """One table row's cells; a PyTorch form that failed keeps its note.
+
+  ``best_torch``: (label, median) of the fastest PyTorch form, or None.
+  """
+  if r.get('failed'):
+    return [clients, name, '-', '-', '-', '-', '-', '-', '-',
+            f'failed: {r["failed"]}']
+  best = (ratio_cell(r['median'], best_torch[1]) + f' ({best_torch[0]})'
+          if best_torch else 'n/a')
   return [clients, name, f'{r["median"]:.3f}', f'{r["min"]:.3f}-{r["max"]:.3f}',
           f'{clients * _STEPS.value / r["median"]:.0f}',
           '-' if r['compile'] is None else f'{r["compile"]:.1f}',
           f'{r["rss_mb"]:.0f}',
-          '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}', ratio]
+          '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}',
+          ratio_cell(r['median'], loop_median), best]
+
+
+def executor_names():
+  """--executors, plus the PyTorch loop (--torch) and, where torch_vmap is
+  timed, its compiled form (--torch_compile); each name once."""
+  names = list(_EXECUTORS.value)
+  if _TORCH.value and 'torch' not in names:
+    names.append('torch')
+  if (_TORCH_COMPILE.value and 'torch_vmap' in names
+      and 'torch_vmap_compiled' not in names):
+    names.append('torch_vmap_compiled')
+  return names
+
+
+def torch_note(results, backend):
+  """The table's PyTorch line: version, device, threads, what each form is."""
+  done = [r for name, r in results if name in TORCH_VARIANTS
+          and not r.get('failed')]
+  if not done:
+    return None
+  first = done[0]
+  device = first['torch_device']
+  loads = [x for r in done for x in r['load']]
+  threads = first['num_threads']
+  # OpenMP's spin-waiting decides torch's speed on a loaded CPU: say if set.
+  wait_policy = (f', OMP_WAIT_POLICY={os.environ["OMP_WAIT_POLICY"]}'
+                 if os.environ.get('OMP_WAIT_POLICY') else '')
+  why = (' (this torch build sees no CUDA device)'
+         if backend == 'gpu' and device == 'cpu' else '')
+  return (f'PyTorch: torch {first["torch_version"]} on {device}{why}, '
+          f'{threads} CPU thread{"s" if threads > 1 else ""}{wait_policy}; '
+          '1-minute load average '
+          f'{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores '
+          'during these rows. pytorch loop = one client '
+          'after the other (load_state_dict, SGD, FedAvg); pytorch vmap = all '
+          'clients at once with torch.func (vmap(grad(functional_call)) over '
+          'stacked parameters), eager; + compile = that step in torch.compile '
+          '(compile s = warm-up round minus median). Ratios are time ratios '
+          '(below 1: faster than that PyTorch form); "best" is the fastest '
+          'PyTorch form at that cohort size.')
 
 
 def model_label():
@@ -143,29 +240,53 @@ def model_label():
 
 def main(argv):
   del argv
-  backend = jax.default_backend()
-  unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
+  if _POINT.value and _POINT.value.split(',')[0] in TORCH_VARIANTS:
+    # This process asks JAX only for its backend's name; on a GPU, JAX's
+    # default preallocation would hold most of the memory torch needs.
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   if _POINT.value:
+    backend = jax.default_backend()
+    unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
     machine.print_result(measure_point(_POINT.value, unroll))
     return
-  rows = []
+  # The parent never starts a backend itself (see machine.describe_backend).
+  described = machine.describe_backend()
+  backend = described['backend']
+  unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
+  rows, measured = [], []
+  names = executor_names()
   for clients in (int(c) for c in _CLIENTS.value):
     results = {}
-    names = list(_EXECUTORS.value) + (['torch'] if _TORCH.value else [])
     for name in names:
-      r = results[name] = measure_in_child(f'{name},{clients}')
+      try:
+        r = results[name] = measure_in_child(f'{name},{clients}')
+      except RuntimeError as e:
+        if name not in TORCH_VARIANTS:
+          raise
+        # A PyTorch form that does not run here (say torch.compile without
+        # a working C++ compiler) gets a row that says so.
+        results[name] = {'failed': str(e)[:300]}
+        print(f'{name:>10} C={clients:<5} failed: {e}', flush=True)
+        continue
       print(f'{name:>10} C={clients:<5} {r["median"]:.3f} s/round '
             f'(min {r["min"]:.3f}, max {r["max"]:.3f}), compile '
             f'{r["compile"]} s, {clients * _STEPS.value / r["median"]:.0f} '
             f'client-steps/s, peak RSS {r["rss_mb"]:.0f} MB, device '
             f'{r["device_mb"]} MB', flush=True)
-    torch_median = results['torch']['median'] if 'torch' in results else None
+    measured += results.items()
+    torch_done = {name: r['median'] for name, r in results.items()
+                  if name in TORCH_VARIANTS and not r.get('failed')}
+    loop_median = torch_done.get('torch')
+    best_torch = None
+    if torch_done:
+      best = min(torch_done, key=torch_done.get)
+      best_torch = (TORCH_LABELS[best], torch_done[best])
     for name, r in results.items():
-      label = f'pytorch loop ({r["note"]})' if name == 'torch' else name
-      rows.append(format_row(clients, label, r, torch_median))
+      rows.append(format_row(clients, TORCH_LABELS.get(name, name), r,
+                             loop_median, best_torch))
 
   notes = [
-      f'Device: {machine.device_name()} ({backend}); jax {jax.__version__}; '
+      f'Device: {described["device"]} ({backend}); jax {jax.__version__}; '
       f'median of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. '
       "Each row ran in its own process: peak RSS is that row's; device MB is "
       "XLA's peak on device 0 (not reported on CPU, where it is host memory).",
@@ -174,8 +295,14 @@ def main(argv):
       f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
       f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
       f'--chunk_size={_CHUNK.value} --precision={_PRECISION.value} '
-      f'--conv_impl={_CONV.value}`',
+      f'--conv_impl={_CONV.value} --torch={_TORCH.value} '
+      f'--torch_compile={_TORCH_COMPILE.value}'
+      + (f' --torch_threads={_TORCH_THREADS.value}'
+         if _TORCH_THREADS.value else '') + '`',
   ]
+  pytorch = torch_note(measured, backend)
+  if pytorch:
+    notes.insert(1, pytorch)
   table = machine.markdown_section(
       f'{model_label()}, {"x".join(_IMAGE.value)}, {_STEPS.value} local steps '
       f'of {_BATCH.value}, FedAvg', notes, COLUMNS, rows)

@@ -124,3 +124,20 @@ def markdown_section(heading: str, notes: Sequence[str], columns: List[str],
   lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |'
             for row in rows]
   return '\n'.join(lines) + '\n'
+
+
+def describe_backend() -> Dict[str, str]:
+  """``{'backend', 'device'}`` of JAX's default backend, asked of a child.
+
+  A benchmark's orchestrating process must not start a GPU backend itself:
+  JAX would reserve most of the device's memory, which the children measuring
+  each point need.
+  """
+  child = run_child('launch.machine', [])
+  if child.status != 'ok':
+    raise RuntimeError(f'Could not start a JAX child process: {child.note}')
+  return child.result
+
+
+if __name__ == '__main__':
+  print_result({'backend': jax.default_backend(), 'device': device_name()})

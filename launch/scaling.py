@@ -303,18 +303,6 @@ def measure_in_subprocess(point: Point, *,
   return {**child.result, 'wall_seconds': child.wall_seconds}
 
 
-def describe_backend() -> Dict[str, str]:
-  """Backend and device name, asked of a child process.
-
-  The orchestrating process imports JAX but never touches a device: starting a
-  GPU backend would reserve most of its memory, which the children need.
-  """
-  child = machine.run_child('launch.scaling', ['--describe'])
-  if child.status != 'ok':
-    raise RuntimeError(f'Could not start a JAX child process: {child.note}')
-  return child.result
-
-
 def predict_wall_seconds(point: Point,
                          finished: Sequence[Dict[str, Any]]) -> Optional[float]:
   """Wall time of ``point`` from the largest smaller finished point like it.
@@ -580,8 +568,6 @@ def define_flags():
                       'PNG (default docs/results/scaling_<backend>.png).')
   flags.DEFINE_string('point', None, 'Internal: measure this JSON-encoded '
                       'Point in this process and print its result line.')
-  flags.DEFINE_boolean('describe', False,
-                       'Internal: print the backend and device as JSON.')
 
 
 def main(argv):
@@ -589,9 +575,6 @@ def main(argv):
   f = flags.FLAGS
   if f.point:
     machine.print_result(measure_point(Point.from_json(f.point)))
-    return
-  if f.describe:
-    machine.print_result({'backend': jax.default_backend(), 'device': machine.device_name()})
     return
   try:
     check_algorithms(f.algorithms)
@@ -606,7 +589,7 @@ def main(argv):
       image_shape=tuple(int(x) for x in f.image_shape),
       chunk_size=f.chunk_size, unroll=f.unroll, precision=f.precision,
       conv_impl=f.conv_impl)
-  described = describe_backend()
+  described = machine.describe_backend()
   backend, device = described['backend'], described['device']
   print(f'{len(points)} points on {device} ({backend}); each in its own '
         f'process, at most {f.max_seconds:g} s each.', flush=True)

@@ -1,17 +1,30 @@
-"""Plain PyTorch per-client FL loop: the speed reference for our benchmark.
+"""PyTorch FedAvg rounds: the speed references for our benchmark.
 
-This is what the reference implementations (MOON, FedRCL, FedAU) do each
-round: for every sampled client, copy the global weights into a client model
-(``load_state_dict``), build a fresh SGD optimizer, run ``local_steps``
-forward/backward/step iterations on batches of ``batch_size``, then
-FedAvg-average the client weights into the global model. Clients run one after
-the other in eager PyTorch; nothing is fused or vectorised across clients.
+Two ways a PyTorch user would write a federated round, both timed by
+launch/bench.py against the JAX executors, on the device JAX uses:
 
-The data are random tensors made once on the CPU before timing starts and each
-step's batch is a ``torch.randint`` gather, so what is timed is compute, not
-data loading.
+* ``loop`` (`fedavg_round`): what the reference implementations (MOON, FedRCL,
+  FedAU) do each round: for every sampled client, copy the global weights into
+  a client model (``load_state_dict``), build a fresh SGD optimizer, run
+  ``local_steps`` forward/backward/step iterations on batches of
+  ``batch_size``, then FedAvg-average the client weights into the global
+  model. Clients run one after the other in eager PyTorch.
+* ``vmap`` (`fedavg_round_vmap`): all clients of the round side by side with
+  ``torch.func``: the global state stacked K times
+  (``stack_module_state``), ``vmap(grad(functional_call(...)))`` for every
+  client's gradient at once, the SGD update applied to the stacked
+  parameters, then the FedAvg mean over the client axis. ``vmap_compiled``
+  wraps that step in ``torch.compile``.
 
-The model is architecturally identical to the JAX
+Both use the same model, example pool, steps, batch size and learning rate,
+and, given the same batch indices (`draw_batch_indices`), produce the same
+global model up to float rounding (tests/test_torch_reference.py).
+
+The data are random tensors made once before timing starts and each step's
+batch is a gather with ``torch.randint`` indices, so what is timed is compute,
+not data loading.
+
+The small CNN is architecturally identical to the JAX
 ``fedjax_metric.models.small_cnn.SmallCNN`` with ``norm='none'``: same layers,
 same shapes, same parameter count. One deliberate difference: flax ``'SAME'``
 padding on a stride-2 3x3 conv over an even size pads (0 before, 1 after),
@@ -22,20 +35,21 @@ one-pixel shift, which is irrelevant for a speed reference.
 Run::
 
   .venv/bin/python -m launch.torch_reference --clients_per_round 10 \
-      --local_steps 10 --batch_size 32
+      --local_steps 10 --batch_size 32 --variant vmap
 """
 
 import argparse
 import json
 import statistics
 import time
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 POOLS = ('stride', 'avg', 'max')
+VARIANTS = ('loop', 'vmap', 'vmap_compiled')
 
 
 def _down_size(size: int, pool: str) -> int:
@@ -43,7 +57,8 @@ def _down_size(size: int, pool: str) -> int:
 
   Args:
     size: input height or width.
-    pool: 'stride' (stride-2 conv, ceil), 'avg' or 'max' (2x2 VALID pool, floor).
+    pool: 'stride' (stride-2 conv, ceil), 'avg' or 'max' (2x2 VALID pool,
+      floor).
 
   Returns:
     The output height or width.
@@ -139,17 +154,27 @@ class TorchFedQuadCNN(nn.Module):
   def __init__(self, *, in_channels: int, num_classes: int = 10,
                widths: Sequence[int] = (64, 128, 256),
                embedding_dim: int = 128):
+    """Builds the layers.
+
+    Args:
+      in_channels: C of the [B, C, H, W] input.
+      num_classes: number of output logits.
+      widths: channels of the three conv blocks.
+      embedding_dim: width of the embedding layer.
+    """
     super().__init__()
     channels = [in_channels, *widths]
     self.convs = nn.ModuleList(
-        nn.Conv2d(a, b, 3, padding=1) for a, b in zip(channels, channels[1:]))
+        nn.Conv2d(a, b, 3, padding=1)
+        for a, b in zip(channels[:-1], channels[1:], strict=True))
     self.norms = nn.ModuleList(nn.BatchNorm2d(b) for b in widths)
     self.fc1 = nn.Linear(widths[-1], embedding_dim)
     self.fc2 = nn.Linear(embedding_dim, num_classes)
 
   def forward(self, x: torch.Tensor) -> torch.Tensor:
     """Maps images [B, C, H, W] float32 to logits [B, num_classes]."""
-    for block, (conv, norm) in enumerate(zip(self.convs, self.norms)):
+    blocks = zip(self.convs, self.norms, strict=True)
+    for block, (conv, norm) in enumerate(blocks):
       x = F.relu(norm(conv(x)))
       x = F.max_pool2d(x, 2) if block < 2 else x.mean(dim=(2, 3))
     return self.fc2(self.fc1(x))
@@ -157,7 +182,20 @@ class TorchFedQuadCNN(nn.Module):
 
 def make_torch_model(model: str, *, in_channels: int, image_size,
                      pool: str = 'stride') -> nn.Module:
-  """'small_cnn' (with ``pool``) or 'fedquad_cnn', 10 classes."""
+  """The PyTorch twin of a JAX model, 10 classes.
+
+  Args:
+    model: 'small_cnn' (with ``pool``) or 'fedquad_cnn'.
+    in_channels: C of the [B, C, H, W] input.
+    image_size: H (square images) or an (H, W) pair.
+    pool: small_cnn's downsampling: 'stride', 'avg' or 'max'.
+
+  Returns:
+    A ``torch.nn.Module`` mapping [B, C, H, W] to logits [B, 10].
+
+  Raises:
+    ValueError: on an unknown ``model``.
+  """
   if model == 'small_cnn':
     return make_torch_small_cnn(in_channels=in_channels, image_size=image_size,
                                 pool=pool)
@@ -166,17 +204,78 @@ def make_torch_model(model: str, *, in_channels: int, image_size,
   raise ValueError(f"model must be 'small_cnn' or 'fedquad_cnn', got {model!r}")
 
 
+def pick_device(jax_backend: str) -> torch.device:
+  """The device the PyTorch reference runs on: the one JAX runs on.
+
+  Args:
+    jax_backend: ``jax.default_backend()`` of the JAX side ('cpu', 'gpu', ...).
+
+  Returns:
+    ``cuda`` when JAX runs on a GPU and this torch build sees one, else ``cpu``
+    (a CPU-only torch wheel on a GPU machine falls back to the CPU, and the
+    benchmark table says so).
+  """
+  if jax_backend == 'gpu' and torch.cuda.is_available():
+    return torch.device('cuda')
+  return torch.device('cpu')
+
+
+def synchronize(device: torch.device) -> None:
+  """Waits for queued CUDA kernels, so a wall-clock timer sees their cost."""
+  if device.type == 'cuda':
+    torch.cuda.synchronize(device)
+
+
+def draw_batch_indices(num_examples: int, clients: int, steps: int,
+                       batch_size: int, *,
+                       generator: Optional[torch.Generator] = None,
+                       device=None) -> torch.Tensor:
+  """Uniform example indices of one round, laid out [clients, steps, batch].
+
+  Draws them with one ``torch.randint`` per (client, step) in client-major
+  order, the order `fedavg_round` draws its own batches in: with the same
+  generator state, both rounds see the same batches.
+
+  Args:
+    num_examples: size N of the example pool.
+    clients: clients in the round.
+    steps: local steps per client.
+    batch_size: examples per step.
+    generator: optional ``torch.Generator`` (on ``device``).
+    device: where the indices live (the generator's device).
+
+  Returns:
+    int64 [clients, steps, batch_size] in [0, N).
+  """
+  draws = [torch.randint(num_examples, (batch_size,), generator=generator,
+                         device=device)
+           for _ in range(clients * steps)]
+  return torch.stack(draws).reshape(clients, steps, batch_size)
+
+
 def fedavg_round(global_model: nn.Module, client_model: nn.Module,
                  images: torch.Tensor, labels: torch.Tensor, *,
                  clients_per_round: int, local_steps: int, batch_size: int,
-                 lr: float, generator: Optional[torch.Generator] = None) -> None:
+                 lr: float, generator: Optional[torch.Generator] = None,
+                 batch_indices: Optional[torch.Tensor] = None) -> None:
   """Runs one FL round in place on ``global_model``, one client at a time.
 
-  Every client runs the same number of steps on the same batch size, so the
-  FedAvg weights are uniform. The average is accumulated as
-  ``global + sum_i w_i * (client_i - global)``, which is FedAvg exactly in
-  real arithmetic and, unlike a plain weighted sum of the client weights,
-  leaves the global weights bit-for-bit unchanged when no client moves.
+  FedAvg (McMahan et al., 'Communication-Efficient Learning of Deep Networks
+  from Decentralized Data', AISTATS 2017, Algorithm 1): every client starts
+  from the global weights w, takes ``local_steps`` SGD steps
+  w <- w - lr * grad(mean cross-entropy of its batch), and the server sets
+  w <- sum_k (n_k / n) w_k. Every client runs the same number of steps on the
+  same batch size, so the weights n_k / n are uniform. The average is
+  accumulated as ``global + sum_k w_k * (client_k - global)``, which is FedAvg
+  exactly in real arithmetic and, unlike a plain weighted sum of the client
+  weights, leaves the global weights bit-for-bit unchanged when no client
+  moves.
+
+  BatchNorm buffers: each client starts from the global running statistics,
+  updates them in train mode as ``nn.BatchNorm2d`` does, and the server
+  averages them like the weights; the integer ``num_batches_tracked`` counter
+  is not averaged and keeps the global value (with the default momentum it
+  is never read).
 
   Args:
     global_model: the server model; updated in place.
@@ -188,6 +287,8 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
     batch_size: examples per step.
     lr: SGD learning rate.
     generator: optional ``torch.Generator`` for the batch indices.
+    batch_indices: optional int64 [clients, steps, batch_size] batches to use
+      instead of drawing them (as `draw_batch_indices` draws them).
   """
   num_examples = images.shape[0]
   global_state = {k: v.detach().clone() for k, v in
@@ -195,11 +296,15 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
   delta_sum = {k: torch.zeros_like(v) for k, v in global_state.items()}
   weight = 1.0 / clients_per_round
   client_model.train()
-  for _ in range(clients_per_round):
+  for client in range(clients_per_round):
     client_model.load_state_dict(global_state)
     optimizer = torch.optim.SGD(client_model.parameters(), lr=lr)
-    for _ in range(local_steps):
-      idx = torch.randint(num_examples, (batch_size,), generator=generator)
+    for step in range(local_steps):
+      if batch_indices is None:
+        idx = torch.randint(num_examples, (batch_size,), generator=generator,
+                            device=images.device)
+      else:
+        idx = batch_indices[client, step]
       x, y = images[idx], labels[idx]
       optimizer.zero_grad(set_to_none=True)
       loss = F.cross_entropy(client_model(x), y)
@@ -214,71 +319,208 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
         {k: global_state[k] + delta_sum[k] for k in global_state})
 
 
+SgdStep = Callable[[Dict[str, torch.Tensor], Dict[str, torch.Tensor],
+                    torch.Tensor, torch.Tensor, torch.Tensor],
+                   Dict[str, torch.Tensor]]
+
+
+def make_vmap_sgd_step(model: nn.Module, *, lr: float,
+                       compile_step: bool = False) -> SgdStep:
+  """One SGD step of every client at once, vectorised with ``torch.func``.
+
+  The step maps stacked client parameters theta [K, ...] to
+  theta_k - lr * grad_theta L_k(theta_k) for every client k, where L_k is the
+  mean cross-entropy of client k's batch: the local update of FedAvg (McMahan
+  et al., 'Communication-Efficient Learning of Deep Networks from
+  Decentralized Data', AISTATS 2017, Algorithm 1, ClientUpdate), written as
+  ``vmap(grad(functional_call(model, ...)))`` over the client axis. The update
+  ``p.add(g, alpha=-lr)`` is the one ``torch.optim.SGD`` applies, so the loop
+  and this step do the same arithmetic per parameter.
+
+  BatchNorm: the stacked buffers [K, ...] are passed to ``functional_call``
+  and ``nn.BatchNorm2d`` updates its running statistics in place, as it does
+  in the loop, so client k's buffers move exactly as its model's would.
+
+  Args:
+    model: the architecture (its own weights are not used); in train mode.
+    lr: SGD learning rate.
+    compile_step: wrap the step in ``torch.compile`` (default mode).
+
+  Returns:
+    ``step(params, buffers, images, labels, idx) -> new params`` where params
+    and buffers are stacked [K, ...] dicts, images [N, C, H, W] and labels [N]
+    the example pool and idx int64 [K, B] this step's batches; ``buffers`` are
+    updated in place.
+  """
+
+  def client_loss(params, buffers, x, y):
+    logits = torch.func.functional_call(model, (params, buffers), (x,))
+    return F.cross_entropy(logits, y)
+
+  client_grads = torch.func.vmap(torch.func.grad(client_loss))
+
+  def step(params, buffers, images, labels, idx):
+    grads = client_grads(params, buffers, images[idx], labels[idx])
+    return {k: p.add(grads[k], alpha=-lr) for k, p in params.items()}
+
+  return torch.compile(step) if compile_step else step
+
+
+def fedavg_round_vmap(global_model: nn.Module, images: torch.Tensor,
+                      labels: torch.Tensor, batch_indices: torch.Tensor, *,
+                      sgd_step: SgdStep) -> None:
+  """Runs one FedAvg round in place, all clients side by side.
+
+  The same round as `fedavg_round` (McMahan et al., 'Communication-Efficient
+  Learning of Deep Networks from Decentralized Data', AISTATS 2017,
+  Algorithm 1, with uniform client weights): the global parameters and
+  buffers are copied K times (``torch.func.stack_module_state``), every local
+  step trains all K clients at once with ``sgd_step``
+  (`make_vmap_sgd_step`), and the server sets
+  w <- w + (1 / K) sum_k (w_k - w) for the parameters and the floating-point
+  BatchNorm buffers; the integer ``num_batches_tracked`` keeps the global
+  value, as in `fedavg_round`.
+
+  Args:
+    global_model: the server model, in train mode; updated in place.
+    images: [N, C, H, W] float32 example pool.
+    labels: [N] int64.
+    batch_indices: int64 [K, steps, B]: client k's batch at each step.
+    sgd_step: from `make_vmap_sgd_step` for ``global_model``'s architecture.
+  """
+  clients = batch_indices.shape[0]
+  params, buffers = torch.func.stack_module_state([global_model] * clients)
+  params = {k: v.detach() for k, v in params.items()}
+  for step in range(batch_indices.shape[1]):
+    params = sgd_step(params, buffers, images, labels, batch_indices[:, step])
+  with torch.no_grad():
+    averaged = {**params, **buffers}
+    for k, v in global_model.state_dict().items():
+      if v.is_floating_point():
+        v.add_((averaged[k] - v).mean(0))
+
+
+def make_data(num_examples: int, image_shape, *, device, seed: int = 0):
+  """Random float32 images [N, C, H, W] and int64 labels [N] on ``device``.
+
+  Made on the CPU with a seeded generator (the same values whatever the
+  device), then moved once, before any timing.
+
+  Args:
+    num_examples: N.
+    image_shape: (H, W, C).
+    device: where the tensors go.
+    seed: the generator's seed.
+
+  Returns:
+    (images [N, C, H, W] standard normal, labels [N] uniform in [0, 10)).
+  """
+  height, width, channels = image_shape
+  generator = torch.Generator().manual_seed(seed)
+  images = torch.randn(num_examples, channels, height, width,
+                       generator=generator, dtype=torch.float32)
+  labels = torch.randint(10, (num_examples,), generator=generator,
+                         dtype=torch.int64)
+  return images.to(device), labels.to(device)
+
+
 def time_torch_rounds(*, clients_per_round: int, local_steps: int,
                       batch_size: int, image_shape=(28, 28, 1),
                       pool: str = 'stride', model: str = 'small_cnn',
                       num_rounds: int = 5,
                       warmup_rounds: int = 1, num_threads: Optional[int] = None,
-                      lr: float = 0.01) -> Dict:
-  """Times the eager per-client PyTorch FL loop on random CPU data.
+                      lr: float = 0.01, variant: str = 'loop',
+                      device=None) -> Dict:
+  """Times a PyTorch FedAvg round on random data.
 
   Args:
-    clients_per_round: clients trained sequentially per round.
+    clients_per_round: clients trained per round.
     local_steps: SGD steps per client.
     batch_size: examples per step.
     image_shape: (H, W, C), as in the JAX code; converted to NCHW here.
     pool: 'stride', 'avg' or 'max' (small_cnn).
     model: 'small_cnn' or 'fedquad_cnn'.
     num_rounds: timed rounds.
-    warmup_rounds: untimed rounds run first.
+    warmup_rounds: untimed rounds run first (they include torch.compile's
+      compilation for 'vmap_compiled').
     num_threads: if given, passed to ``torch.set_num_threads``; otherwise
       torch's default is kept.
     lr: SGD learning rate.
+    variant: 'loop' (`fedavg_round`, one client after the other), 'vmap'
+      (`fedavg_round_vmap`, eager) or 'vmap_compiled' (its step in
+      ``torch.compile``).
+    device: torch device (default CPU); CUDA rounds are timed after
+      ``torch.cuda.synchronize``.
 
   Returns:
     A dict with 'seconds_per_round' (list of per-round seconds), 'median',
-    'min', 'client_steps_per_second' (clients * steps / median),
-    'torch_version' and 'num_threads'.
+    'min', 'warmup_seconds' (list), 'client_steps_per_second'
+    (clients * steps / median), 'torch_version', 'num_threads', 'device',
+    'variant' and 'peak_device_mb' (CUDA's peak allocated MiB, else None).
+
+  Raises:
+    ValueError: on an unknown ``variant``.
   """
+  if variant not in VARIANTS:
+    raise ValueError(f'variant must be one of {VARIANTS}, got {variant!r}')
+  device = torch.device(device or 'cpu')
   if num_threads is not None:
     torch.set_num_threads(num_threads)
   height, width, channels = image_shape
-  generator = torch.Generator().manual_seed(0)
   torch.manual_seed(0)
   num_examples = max(1024, 4 * batch_size)
-  images = torch.randn(num_examples, channels, height, width,
-                       generator=generator, dtype=torch.float32)
-  labels = torch.randint(10, (num_examples,), generator=generator,
-                         dtype=torch.int64)
+  images, labels = make_data(num_examples, image_shape, device=device)
+  generator = torch.Generator(device=device).manual_seed(0)
   make = lambda: make_torch_model(model, in_channels=channels,
-                                  image_size=(height, width), pool=pool)
-  global_model, client_model = make(), make()
+                                  image_size=(height, width),
+                                  pool=pool).to(device).train()
+  global_model = make()
+  if variant == 'loop':
+    client_model = make()
 
-  def one_round():
-    fedavg_round(global_model, client_model, images, labels,
-                 clients_per_round=clients_per_round, local_steps=local_steps,
-                 batch_size=batch_size, lr=lr, generator=generator)
+    def one_round():
+      fedavg_round(global_model, client_model, images, labels,
+                   clients_per_round=clients_per_round,
+                   local_steps=local_steps, batch_size=batch_size, lr=lr,
+                   generator=generator)
+  else:
+    sgd_step = make_vmap_sgd_step(global_model, lr=lr,
+                                  compile_step=variant == 'vmap_compiled')
 
-  for _ in range(warmup_rounds):
-    one_round()
-  seconds = []
-  for _ in range(num_rounds):
+    def one_round():
+      # One draw per round, as a user of the vectorised round would write it.
+      idx = torch.randint(num_examples,
+                          (clients_per_round, local_steps, batch_size),
+                          generator=generator, device=device)
+      fedavg_round_vmap(global_model, images, labels, idx, sgd_step=sgd_step)
+
+  def timed_round():
+    synchronize(device)
     start = time.perf_counter()
     one_round()
-    seconds.append(time.perf_counter() - start)
+    synchronize(device)
+    return time.perf_counter() - start
+
+  warmup = [timed_round() for _ in range(warmup_rounds)]
+  seconds = [timed_round() for _ in range(num_rounds)]
   median = statistics.median(seconds)
   return {
       'seconds_per_round': seconds,
+      'warmup_seconds': warmup,
       'median': median,
       'min': min(seconds),
       'client_steps_per_second': clients_per_round * local_steps / median,
       'torch_version': torch.__version__,
       'num_threads': torch.get_num_threads(),
+      'device': str(device),
+      'variant': variant,
+      'peak_device_mb': (torch.cuda.max_memory_allocated(device) / 2**20
+                         if device.type == 'cuda' else None),
   }
 
 
 def main(argv=None):
-  """Parses flags, times the loop and prints the result dict as JSON."""
+  """Parses flags, times one variant and prints the result dict as JSON."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--clients_per_round', type=int, default=10)
   parser.add_argument('--local_steps', type=int, default=10)
@@ -288,6 +530,8 @@ def main(argv=None):
   parser.add_argument('--pool', choices=POOLS, default='stride')
   parser.add_argument('--model', choices=('small_cnn', 'fedquad_cnn'),
                       default='small_cnn')
+  parser.add_argument('--variant', choices=VARIANTS, default='loop')
+  parser.add_argument('--device', default='cpu', help="'cpu' or 'cuda'")
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--warmup_rounds', type=int, default=1)
   parser.add_argument('--num_threads', type=int, default=None)
@@ -297,8 +541,9 @@ def main(argv=None):
       clients_per_round=args.clients_per_round, local_steps=args.local_steps,
       batch_size=args.batch_size,
       image_shape=(args.image_size, args.image_size, args.channels),
-      pool=args.pool, model=args.model, num_rounds=args.rounds, warmup_rounds=args.warmup_rounds,
-      num_threads=args.num_threads, lr=args.lr)
+      pool=args.pool, model=args.model, num_rounds=args.rounds,
+      warmup_rounds=args.warmup_rounds, num_threads=args.num_threads,
+      lr=args.lr, variant=args.variant, device=args.device)
   print(json.dumps(result, indent=2))
 
 

@@ -1,20 +1,38 @@
-"""Tests for launch.torch_reference: the PyTorch speed reference."""
+"""Tests for launch.torch_reference: the PyTorch speed references.
+
+The vectorised round (torch.func) is checked against the per-client loop, and
+the loop against a hand-written per-client training and average. The
+torch.compile checks and the bench.py run take minutes on a small CPU
+(compilation), so they run only with FEDJAX_SLOW_TORCH_TESTS=1.
+"""
 
 import copy
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 torch = pytest.importorskip('torch')
 
-import jax  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp
-import numpy as np
-import torch.nn.functional as F
+# The imports below need torch: after importorskip on purpose.
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from fedjax_metric.models.small_cnn import SmallCNN
-from launch import torch_reference
+from fedjax_metric.models.small_cnn import SmallCNN  # noqa: E402
+from launch import torch_reference  # noqa: E402
 
+# Tiny shapes: one thread is faster than two on a shared CPU, where OpenMP's
+# spin-waiting threads fight the other processes for the cores.
+torch.set_num_threads(1)
+
+SLOW = pytest.mark.skipif(
+    os.environ.get('FEDJAX_SLOW_TORCH_TESTS') != '1',
+    reason='torch.compile / bench.py run: set FEDJAX_SLOW_TORCH_TESTS=1')
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = [(8, 8, 1), (28, 28, 1), (32, 32, 3)]  # (H, W, C)
 POOLS = ['stride', 'avg', 'max']
 
@@ -49,7 +67,8 @@ def test_param_count_matches_jax(shape, pool):
       (x.shape[3], x.shape[2], x.shape[0], x.shape[1])
       for x in jax_leaves)
   torch_shapes = sorted(
-      tuple(p.shape) if p.ndim != 2 else tuple(p.shape[::-1])  # Linear is [out, in].
+      # Linear is [out, in].
+      tuple(p.shape) if p.ndim != 2 else tuple(p.shape[::-1])
       for p in torch_params)
   assert jax_shapes == torch_shapes
 
@@ -151,3 +170,197 @@ def test_fedavg_is_mean_of_client_models():
     assert not torch.equal(after[k], start[k]), k
     np.testing.assert_allclose(after[k].numpy(), expected.numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Batch indices, devices, variants.
+# ---------------------------------------------------------------------------
+
+
+def test_draw_batch_indices_are_the_loops_draws():
+  """Same generator state -> the loop's own draws and the drawn indices give
+  bit-identical rounds (same batches in the same order)."""
+  images, labels = _data()
+  torch.manual_seed(0)
+  start = _torch_model((8, 8, 1), 'stride')
+  results = []
+  for use_indices in (False, True):
+    global_model, client_model = copy.deepcopy(start), copy.deepcopy(start)
+    g = torch.Generator().manual_seed(3)
+    idx = (torch_reference.draw_batch_indices(64, 3, 2, 4, generator=g)
+           if use_indices else None)
+    torch_reference.fedavg_round(
+        global_model, client_model, images, labels, clients_per_round=3,
+        local_steps=2, batch_size=4, lr=0.1, generator=g, batch_indices=idx)
+    results.append(global_model.state_dict())
+  for k in results[0]:
+    assert torch.equal(results[0][k], results[1][k]), k
+
+
+def test_draw_batch_indices_shape_and_range():
+  idx = torch_reference.draw_batch_indices(
+      10, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+  assert idx.shape == (3, 4, 5) and idx.dtype == torch.int64
+  assert int(idx.min()) >= 0 and int(idx.max()) < 10
+  assert len(set(idx.flatten().tolist())) > 1
+
+
+def test_pick_device_follows_jax_backend():
+  assert torch_reference.pick_device('cpu') == torch.device('cpu')
+  expected = 'cuda' if torch.cuda.is_available() else 'cpu'
+  assert torch_reference.pick_device('gpu').type == expected
+
+
+def test_unknown_variant_raises():
+  with pytest.raises(ValueError):
+    torch_reference.time_torch_rounds(
+        clients_per_round=1, local_steps=1, batch_size=2,
+        image_shape=(8, 8, 1), variant='jit')
+
+
+def test_time_vmap_rounds_tiny():
+  result = torch_reference.time_torch_rounds(
+      clients_per_round=2, local_steps=2, batch_size=4, image_shape=(8, 8, 1),
+      num_rounds=2, warmup_rounds=1, variant='vmap')
+  assert result['variant'] == 'vmap' and result['device'] == 'cpu'
+  assert len(result['seconds_per_round']) == 2
+  assert len(result['warmup_seconds']) == 1
+  assert all(math.isfinite(s) and s > 0 for s in result['seconds_per_round'])
+  assert result['peak_device_mb'] is None
+
+
+# ---------------------------------------------------------------------------
+# The vectorised round against the loop.
+# ---------------------------------------------------------------------------
+
+
+def _model(name):
+  return torch_reference.make_torch_model(
+      name, in_channels=1, image_size=(8, 8)).train()
+
+
+def _loop_and_vmap(name, *, lr=0.1, clients=3, steps=2, batch=4,
+                   compile_step=False):
+  """Start state, loop result and vmap result from the same weights and
+  batches."""
+  images, labels = _data()
+  torch.manual_seed(0)
+  start = _model(name)
+  idx = torch_reference.draw_batch_indices(
+      images.shape[0], clients, steps, batch,
+      generator=torch.Generator().manual_seed(0))
+  loop_global, client = copy.deepcopy(start), copy.deepcopy(start)
+  torch_reference.fedavg_round(
+      loop_global, client, images, labels, clients_per_round=clients,
+      local_steps=steps, batch_size=batch, lr=lr, batch_indices=idx)
+  vmap_global = copy.deepcopy(start)
+  step = torch_reference.make_vmap_sgd_step(vmap_global, lr=lr,
+                                            compile_step=compile_step)
+  torch_reference.fedavg_round_vmap(vmap_global, images, labels, idx,
+                                    sgd_step=step)
+  return (start.state_dict(), loop_global.state_dict(),
+          vmap_global.state_dict())
+
+
+@pytest.mark.parametrize('name', ['small_cnn', 'fedquad_cnn'])
+def test_vmap_round_equals_loop(name):
+  start, loop, vmapped = _loop_and_vmap(name)
+  assert loop.keys() == vmapped.keys()
+  for k, v in loop.items():
+    np.testing.assert_allclose(vmapped[k].numpy(), v.numpy(), rtol=1e-5,
+                               atol=1e-5, err_msg=k)
+    if k.endswith('num_batches_tracked'):
+      # Not averaged: both keep the global counter.
+      assert torch.equal(v, start[k]) and torch.equal(vmapped[k], start[k])
+    elif not (name == 'fedquad_cnn' and k.startswith('convs.')
+              and k.endswith('.bias')):
+      # Everything else moves (BatchNorm cancels the conv biases' gradient),
+      # so the two rounds are not compared as two copies of the start.
+      assert not torch.allclose(v, start[k], atol=1e-4), k
+
+
+def test_vmap_round_with_lr_zero_keeps_weights_exactly():
+  start, _, vmapped = _loop_and_vmap('small_cnn', lr=0.0)
+  for k, v in start.items():
+    assert torch.equal(v, vmapped[k]), k
+
+
+def test_loop_batchnorm_buffers_are_the_client_mean():
+  """The loop's BN running statistics are the mean of the clients' (trained
+  one by one by hand with nn.Module), its counter the global's."""
+  images, labels = _data()
+  torch.manual_seed(0)
+  start = _model('fedquad_cnn')
+  clients, steps, batch, lr = 3, 2, 4, 0.1
+  idx = torch_reference.draw_batch_indices(
+      64, clients, steps, batch, generator=torch.Generator().manual_seed(0))
+  finals = []
+  for k in range(clients):
+    m = copy.deepcopy(start)
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    for s in range(steps):
+      opt.zero_grad()
+      F.cross_entropy(m(images[idx[k, s]]), labels[idx[k, s]]).backward()
+      opt.step()
+    finals.append(m.state_dict())
+  global_model, client = copy.deepcopy(start), copy.deepcopy(start)
+  torch_reference.fedavg_round(
+      global_model, client, images, labels, clients_per_round=clients,
+      local_steps=steps, batch_size=batch, lr=lr, batch_indices=idx)
+  after = global_model.state_dict()
+  for k, v in after.items():
+    if not v.is_floating_point():
+      assert torch.equal(v, start.state_dict()[k]), k
+      continue
+    expected = torch.stack([f[k].double() for f in finals]).mean(0)
+    np.testing.assert_allclose(v.numpy(), expected.numpy(), rtol=1e-5,
+                               atol=1e-6, err_msg=k)
+
+
+# ---------------------------------------------------------------------------
+# torch.compile and the benchmark (slow: compilation).
+# ---------------------------------------------------------------------------
+
+
+@SLOW
+@pytest.mark.parametrize('name', ['small_cnn', 'fedquad_cnn'])
+def test_compiled_vmap_round_equals_eager(name):
+  _, _, eager = _loop_and_vmap(name)
+  try:
+    _, _, compiled = _loop_and_vmap(name, compile_step=True)
+  except torch._inductor.exc.InvalidCxxCompiler as e:  # pylint: disable=protected-access
+    pytest.skip(f'torch.compile does not work here: {e}')
+  for k, v in eager.items():
+    np.testing.assert_allclose(compiled[k].numpy(), v.numpy(), rtol=1e-5,
+                               atol=1e-6, err_msg=k)
+
+
+@SLOW
+def test_bench_times_torch_forms_and_ratios(tmp_path):
+  out = tmp_path / 'bench.md'
+  env = dict(os.environ, PYTHONPATH=REPO_ROOT, JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.bench', '--clients=2', '--local_steps=1',
+       '--batch_size=4', '--image_shape=8,8,1', '--rounds=1',
+       '--executors=host,torch_vmap', f'--out={out}'],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  table = out.read_text()
+  rows = {}
+  for line in table.splitlines():
+    if line.startswith('| 2 |'):
+      cells = [cell.strip() for cell in line.strip('|').split('|')]
+      rows[cells[1]] = cells
+  assert set(rows) == {'host', 'pytorch vmap', 'pytorch vmap + compile',
+                       'pytorch loop'}
+  medians = {name: float(cells[2]) for name, cells in rows.items()}
+  best_label = rows['host'][9].split('(', 1)[1].rstrip(')')
+  assert medians[best_label] <= min(
+      m for n, m in medians.items() if n.startswith('pytorch')) + 1e-3
+  assert rows['pytorch loop'][8] == '1.00x'
+  assert rows[best_label][9] == f'1.00x ({best_label})'
+  for name, cells in rows.items():
+    # Time ratios: above 1 exactly where the row is slower than the loop.
+    loop_ratio = float(cells[8].rstrip('x'))
+    assert (loop_ratio > 1.005) <= (medians[name] > medians['pytorch loop'])
+  assert 'PyTorch: torch' in table and 'on cpu' in table
