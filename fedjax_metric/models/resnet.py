@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_metric.models.layers import make_norm
+from fedjax_metric.models.projection import head_and_classifier
 
 _STAGE_BLOCKS = (2, 2, 2, 2)
 _STAGE_STRIDES = (1, 2, 2, 2)
@@ -76,11 +77,15 @@ class ResNet18(nn.Module):
     groups: GroupNorm groups (2 in FedRCL).
     width: w, channels of the stem and first stage (64 for the standard model;
       tests use a tiny one).
+    projection_dim: > 0 adds MOON's projection head (models/projection.py)
+      on the pooled features: 'embedding' is then its output z and the
+      classifier 'fc' sits on z (MOON's ResNet layout; FedRCL uses 0).
   """
   num_classes: int
   norm: str = 'group'
   groups: int = 2
   width: int = 64
+  projection_dim: int = 0
 
   @nn.compact
   def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
@@ -93,7 +98,8 @@ class ResNet18(nn.Module):
         batch statistics.
 
     Returns:
-      {'logits': [B, K], 'embedding': pooled ReLU(layer4) [B, 8w] (>= 0),
+      {'logits': [B, K], 'embedding': pooled ReLU(layer4) [B, 8w] (>= 0), or
+       its projection z [B, projection_dim] with a projection head,
        'features': 5 pooled pre-ReLU taps [B, w], [B, w], [B, 2w], [B, 4w],
        [B, 8w]}.
     """
@@ -112,6 +118,7 @@ class ResNet18(nn.Module):
         if block == num_blocks - 1:
           features.append(jnp.mean(x, axis=(1, 2)))
         x = nn.relu(x)
-    embedding = jnp.mean(x, axis=(1, 2))
-    logits = nn.Dense(self.num_classes, name='fc')(embedding)
+    embedding, logits = head_and_classifier(
+        jnp.mean(x, axis=(1, 2)), projection_dim=self.projection_dim,
+        num_classes=self.num_classes, classifier_name='fc')
     return {'logits': logits, 'embedding': embedding, 'features': features}
