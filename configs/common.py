@@ -61,6 +61,7 @@ def base_config():
       variant='niid_bench',  # niid_bench | balanced | per_client | per_class
       min_size=10,
       classes_per_client=2,  # shards only
+      clients_per_class=1,   # one_class only: num_clients = this x classes
   ))
   # `name` plus that model's own constructor fields (method configs replace
   # the whole block for their model; a field the model lacks is an error).
@@ -111,12 +112,34 @@ def base_config():
   c.memory_budget_gb = 0.0
   c.eval_every = 1
   # classification | one_class (per-class AUROC) | ssl (kNN monitor; linear
-  # probe and fine-tuning at the end): fedjax_metric/evaluation/protocols.py.
+  # probe and fine-tuning at the end) | embedding_knn (a supervised model's
+  # embeddings: kNN, and a linear probe at the end):
+  # fedjax_metric/evaluation/protocols.py.
   c.eval_protocol = 'classification'
   c.eval_batch_size = 1000
+  # one_class: training examples per class behind each class center of the
+  # 'center' score (a fixed random subset; 0 = all of them).
+  c.one_class_center_examples = 0
   # > 0: also log effective rank, VCI, within/between-class traces and
   # uniformity of the global model's embeddings on this many test examples.
   c.representation_examples = 0
+  # > 0: 'classification' also reports the global model's accuracy on this
+  # many training examples (all when >= the training set): train_accuracy.
+  c.eval_train_examples = 0
+  # eval_protocol='ssl' (fedjax_metric/evaluation/ssl.py): kNN monitor every
+  # evaluation; linear probe, fine-tuning on stratified label fractions,
+  # uniformity and effective rank of the test features at the end. The
+  # defaults are the SSD authors' released protocol; 0 examples = all.
+  c.ssl_eval = ml_collections.ConfigDict(dict(
+      knn_k=200, knn_temperature=0.1,
+      knn_bank_examples=0, knn_test_examples=0,
+      linear_epochs=200, linear_learning_rate=3e-3, linear_batch_size=512,
+      finetune_fractions=(0.01, 0.1), finetune_epochs=200,
+      finetune_batch_size=128, finetune_encoder_lr=1e-3,
+      finetune_head_lr=0.3, finetune_evals=4, finetune_seed=17,
+      quality_examples=0,
+      erank_matrix='features',  # features (SSD App. A.2) | covariance
+  ))
   c.checkpoint_every = 5
   c.keep_checkpoints = 2
   c.plot_partition = True
@@ -125,11 +148,15 @@ def base_config():
 
 
 def shrink_for_runlocal(c):
-  """A seconds-long smoke version of any config (``:runlocal``)."""
+  """A smoke version of any config (``:runlocal``): 2 rounds of 2 steps of
+  at most 4 clients on digits (``:runlocal,dataset=...`` keeps the named
+  dataset). It takes 15-40 s on 2 CPU cores (README.md), nearly all JAX
+  start-up and compilation."""
   c.dataset.name = 'digits'
   c.dataset.data_dir = ''
   c.num_rounds = 2
-  c.num_clients = min(c.num_clients, 4)
+  if c.partition.method != 'one_class':  # There: one client per class.
+    c.num_clients = min(c.num_clients, 4)
   c.clients_per_round = min(c.clients_per_round, c.num_clients)
   c.partition.min_size = min(c.partition.min_size, 5)
   c.local.epochs = 1
@@ -148,10 +175,10 @@ def shrink_for_runlocal(c):
 
 def finalize(c, arg):
   """Applies the shared ``:arg`` options and locks the config."""
-  if arg.dataset:
-    c.dataset.name = arg.dataset
   if arg.runlocal:
     shrink_for_runlocal(c)
+  if arg.dataset:  # After runlocal: a dataset named explicitly wins.
+    c.dataset.name = arg.dataset
   c.lock()
   return c
 
@@ -169,6 +196,27 @@ def model_block(name, *, norm):
   if name not in blocks:
     raise ValueError(f'Unknown model argument {name!r}; use one of {sorted(blocks)}.')
   return ml_collections.ConfigDict(blocks[name])
+
+
+# ``:arg`` fields of the configs built on base_config (FedAvg's own setting,
+# FedProx, SCAFFOLD): the same central / model / dataset / runlocal as the
+# paper settings below.
+BASE_ARGS = dict(runlocal=False, dataset='', central=False, model='small_cnn')
+# Each model's normalisation where base_config's model block is replaced:
+# the one its paper uses (FedQuad's CNN: BatchNorm; FedRCL's ResNet-18:
+# GroupNorm); the small CNN keeps base_config's none.
+BASE_NORMS = {'small_cnn': 'none', 'fedquad_cnn': 'batch', 'resnet18': 'group',
+              'moon_cnn': 'none'}
+
+
+def base_setting(arg):
+  """base_config() with the ``:central`` and ``:model=`` of ``arg``."""
+  c = base_config()
+  if arg.model != 'small_cnn':
+    c.model = model_block(arg.model, norm=BASE_NORMS.get(arg.model, 'none'))
+  if arg.central:
+    central(c)
+  return c
 
 
 def central(c):
@@ -221,8 +269,9 @@ def fedrcl_setting(arg):
   partition, SGD lr 0.1 decayed 0.998 per round, weight decay 1e-3, gradient
   clipping 10, batch 50, 5 local epochs, 1000 rounds, unweighted averaging,
   random crop + flip, and inside a round a further 0.998 per local epoch (the
-  authors' LambdaLR). Not reproduced: the 10-degree random rotation, mixed
-  precision.
+  authors' LambdaLR); evaluation every round (the paper reports the moving
+  average 0.9 of these: launch/sweep.py, metric test_accuracy_ema). Not
+  reproduced: the 10-degree random rotation, mixed precision.
 
   ``arg`` fields: alpha (0.05 / 0.1 / 0.3 / 0.6), central, model ('resnet18',
   or 'small_cnn' with GroupNorm(2) for CPU-sized runs).
@@ -254,3 +303,208 @@ def fedrcl_setting(arg):
 
 FEDRCL_ARGS = dict(runlocal=False, dataset='', alpha=0.3, central=False,
                    model='resnet18')
+
+
+def one_class_model_block(name):
+  """The one-class embedding networks (no classifier) at the paper's sizes:
+  'lenet' (Ruff et al.'s MNIST LeNet, 32-d) or 'resnet32' (64-d), both with
+  GroupNorm."""
+  blocks = {
+      'lenet': dict(name='lenet', embedding_dim=32, widths=(8, 4),
+                    norm='group', groups=2, norm_affine=False,
+                    use_bias=False),
+      'resnet32': dict(name='resnet32', embedding_dim=64, width=16,
+                       norm='group', groups=2),
+  }
+  if name not in blocks:
+    raise ValueError(f'Unknown one-class model {name!r}; use one of '
+                     f'{sorted(blocks)}.')
+  return ml_collections.ConfigDict(blocks[name])
+
+
+def one_class_setting(arg):
+  """The one-class-per-client setting of Park, Hosseini and Yun, 'Federated
+  Learning with Metric Loss', FL-ICML workshop 2021, Sec. 4.1, shared by
+  FedMetric and its baselines (DeepSVDD, FedAwS, FedUV).
+
+  One class per client (10 clients = 10 classes; ``clients_per_class=k``
+  gives 10 k clients), every client in every round, local SGD lr 0.1 with
+  batch 16, uniform model averaging, the LeNet of Ruff et al. (32-d) on
+  28x28 data or ResNet-32 (64-d) on CIFAR, both with GroupNorm, evaluated
+  by per-class one-vs-rest AUROC. The paper trains "1 local iteration" per
+  round for 10,000 (MNIST) / 100,000 (CIFAR-10) rounds; a round here is one
+  local epoch by default, or ``steps=S`` local steps (``steps=1`` is the
+  one-batch reading of "1 local iteration"). The paper's data is MNIST;
+  the default here is Fashion-MNIST, the 28x28 set available offline.
+
+  ``arg`` fields: dataset, clients_per_class, steps, rounds, eval_every,
+  model ('' = lenet, or resnet32 for CIFAR), center_examples (training
+  examples per class behind each evaluation center; 0 = all).
+  """
+  c = base_config()
+  c.dataset.name = arg.dataset or 'fashion_mnist'
+  c.num_rounds = arg.rounds
+  num_classes = 100 if c.dataset.name == 'cifar100' else 10
+  c.num_clients = arg.clients_per_class * num_classes
+  c.clients_per_round = c.num_clients
+  c.partition.method = 'one_class'
+  c.partition.clients_per_class = arg.clients_per_class
+  model = arg.model or ('resnet32' if c.dataset.name.startswith('cifar')
+                        else 'lenet')
+  c.model = one_class_model_block(model)
+  c.local.update(dict(epochs=1, steps=arg.steps, batch_size=16,
+                      optimizer='sgd', learning_rate=0.1))
+  c.server.weighting = 'uniform'
+  c.eval_protocol = 'one_class'
+  c.eval_every = arg.eval_every
+  c.checkpoint_every = arg.eval_every
+  c.one_class_center_examples = arg.center_examples
+  return c
+
+
+ONE_CLASS_ARGS = dict(runlocal=False, dataset='', clients_per_class=1,
+                      steps=0, rounds=30, eval_every=5, model='',
+                      center_examples=1000)
+
+
+def participation_setting(arg):
+  """PMFL's heterogeneous setting (Zhang et al., 'Towards Performance-Enhanced
+  Model-Contrastive Federated Learning using Historical Information in
+  Heterogeneous Scenarios', preprint, 2025, Section V), shared by PMFL and
+  its baselines FedAU, FedVarp, MIFA and FedAvg: 250 clients, FedAU's
+  per-client Dirichlet(0.1) label partition, participation probabilities
+  tied to the label histograms by a Dirichlet(beta = 0.1) vector with
+  E[p] = 0.1 and floor 0.02, 5 local SGD steps (not epochs) of batch 16 at
+  lr 0.1 without momentum, eta_g = 1, every client counting equally.
+
+  Datasets and model differ from the paper (SVHN / CIFAR with a 2-conv CNN):
+  Fashion-MNIST (offline) and the small CNN at width 16 with a 64-d
+  ReLU embedding under the classifier (the paper's encoder -> projection ->
+  classifier), which keeps PMFL's 250 x 5 buffered models small on a CPU.
+  Training accuracy is measured on the whole training set.
+
+  ``arg`` fields: dataset, pattern (bernoulli | markov | cyclic |
+  cyclic_offset; PMFL's text writes the cyclic rule of 'cyclic_offset',
+  FedAU's code 'cyclic'), normalize (empirical: PMFL's Eq. 12 sets the mean
+  of this draw to E[p]; expected: FedAU's code), rounds, eval_every, width.
+  """
+  c = base_config()
+  c.dataset.name = arg.dataset or 'fashion_mnist'
+  c.num_rounds = arg.rounds
+  c.num_clients = 250
+  c.clients_per_round = 25  # Unused under a participation pattern.
+  c.partition.method = 'dirichlet'
+  c.partition.variant = 'per_client'
+  c.partition.alpha = 0.1
+  c.participation.update(dict(pattern=arg.pattern, mean=0.1, floor=0.02,
+                              beta=0.1, normalize=arg.normalize,
+                              markov_rate=0.05, cycle=100))
+  c.model = ml_collections.ConfigDict(dict(
+      name='small_cnn', width=arg.width, embedding_dim=4 * arg.width,
+      pool='stride', norm='none'))
+  c.local.update(dict(epochs=1, steps=5, batch_size=16, optimizer='sgd',
+                      learning_rate=0.1, momentum=0.0))
+  c.server.update(dict(optimizer='sgd', learning_rate=1.0, momentum=0.0,
+                       weighting='uniform'))
+  c.eval_every = arg.eval_every
+  c.eval_train_examples = 60000
+  c.checkpoint_every = min(250, arg.rounds)
+  c.keep_checkpoints = 1
+  return c
+
+
+PARTICIPATION_ARGS = dict(runlocal=False, dataset='', pattern='bernoulli',
+                          normalize='empirical', rounds=1000, eval_every=50,
+                          width=16)
+
+
+def ssl_setting(arg):
+  """The federated unsupervised setting of SSD (Fang et al., 'Soft
+  Separation and Distillation: Toward Global Uniformity in Federated
+  Unsupervised Learning', ICCV 2025, Sec. 4 and App. A.1, and the authors'
+  released code, github.com/hc-fang/ssd), shared by FedAlignUniform, SSD,
+  FedDecorr, FedU2, FedX and L-DAWA.
+
+  Dirichlet(0.1) label skew with the fedbox per-class split
+  (partition variant 'per_class'); cross-silo (``clients=10``, every client
+  every round) or cross-device (``clients=50, join=0.2``: 10 sampled per
+  round); SGD lr 0.1 constant, momentum 0.9, weight decay 1e-4, batch 128,
+  5 local epochs, 100 rounds; the server averages with weights = local
+  batches; evaluation protocol 'ssl' (kNN monitor; linear probe,
+  fine-tuning on 1% / 10% of the labels, uniformity and effective rank at
+  the end). The paper's encoder is a CIFAR ResNet-18 ('ssl_resnet18'); the
+  default here is the small CNN ('ssl_cnn', 128-d encoder and projector)
+  so that runs fit a CPU. All methods see the same two views (``views``:
+  'ssd' = SSD's released augmentation, 'fedu2' = FedU2's).
+
+  ``arg`` fields: dataset ('' = fashion_mnist), clients, join, alpha,
+  model ('ssl_cnn' | 'ssl_resnet18'), epochs, rounds, views, eval_every.
+  """
+  c = base_config()
+  c.dataset.name = arg.dataset or 'fashion_mnist'
+  c.num_rounds = arg.rounds
+  c.num_clients = arg.clients
+  c.clients_per_round = max(1, int(round(arg.clients * arg.join)))
+  c.partition.method = 'dirichlet'
+  c.partition.variant = 'per_class'
+  c.partition.alpha = arg.alpha
+  if arg.model == 'ssl_resnet18':
+    c.model = ml_collections.ConfigDict(dict(
+        name='ssl_resnet18', projector_hidden=2048, projection_dim=512,
+        norm='batch', width=64))
+  elif arg.model == 'ssl_cnn':
+    c.model = ml_collections.ConfigDict(dict(
+        name='ssl_cnn', width=32, embedding_dim=128, projector_hidden=512,
+        projection_dim=128, norm='batch'))
+  else:
+    raise ValueError(f"model must be 'ssl_cnn' or 'ssl_resnet18', got "
+                     f'{arg.model!r}.')
+  c.local.update(dict(epochs=arg.epochs, batch_size=128, optimizer='sgd',
+                      learning_rate=0.1, momentum=0.9, weight_decay=1e-4,
+                      schedule='constant'))
+  c.server.update(dict(optimizer='sgd', learning_rate=1.0, momentum=0.0,
+                       weighting='num_batches'))
+  c.algorithm_kwargs = ml_collections.ConfigDict(dict(view_order=arg.views))
+  c.eval_protocol = 'ssl'
+  c.eval_every = arg.eval_every
+  c.checkpoint_every = arg.eval_every
+  return c
+
+
+SSL_ARGS = dict(runlocal=False, dataset='', clients=10, join=1.0, alpha=0.1,
+                model='ssl_cnn', epochs=5, rounds=100, views='ssd',
+                eval_every=5)
+
+
+def ssl_runlocal(c):
+  """`shrink_for_runlocal` for the 'ssl' configs: encoder and projector of
+  equal width (projector distillation needs it) and seconds-long
+  evaluation."""
+  shrink_for_runlocal(c)
+  if c.model.name == 'ssl_resnet18':
+    c.model.projection_dim = 8 * c.model.width
+  else:
+    c.model.projection_dim = c.model.embedding_dim
+  c.model.projector_hidden = 2 * c.model.projection_dim
+  c.ssl_eval.update(dict(linear_epochs=2, finetune_epochs=1,
+                         finetune_evals=1, finetune_fractions=(0.1,),
+                         finetune_batch_size=16))
+  return c
+
+
+def ssl_config(arg, algorithm, *, drop_last_cross_silo=False,
+               **algorithm_kwargs):
+  """The full config of one method of the 'ssl' family from its ``arg``.
+
+  ``drop_last_cross_silo``: drop partial batches when there are at most 10
+  clients, as SSD's released training script does.
+  """
+  arg = parse_arg(arg, **SSL_ARGS)
+  c = ssl_setting(arg)
+  c.algorithm = algorithm
+  c.algorithm_kwargs.update(algorithm_kwargs)
+  if drop_last_cross_silo:
+    c.algorithm_kwargs.drop_last = arg.clients <= 10
+  if arg.runlocal:
+    ssl_runlocal(c)
+  return finalize(c, arg)

@@ -14,6 +14,10 @@ settings (configs/common.py), the baseline rows of their tables.
       --config.partition.alpha=0.1 --workdir=/tmp/fedavg_fmnist
   python -m launch.main --config=configs/fedavg.py:setting=fedquad,alpha=0.3 --workdir=/tmp/fa
   python -m launch.main --config=configs/fedavg.py:runlocal --workdir=/tmp/smoke
+  python -m launch.main --config=configs/fedavg.py:central --workdir=/tmp/central
+
+Arguments without ``setting``: central, model (small_cnn | fedquad_cnn |
+resnet18 | moon_cnn), dataset, runlocal; with it, that setting's arguments.
 
 Results: README.md, "Results".
 """
@@ -30,8 +34,8 @@ def get_config(arg=None):
     arg = common.parse_arg(arg, setting='', **common.FEDRCL_ARGS)
     c = common.fedrcl_setting(arg)
   elif setting == '':
-    arg = common.parse_arg(arg, runlocal=False, dataset='', setting='')
-    c = common.base_config()
+    arg = common.parse_arg(arg, setting='', **common.BASE_ARGS)
+    c = common.base_setting(arg)
   else:
     raise ValueError(f"setting must be 'fedquad' or 'fedrcl', got {setting!r}.")
   c.algorithm = 'fedavg'

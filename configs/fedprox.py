@@ -2,17 +2,38 @@ r"""FedProx (Li et al. 2020): FedAvg + (mu/2)||w - w_global||^2 locally.
 
 Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, 'Federated Optimization in
 Heterogeneous Networks', MLSys 2020, Eq. 2 (docs/methods.md, FedProx).
+``setting=fedrcl`` / ``setting=fedquad`` put FedProx in those papers'
+settings (configs/common.py), the FedProx row of FedRCL's Table 1. Neither
+paper gives mu; 0.01 is used (the middle of FedProx's grid
+{0.001, 0.01, 0.1, 1}).
 
   python -m launch.main --config=configs/fedprox.py --workdir=/tmp/fedprox \
       --config.algorithm_kwargs.mu=0.1
+  python -m launch.main --config=configs/fedprox.py:setting=fedrcl,alpha=0.1 \
+      --workdir=runs/fedprox_rcl
+
+Results: README.md, "FedRCL's comparison".
+
+Arguments: central, model (small_cnn | fedquad_cnn | resnet18 | moon_cnn),
+dataset, runlocal.
 """
 
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False, dataset='')
-  c = common.base_config()
+  setting = common.peek_arg(arg, 'setting')
+  if setting == 'fedquad':
+    arg = common.parse_arg(arg, setting='', **common.FEDQUAD_ARGS)
+    c = common.fedquad_setting(arg)
+  elif setting == 'fedrcl':
+    arg = common.parse_arg(arg, setting='', **common.FEDRCL_ARGS)
+    c = common.fedrcl_setting(arg)
+  elif setting == '':
+    arg = common.parse_arg(arg, setting='', **common.BASE_ARGS)
+    c = common.base_setting(arg)
+  else:
+    raise ValueError(f"setting must be 'fedquad' or 'fedrcl', got {setting!r}.")
   c.algorithm = 'fedprox'
   c.algorithm_kwargs.mu = 0.01
   return common.finalize(c, arg)

@@ -1,8 +1,11 @@
 r"""FedSCL (FedRCL's baseline): CE + multi-level supervised contrastive loss.
 
 The baseline of Seo et al., 'Relaxed Contrastive Learning for Federated
-Learning', CVPR 2024, built on Khosla et al., 'Supervised Contrastive
-Learning', NeurIPS 2020, Eq. 2 (docs/methods.md, FedRCL and FedSCL).
+Learning', CVPR 2024 (Table 3): FedRCL without its divergence penalty.
+``form='code'`` (default) is the supervised pair of the authors' released
+loss (github.com/skynbe/FedRCL, utils/loss.py), ``form='paper'`` their Eq. 2
+(sum over positives), ``form='khosla'`` Khosla et al.'s mean over positives
+(docs/methods.md, FedRCL and FedSCL).
 
 FedRCL's setting (configs/common.py fedrcl_setting): CIFAR-10, ResNet-18 with
 GroupNorm(2), 100 clients, 5 per round, balanced Dirichlet, SGD 0.1 x 0.998 per
@@ -26,5 +29,6 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, **common.FEDRCL_ARGS)
   c = common.fedrcl_setting(arg)
   c.algorithm = 'fedscl'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(temperature=0.05))
+  c.algorithm_kwargs = ml_collections.ConfigDict(dict(temperature=0.05,
+                                                      form='code'))
   return common.finalize(c, arg)

@@ -1,31 +1,58 @@
 r"""MOON (Li et al. 2021): CE + mu * model-contrastive loss.
 
-Li, He and Song, 'Model-Contrastive Federated Learning', CVPR 2021. MOON's
-CIFAR-10 setting with its simple CNN (the authors' released code,
-github.com/QinbinLi/MOON, README and main.py; docs/methods.md, MOON): 10
-parties, all every round, NIID-Bench Dirichlet 0.5, SGD lr 0.01 momentum 0.9
-weight decay 1e-5, batch 64, 10 local epochs, mu 5, tau 0.5, 100 rounds, a
-projection head of 256 with the classifier on it.
+Li, He and Song, 'Model-Contrastive Federated Learning', CVPR 2021. Every
+backbone carries MOON's projection head (l1, ReLU, l2 to 256) with the
+classifier on its output z, as the authors' released code builds its models
+(github.com/QinbinLi/MOON, model.py ModelFedCon; docs/methods.md, MOON).
+mu 5 and tau 0.5 everywhere: MOON's CIFAR-10 values (its README's example).
+
+``setting`` picks the protocol:
+  * '' (default): MOON's own CIFAR-10 setting with its simple CNN (released
+    README and main.py): 10 parties, all every round, NIID-Bench Dirichlet
+    0.5, SGD lr 0.01 momentum 0.9 weight decay 1e-5, batch 64, 10 local
+    epochs, 100 rounds;
+  * 'fedquad': FedQuad's protocol (configs/common.py fedquad_setting; its
+    Section IV-A: "Adam ... 0.001 for all approaches", batch 128, 5 local
+    epochs, 20 rounds), the row MOON of FedQuad's Tables I-IV;
+  * 'fedrcl': FedRCL's protocol (fedrcl_setting: ResNet-18 GroupNorm, 100
+    clients, 5 per round, SGD 0.1, ...), the row MOON of FedRCL's Table 1.
 
   python -m launch.main --config=configs/moon.py --workdir=runs/moon
-  python -m launch.main --config=configs/moon.py:dataset=fashion_mnist --workdir=runs/moon_fmnist
+  python -m launch.main --config=configs/moon.py:setting=fedquad,alpha=0.3 --workdir=runs/moon_fq
+  python -m launch.main --config=configs/moon.py:setting=fedrcl,alpha=0.1 --workdir=runs/moon_rcl
 
-Arguments: clients (10), alpha (0.5), iid, central, model, dataset, runlocal.
+Arguments: setting, and that setting's arguments (FedQuad's: clients, alpha,
+iid, central, model; FedRCL's: alpha, central, model), dataset, runlocal.
+Results: README.md ("FedQuad's comparison", "FedRCL's comparison").
 """
 
 import ml_collections
 
 from configs import common
 
+PROJECTION_DIM = 256  # MOON's out_dim (released main.py default).
+
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.FEDQUAD_ARGS)
-  c = common.fedquad_setting(arg)
+  setting = common.peek_arg(arg, 'setting')
+  if setting == 'fedrcl':
+    arg = common.parse_arg(arg, setting='', **common.FEDRCL_ARGS)
+    c = common.fedrcl_setting(arg)
+  elif setting in ('', 'fedquad'):
+    arg = common.parse_arg(arg, setting='', **common.FEDQUAD_ARGS)
+    c = common.fedquad_setting(arg)
+  else:
+    raise ValueError(f"setting must be '', 'fedquad' or 'fedrcl', got "
+                     f'{setting!r}.')
   c.algorithm = 'moon'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(mu=5.0, temperature=0.5))
-  if arg.model == 'fedquad_cnn':  # MOON's own model unless one is asked for.
-    c.model = common.model_block('moon_cnn', norm='none')
-  c.num_rounds = 100
-  c.local.update(dict(epochs=10, batch_size=64, optimizer='sgd',
-                      learning_rate=0.01, momentum=0.9, weight_decay=1e-5))
+  c.algorithm_kwargs = ml_collections.ConfigDict(dict(mu=5.0,
+                                                      temperature=0.5))
+  if setting == '':
+    if arg.model == 'fedquad_cnn':  # MOON's own model unless one is asked for.
+      c.model = common.model_block('moon_cnn', norm='none')
+    c.num_rounds = 100
+    c.local.update(dict(epochs=10, batch_size=64, optimizer='sgd',
+                        learning_rate=0.01, momentum=0.9, weight_decay=1e-5))
+  if c.model.name != 'moon_cnn':  # moon_cnn has its own head (out_dim).
+    c.model.projection_dim = PROJECTION_DIM
   return common.finalize(c, arg)

@@ -8,14 +8,17 @@ correction is exact.
   python -m launch.main --config=configs/scaffold.py:dataset=fashion_mnist \
       --config.num_clients=100 --config.clients_per_round=10 \
       --workdir=/tmp/scaffold_fmnist
+
+Arguments: central, model (small_cnn | fedquad_cnn | resnet18 | moon_cnn),
+dataset, runlocal.
 """
 
 from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, runlocal=False, dataset='')
-  c = common.base_config()
+  arg = common.parse_arg(arg, **common.BASE_ARGS)
+  c = common.base_setting(arg)
   c.algorithm = 'scaffold'
   c.server.weighting = 'uniform'
   return common.finalize(c, arg)

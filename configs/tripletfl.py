@@ -2,7 +2,8 @@ r"""TripletFL (FedQuad's baseline): CE + beta * triplet loss.
 
 Hoffer and Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015,
 as a baseline of Goksu & Pugeault, 'FedQuad', arXiv:2509.04107, 2025
-(docs/methods.md, FedQuad).
+(docs/methods.md, FedQuad). Euclidean distances by default;
+``--config.algorithm_kwargs.squared=True`` squares them.
 
 FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
@@ -15,7 +16,8 @@ Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 
 Arguments: clients (10), alpha (0.5), iid, model (fedquad_cnn | small_cnn),
 central (one client, IID: the
-"Supervised (Non-FL)" rows), dataset, runlocal. Results: README.md.
+"Supervised (Non-FL)" rows), dataset, runlocal. Results: README.md,
+"FedQuad's comparison".
 """
 
 import ml_collections
@@ -27,5 +29,6 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, **common.FEDQUAD_ARGS)
   c = common.fedquad_setting(arg)
   c.algorithm = 'tripletfl'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(beta=0.5, margin=1.0, squared=True))
+  c.algorithm_kwargs = ml_collections.ConfigDict(dict(
+      beta=0.5, margin=1.0, squared=False))
   return common.finalize(c, arg)

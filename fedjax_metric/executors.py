@@ -14,8 +14,8 @@ tests/test_engine.py proves it:
     (benchmarks/cpu.md). It also skips blocks that are all padding, which the
     single program cannot.
 
-Public API: `EXECUTORS`, `ExecutorChoice`, `choose_executor`, `fit_to_memory`,
-`make_round_fn`,
+Public API: `EXECUTORS`, `PRECISIONS`, `matmul_precision`, `ExecutorChoice`,
+`choose_executor`, `fit_to_memory`, `make_round_fn`,
 `make_single_program_round_fn`, `make_host_loop_round_fn`.
 """
 
@@ -30,6 +30,25 @@ from fedjax_metric import engine, memory
 from fedjax_metric.data.cohort import Cohort
 
 EXECUTORS = ('auto', 'vmap', 'chunked', 'sequential', 'host')
+
+
+PRECISIONS = ('default', 'highest', 'bf16')
+
+
+def matmul_precision(precision: str):
+  """The context a run's programs are traced in (``config.precision``).
+
+  'default': the platform's float32 matmuls and convolutions (TF32 on recent
+  NVIDIA GPUs: ~1e-3 relative error, the fastest float32 path); 'highest':
+  full float32 everywhere; 'bf16': bfloat16 compute, float32 parameters and
+  optimizer state (train.build_model's ``compute_dtype``). On CPU the three
+  differ only in 'bf16'.
+  """
+  if precision not in PRECISIONS:
+    raise ValueError(f'Unknown precision {precision!r}; use one of '
+                     f'{PRECISIONS} (--config.precision).')
+  return jax.default_matmul_precision(
+      'highest' if precision == 'highest' else 'default')
 
 
 class ExecutorChoice(NamedTuple):

@@ -101,7 +101,11 @@ def chunk_memory_model(spec: engine.RoundSpec, data, server_state, client_table,
 
   one, two = total(1), total(2)
   per_slot = max(two - one, 1)
-  return one - per_slot, per_slot
+  # On GPUs the step from k = 1 to 2 can exceed a slot's share (convolution
+  # workspaces chosen per shape), which would make the intercept negative;
+  # the arguments are always resident, so they floor the fixed part.
+  floor = tree_bytes((data, server_state))
+  return max(one - per_slot, floor), per_slot
 
 
 def choose_chunk_size(fixed_bytes: int, bytes_per_slot: int,

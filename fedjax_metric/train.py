@@ -3,17 +3,26 @@
 Workdir contract (README.md, "The workdir"):
   config.json      the resolved config
   partition.json   per-client sizes and class counts; partition.png heatmap
-  metrics.jsonl    one JSON object per evaluation: round, wall_time, test_*
-  events.*         TensorBoard scalars (tensorboardX)
+  metrics.jsonl    one JSON object per evaluation: round, wall_time,
+                   total_wall_time, train_loss, test_*
+  events.*         TensorBoard scalars, flushed at every evaluation
   checkpoints/     orbax checkpoints of (server_state, client_table)
   summary.json     written at the end; its presence means the run finished
 
 Running again on the same workdir resumes from the last checkpoint. Cohorts,
 batches and PRNG keys are functions of (seed, round, client), so a resumed run
 ends with the same model as an uninterrupted one (tests/test_train.py).
+
+Faults (tests/test_faults.py): the config is validated before anything is
+written; a workdir holding checkpoints or a finished run refuses another
+config; no checkpoint is saved with non-finite values; an unreadable newest
+checkpoint is moved aside and the run resumes from the newest readable one;
+SIGTERM / SIGINT save a checkpoint after the round in progress and stop.
 """
 
 import concurrent.futures
+import contextlib
+import inspect
 import json
 import math
 import os
@@ -28,8 +37,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
 
-from fedjax_metric import algorithms, engine, executors, memory, models
-from fedjax_metric import optimizers, sharding
+from fedjax_metric import algorithms, engine, executors, faults
+from fedjax_metric import memory, models, optimizers, sharding, validation
 from fedjax_metric.data import augment, cohort as cohort_lib, partition
 from fedjax_metric.data import participation, sources
 from fedjax_metric.evaluation import protocols
@@ -55,9 +64,34 @@ def make_partition(config, labels):
   if p.method == 'shards':
     return partition.shards(labels, n, p.classes_per_client, seed=config.seed)
   if p.method == 'one_class':
-    return partition.one_class(labels, n, allow_repeat=True, seed=config.seed)
+    return one_class_partition(config, labels)
   raise ValueError(f'Unknown partition.method {p.method!r}; use iid, dirichlet, '
                    'shards or one_class.')
+
+
+def one_class_partition(config, labels):
+  """One class per client, ``partition.clients_per_class`` clients per class.
+
+  Raises:
+    ValueError: num_clients is not classes x clients_per_class, or a client
+      would get no data.
+  """
+  k = config.partition.clients_per_class
+  num_classes = len(np.unique(labels))
+  if k < 1 or config.num_clients != k * num_classes:
+    raise ValueError(
+        f'partition.method=one_class gives each of the {num_classes} classes '
+        f'to clients_per_class={k} clients, i.e. {k * num_classes} clients, '
+        f'but num_clients={config.num_clients}. Set --config.num_clients='
+        f'{max(k, 1) * num_classes} (and clients_per_round), or '
+        '--config.partition.clients_per_class to num_clients / '
+        f'{num_classes}.')
+  clients = partition.one_class(labels, clients_per_class=k, seed=config.seed)
+  empty = [j for j, idx in enumerate(clients) if len(idx) == 0]
+  if empty:
+    raise ValueError(f'Clients {empty[:10]} have no data; lower '
+                     '--config.partition.clients_per_class.')
+  return clients
 
 
 def partition_label(p):
@@ -66,25 +100,6 @@ def partition_label(p):
   if p.method == 'shards':
     return f'shards, {p.classes_per_client} classes per client'
   return p.method
-
-
-PRECISIONS = ('default', 'highest', 'bf16')
-
-
-def matmul_precision(precision: str):
-  """The context a run's programs are traced in (``config.precision``).
-
-  'default': the platform's float32 matmuls and convolutions (TF32 on recent
-  NVIDIA GPUs: ~1e-3 relative error, the fastest float32 path); 'highest':
-  full float32 everywhere; 'bf16': bfloat16 compute, float32 parameters and
-  optimizer state (`build_model`'s ``compute_dtype``). On CPU the three
-  differ only in 'bf16'.
-  """
-  if precision not in PRECISIONS:
-    raise ValueError(f'Unknown precision {precision!r}; use one of '
-                     f'{PRECISIONS} (--config.precision).')
-  return jax.default_matmul_precision(
-      'highest' if precision == 'highest' else 'default')
 
 
 def build_model(model_config, num_classes, input_shape=None, precision='default'):
@@ -100,8 +115,19 @@ def build_model(model_config, num_classes, input_shape=None, precision='default'
                      "fields that model declares (see its module).") from e
 
 
-def build_algorithm(config, model):
-  """The config's `engine.Algorithm`, with its server optimizer inside."""
+# Facts of the run (not knobs) that an algorithm factory may declare as
+# keyword parameters: PMFL's psi schedule needs T, FedAU's known_prob
+# aggregation the true participation probabilities.
+RUN_FACTS = ('num_rounds', 'participation_probabilities')
+
+
+def build_algorithm(config, model, participation_probabilities=None):
+  """The config's `engine.Algorithm`, with its server optimizer inside.
+
+  A factory that declares a keyword in `RUN_FACTS` receives it from the run:
+  ``num_rounds`` = config.num_rounds and ``participation_probabilities``
+  ([N] true p_n, or None). Setting one in algorithm_kwargs is an error.
+  """
   if config.algorithm not in algorithms.REGISTRY:
     raise ValueError(f'Unknown algorithm {config.algorithm!r}; registered: '
                      f'{sorted(algorithms.REGISTRY)}.')
@@ -110,8 +136,18 @@ def build_algorithm(config, model):
       s.optimizer, learning_rate=s.learning_rate, momentum=s.momentum,
       b1=s.b1, b2=s.b2, eps=s.eps)
   kwargs = dict(config.algorithm_kwargs)
+  factory = algorithms.REGISTRY[config.algorithm]
+  declared = inspect.signature(factory).parameters
+  facts = {'num_rounds': config.num_rounds,
+           'participation_probabilities': participation_probabilities}
+  for name, value in facts.items():
+    if name in kwargs:
+      raise ValueError(f'algorithm_kwargs.{name} is set by the run '
+                       f'({RUN_FACTS} come from the config); remove it.')
+    if name in declared:
+      kwargs[name] = value
   try:
-    return algorithms.REGISTRY[config.algorithm](
+    return factory(
         model, server_optimizer=server_optimizer, weighting=s.weighting, **kwargs)
   except TypeError as e:
     raise ValueError(f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
@@ -195,20 +231,111 @@ def _write_json(path, obj):
   os.replace(tmp, path)  # Atomic: a crash never leaves half a file.
 
 
+def saved_rounds(workdir):
+  """Rounds with a checkpoint directory in the workdir (read or not)."""
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
 def check_resume_config(workdir, config):
-  """Refuses to resume a workdir written by a different experiment."""
+  """Refuses to resume a workdir written by a different experiment.
+
+  Differences are named by dotted path (``local.learning_rate``). A workdir
+  with neither a checkpoint nor a summary holds nothing a different config
+  could spoil (a start that failed, e.g. on a bad data_dir): it is started
+  over instead, without the previous attempt's outputs.
+  """
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = json.load(f)
-  new = json.loads(config.to_json_best_effort())
+    old = dict(validation.flatten(json.load(f)))
+  new = dict(validation.flatten(json.loads(config.to_json_best_effort())))
   changed = sorted(k for k in set(old) | set(new)
-                   if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES)
-  if changed:
-    raise ValueError(
-        f'{workdir} holds a run with a different config (keys {changed} '
-        'differ). Use a new --workdir, or delete this one to start over.')
+                   if old.get(k, '(absent)') != new.get(k, '(absent)') and
+                   k.split('.')[0] not in RESUMABLE_CHANGES)
+  if not changed:
+    return
+  if not saved_rounds(workdir) and not os.path.exists(
+      os.path.join(workdir, 'summary.json')):
+    say(f'{workdir}: an earlier attempt with another config left no '
+        'checkpoint; starting over.')
+    for name in ('partition.png', 'participation.json', 'participation.png'):
+      if os.path.exists(os.path.join(workdir, name)):
+        os.remove(os.path.join(workdir, name))
+    return
+  shown = ', '.join(f'{k} ({old.get(k, "absent")} -> {new.get(k, "absent")})'
+                    for k in changed[:5])
+  more = f' and {len(changed) - 5} more' if len(changed) > 5 else ''
+  raise validation.ConfigError(
+      f'{workdir} holds a run with a different config: {shown}{more}. Use a '
+      'new --workdir, or delete this one to start over.')
+
+
+def check_rounds(workdir, config):
+  """The finished run's summary when there is nothing left to do, else None.
+
+  Refuses a num_rounds below the rounds a workdir has already done: its
+  results would be of another length than asked for. A larger num_rounds
+  continues the run.
+  """
+  summary_path = os.path.join(workdir, 'summary.json')
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+    done = summary.get('rounds_completed')
+    if done == config.num_rounds:
+      say(f'{workdir} already holds a finished run; nothing to do.')
+      return summary
+    if done is not None and done > config.num_rounds:
+      raise validation.ConfigError(
+          f'{workdir} holds a run finished after {done} rounds; '
+          f'--config.num_rounds={config.num_rounds} asks for fewer. Its '
+          'metrics.jsonl has every evaluated round; for a shorter run, use a '
+          'new --workdir.')
+  rounds = saved_rounds(workdir)
+  if rounds and rounds[-1] > config.num_rounds:
+    raise validation.ConfigError(
+        f'{workdir} holds a checkpoint of round {rounds[-1]}, past '
+        f'--config.num_rounds={config.num_rounds}. Ask for at least '
+        f'{rounds[-1]} rounds, or use a new --workdir.')
+  return None
+
+
+def close_checkpoints(checkpoints):
+  """Waits for a save in flight and closes the manager; never raises, since
+  it runs while another error may be on its way to the user."""
+  try:
+    checkpoints.wait_until_finished()
+    checkpoints.close()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('Closing the checkpoint manager failed: %s', e)
+
+
+def previous_wall_time(checkpoints, start_round, metrics_path):
+  """Seconds the round loop ran in earlier sessions, up to ``start_round``.
+
+  Saved with each checkpoint; a checkpoint from before that was recorded
+  falls back on the last metrics row at or before it (which misses the
+  rounds between that evaluation and the checkpoint).
+  """
+  if not start_round:
+    return 0.0
+  try:
+    custom = checkpoints.metadata(start_round).custom_metadata or {}
+    if 'total_wall_time' in custom:
+      return float(custom['total_wall_time'])
+  except Exception:  # pylint: disable=broad-except
+    pass  # No step metadata: an older checkpoint.
+  if not os.path.exists(metrics_path):
+    return 0.0
+  with open(metrics_path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  rows = [r for r in rows if r['round'] <= start_round]
+  return float(rows[-1].get('total_wall_time', rows[-1]['wall_time'])
+               if rows else 0.0)
 
 
 def truncate_metrics(path, last_round):
@@ -222,13 +349,16 @@ def truncate_metrics(path, last_round):
     f.writelines(kept)
 
 
-def make_summary_writer(workdir):
+def make_summary_writer(workdir, start_round=0):
+  """TensorBoard scalars from ``start_round`` on (earlier events are kept,
+  later ones of a previous session dropped), or None without tensorboardX."""
   try:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    from fedjax_metric import event_log  # pylint: disable=g-import-not-at-top
   except ImportError:
     logging.warning('tensorboardX not installed: no TensorBoard events.')
     return None
-  return SummaryWriter(workdir, flush_secs=30)
+  event_log.prune(workdir, start_round)
+  return event_log.ScalarWriter(workdir, f'.{os.getpid()}.{start_round}')
 
 
 # ---------------------------------------------------------------------------
@@ -245,28 +375,31 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     workdir: output directory; an existing one is resumed.
     stop_after_round: stop (with a checkpoint) once this many rounds are done,
       as a preempted job would; a later call resumes.
+
+  Returns:
+    The summary; after a SIGTERM / SIGINT (a checkpoint saved, the run
+    stopped early) it has ``stopped_by`` (the signal's name) and no
+    summary.json is written.
   """
-  with matmul_precision(config.precision):
-    return _run(config, workdir, stop_after_round=stop_after_round)
+  with (executors.matmul_precision(config.precision),
+        faults.StopSignals() as stop, contextlib.ExitStack() as cleanup):
+    return _run(config, workdir, stop_after_round, stop, cleanup)
 
 
-def _run(config, workdir, *, stop_after_round):
-  """`run`'s body, inside the config's matmul precision."""
+def _run(config, workdir, stop_after_round, stop, cleanup):
+  """`run`'s body, inside the config's matmul precision; ``cleanup`` closes
+  what it opens, on errors too."""
+  # Before anything is written: a failed start must leave nothing behind.
+  validation.validate(config)
+  check_resume_config(workdir, config)
+  finished = check_rounds(workdir, config)
+  if finished is not None:
+    return finished
   os.makedirs(workdir, exist_ok=True)
   summary_path = os.path.join(workdir, 'summary.json')
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      summary = json.load(f)
-    if summary.get('rounds_completed') == config.num_rounds:
-      say(f'{workdir} already holds a finished run; nothing to do.')
-      return summary
-  check_resume_config(workdir, config)
   # With several processes (one workdir on a shared file system) process 0
   # writes every file but the checkpoints, which all processes save together.
   chief = jax.process_index() == 0
-  if chief:
-    _write_json(os.path.join(workdir, 'config.json'),
-                json.loads(config.to_json_best_effort()))
 
   # ----- Data and partition (host, NumPy). -----
   ds = config.dataset
@@ -285,6 +418,9 @@ def _run(config, workdir, *, stop_after_round):
         title=f'{ds.name}: {partition_label(config.partition)}')
 
   active = participation_mask(config, counts)
+  # The true p_n (FedAU's known_prob): K / N under the uniform sampler.
+  probs = np.full(config.num_clients,
+                  config.clients_per_round / config.num_clients)
   if active is not None:
     probs, active = active
     if chief:
@@ -306,7 +442,7 @@ def _run(config, workdir, *, stop_after_round):
                       config.precision)
   variables = model.init(jax.random.key(config.seed),
                          eval_preprocess(jnp.asarray(train.images[:1]), None))
-  algorithm = build_algorithm(config, model)
+  algorithm = build_algorithm(config, model, probs)
   spec = build_round_spec(config, algorithm, train_preprocess)
   choice = executors.choose_executor(config.executor,
                                      chunk_size=config.chunk_size)
@@ -344,18 +480,29 @@ def _run(config, workdir, *, stop_after_round):
   server_state, client_table = engine.init_state(
       algorithm, variables, config.num_clients,
       key=jax.random.key(config.seed + 1))
-  checkpoints = ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, 'checkpoints')),
-      options=ocp.CheckpointManagerOptions(
-          max_to_keep=config.keep_checkpoints, create=True))
+  if chief:  # Only now: every check that can fail before training is done.
+    _write_json(os.path.join(workdir, 'config.json'),
+                json.loads(config.to_json_best_effort()))
+  checkpoint_dir = os.path.abspath(os.path.join(workdir, 'checkpoints'))
   if mesh:
     # Before restoring: orbax then reads straight into the mesh's layout.
     server_state, client_table = put((server_state, client_table))
   start_round = 0
-  if checkpoints.latest_step() is not None:
-    start_round = checkpoints.latest_step()
-    restored = checkpoints.restore(start_round, args=ocp.args.StandardRestore(
-        {'server_state': server_state, 'client_table': client_table}))
+  restored_round, restored = faults.restore_newest_readable(
+      checkpoint_dir,
+      {'server_state': server_state, 'client_table': client_table},
+      workdir=workdir, chief=chief, report=say)
+  checkpoints = ocp.CheckpointManager(
+      checkpoint_dir,
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=config.keep_checkpoints, create=True,
+          cleanup_tmp_directories=True),
+      item_handlers=ocp.StandardCheckpointHandler())
+  # On an error too: a save still in flight ends cleanly before the error
+  # is reported (no orbax traceback after it, no temporary directory).
+  cleanup.callback(close_checkpoints, checkpoints)
+  if restored_round is not None:
+    start_round = restored_round
     server_state = engine.ServerState(*restored['server_state'])
     client_table = restored['client_table']
     say(f'Resuming {workdir} from round {start_round}.')
@@ -390,11 +537,36 @@ def _run(config, workdir, *, stop_after_round):
   writer = None
   if chief:
     truncate_metrics(metrics_path, start_round)
-    writer = make_summary_writer(workdir)
+    writer = make_summary_writer(workdir, start_round)
+    if writer:
+      cleanup.callback(writer.close)
+  # Seconds spent in the round loop by earlier sessions of this run.
+  time_before = previous_wall_time(checkpoints, start_round, metrics_path)
+  last_saved = restored_round  # The newest checkpoint on disk, if any.
+
+  def diverged(what, done):
+    if last_saved is None:
+      kept = ('no checkpoint was saved, so the same --workdir may be rerun '
+              'with the change')
+    else:
+      kept = (f'the last good checkpoint (round {last_saved}) in '
+              f'{workdir}/checkpoints is kept; rerun the change in a new '
+              '--workdir')
+    return FloatingPointError(
+        f'{what} at round {done}. Lower --config.local.learning_rate or set '
+        f'--config.local.grad_clip_norm; {kept}.')
 
   def save(round_idx):
+    nonlocal last_saved
+    if not faults.all_finite((server_state, client_table)):
+      raise diverged('The model holds NaN or infinite values', round_idx)
     checkpoints.save(round_idx, args=ocp.args.StandardSave(
-        {'server_state': server_state, 'client_table': client_table}))
+        {'server_state': server_state, 'client_table': client_table}),
+                     custom_metadata={'total_wall_time': total_time()})
+    last_saved = round_idx
+
+  def total_time():
+    return time_before + time.time() - start_time
 
   # ----- Rounds. -----
   start_time = time.time()
@@ -406,8 +578,11 @@ def _run(config, workdir, *, stop_after_round):
   bar = tqdm.tqdm(range(start_round, end_round), initial=start_round,
                   total=config.num_rounds, desc=config.algorithm,
                   disable=not (config.progress and chief), dynamic_ncols=True)
+  done = start_round
   cohorts = prefetch(cohort_for, range(start_round, end_round))
   for round_idx in bar:
+    if stop.agreed():
+      break
     cohort = next(cohorts)
     cohort = sharding.shard_cohort(cohort, mesh) if mesh else cohort
     server_state, client_table, round_metrics = round_fn(
@@ -421,12 +596,9 @@ def _run(config, workdir, *, stop_after_round):
       train_sums = []
       train_loss = float(loss_sum / max(examples, 1.0))
       if not math.isfinite(train_loss):
-        raise FloatingPointError(
-            f'Training loss is {train_loss} at round {done}. Lower '
-            '--config.local.learning_rate or set --config.local.grad_clip_norm; '
-            f'the last good checkpoint in {workdir}/checkpoints is kept.')
+        raise diverged(f'Training loss is {train_loss}', done)
       last = {'round': done, 'wall_time': time.time() - start_time,
-              'train_loss': train_loss,
+              'total_wall_time': total_time(), 'train_loss': train_loss,
               **evaluator.every(*sharding.local_copy((server_state,
                                                       client_table)))}
       if chief:
@@ -436,20 +608,34 @@ def _run(config, workdir, *, stop_after_round):
         for name, value in last.items():
           if name != 'round':
             writer.add_scalar(name, value, done)
+        writer.flush()  # A run killed later keeps this evaluation.
       bar.set_postfix({evaluator.headline: f'{last[evaluator.headline]:.4f}'})
     if done % config.checkpoint_every == 0 or done == end_round:
       save(done)
+    faults.pause_if_asked(workdir, done, stop, checkpoints)
+  stopped_by = stop.agreed() if done < end_round else None
+  stopped = stopped_by is not None
+  if stopped:
+    if last_saved != done and done > start_round:
+      save(done)
+    say(f'Stopped by {stopped_by} after round {done}; the checkpoint of '
+        f'round {last_saved} is in {workdir}/checkpoints. Run the same '
+        'command again to resume.' if last_saved else
+        f'Stopped by {stopped_by} before any round; nothing to save.')
   checkpoints.wait_until_finished()
   checkpoints.close()
   if writer:
     writer.close()
 
-  rounds_completed = max(end_round, start_round)
+  rounds_completed = done if stopped else max(end_round, start_round)
   summary = {'rounds_completed': rounds_completed, 'workdir': workdir,
              'executor': choice.name, 'chunk_size': choice.chunk_size,
              'backend': jax.default_backend(),
              'num_steps': num_steps, 'num_slots': num_slots,
-             'wall_time': time.time() - start_time, **last}
+             'wall_time': time.time() - start_time,
+             'total_wall_time': total_time(), **last}
+  if stopped:
+    summary['stopped_by'] = stopped_by
   if rounds_completed == config.num_rounds:
     state = sharding.local_copy((server_state, client_table))
     if evaluator.headline not in summary:  # Resumed at the very end.

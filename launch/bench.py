@@ -32,9 +32,11 @@ import time
 from absl import app
 from absl import flags
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
-from fedjax_metric import engine, executors, train
+from fedjax_metric import engine, executors, models
 from fedjax_metric.data import cohort as cohort_lib
 from launch import machine
 from launch import scaling
@@ -89,6 +91,7 @@ def time_jax(executor, num_clients, *, unroll):
                               precision=_PRECISION.value,
                               conv_impl=_CONV.value)
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
+  flops = client_step_flops(run, batch)
   round_fn = executors.make_round_fn(
       run.spec, data, executor=executor, chunk_size=_CHUNK.value,
       steps_per_call=steps, unroll=unroll)
@@ -106,7 +109,57 @@ def time_jax(executor, num_clients, *, unroll):
     times.append(time.perf_counter() - start)
   median = statistics.median(times[1:])
   return {'median': median, 'min': min(times[1:]), 'max': max(times[1:]),
-          'compile': times[0] - median}
+          'compile': times[0] - median, 'step_flops': flops}
+
+
+# Dense tensor-core peaks in TFLOP/s (NVIDIA H100 / H200 SXM datasheets;
+# 'default' is TF32, what XLA uses for float32 matmuls on these GPUs, and
+# 'highest' is plain float32 on the CUDA cores).
+PEAK_TFLOPS = {'H100': {'bf16': 989.4, 'default': 494.7, 'highest': 66.9},
+               'H200': {'bf16': 989.4, 'default': 494.7, 'highest': 66.9}}
+
+
+def peak_tflops(device, precision):
+  """The device's dense peak at ``precision``, or None if not tabled."""
+  for name, peaks in PEAK_TFLOPS.items():
+    if name in device:
+      return peaks[precision]
+  return None
+
+
+def client_step_flops(run, batch_size):
+  """XLA's FLOP count (cost analysis) of one client's SGD step.
+
+  One step = forward, cross-entropy, backward and the parameter update on a
+  batch of ``batch_size``; a round does ``clients * local_steps`` of them.
+  Counted on the single step because XLA's cost analysis counts a loop body
+  once, not once per iteration; and on the program as lowered, before the
+  backend's passes, because a GPU's compiled program calls cuBLAS / cuDNN,
+  whose FLOPs its cost analysis can miss (an H100 gave 1.6 GFLOP for the
+  FedQuad CNN step that is 6.7 GFLOP lowered and compiled for CPU). The count
+  is the model's arithmetic, so it is the same on every device. Returns NaN
+  where no count is given.
+  """
+  params, model_state = models.split_variables(run.variables)
+  images = jnp.zeros((batch_size, *run.images.shape[1:]), jnp.float32)
+  labels = jnp.zeros((batch_size,), jnp.int32)
+  mask = jnp.ones((batch_size,), bool)
+
+  def step(params, model_state, images, labels, mask):
+    def loss(p):
+      outputs, new_state = run.model.apply(p, model_state, images, train=True,
+                                           mask=mask)
+      ce = optax.softmax_cross_entropy_with_integer_labels(
+          outputs['logits'].astype(jnp.float32), labels).mean()
+      return ce, new_state
+    grads, new_state = jax.grad(loss, has_aux=True)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), new_state
+
+  cost = jax.jit(step).lower(params, model_state, images, labels,
+                             mask).cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+    cost = cost[0] if cost else {}
+  return float((cost or {}).get('flops', float('nan')))
 
 
 def time_torch(name, clients):
@@ -148,7 +201,7 @@ def measure_point(point, unroll):
     return {**time_torch(executor, int(clients)),
             'rss_mb': machine.peak_rss_mb()}
   else:
-    with train.matmul_precision(_PRECISION.value):
+    with executors.matmul_precision(_PRECISION.value):
       result = time_jax(executor, int(clients), unroll=unroll)
   return {**result, 'rss_mb': machine.peak_rss_mb(),
           'device_mb': machine.peak_device_mb()}
@@ -165,7 +218,7 @@ def measure_in_child(point):
 
 
 COLUMNS = ['clients/round', 'executor', 's/round (median)', 'min-max',
-           'client-steps/s', 'compile s', 'peak RSS MB', 'peak device MB',
+           'client-steps/s', 'TFLOP/s (% of peak)', 'compile s', 'peak RSS MB', 'peak device MB',
            'vs PyTorch loop', 'vs best PyTorch']
 
 
@@ -174,18 +227,29 @@ def ratio_cell(median, reference):
   return f'{median / reference:.2f}x' if reference else 'n/a'
 
 
-def format_row(clients, name, r, loop_median, best_torch):
+def flops_cell(clients, r, peak):
+  """Achieved TFLOP/s from XLA's count of a client step, and % of peak."""
+  flops = r.get('step_flops')
+  if flops is None or not np.isfinite(flops):
+    return '-'
+  tflops = clients * _STEPS.value * flops / r['median'] / 1e12
+  return f'{tflops:.3g}' + (f' ({100 * tflops / peak:.1f}%)' if peak else '')
+
+
+def format_row(clients, name, r, loop_median, best_torch, peak=None):
   """One table row's cells; a PyTorch form that failed keeps its note.
 
   ``best_torch``: (label, median) of the fastest PyTorch form, or None.
+  ``peak``: the device's TFLOP/s at the bench's precision, or None.
   """
   if r.get('failed'):
-    return [clients, name, '-', '-', '-', '-', '-', '-', '-',
+    return [clients, name, '-', '-', '-', '-', '-', '-', '-', '-',
             f'failed: {r["failed"]}']
   best = (ratio_cell(r['median'], best_torch[1]) + f' ({best_torch[0]})'
           if best_torch else 'n/a')
   return [clients, name, f'{r["median"]:.3f}', f'{r["min"]:.3f}-{r["max"]:.3f}',
           f'{clients * _STEPS.value / r["median"]:.0f}',
+          flops_cell(clients, r, peak),
           '-' if r['compile'] is None else f'{r["compile"]:.1f}',
           f'{r["rss_mb"]:.0f}',
           '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}',
@@ -253,6 +317,7 @@ def main(argv):
   described = machine.describe_backend()
   backend = described['backend']
   unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
+  peak = peak_tflops(described['device'], _PRECISION.value)
   rows, measured = [], []
   names = executor_names()
   for clients in (int(c) for c in _CLIENTS.value):
@@ -283,13 +348,17 @@ def main(argv):
       best_torch = (TORCH_LABELS[best], torch_done[best])
     for name, r in results.items():
       rows.append(format_row(clients, TORCH_LABELS.get(name, name), r,
-                             loop_median, best_torch))
+                             loop_median, best_torch, peak))
 
   notes = [
       f'Device: {described["device"]} ({backend}); jax {jax.__version__}; '
       f'median of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. '
       "Each row ran in its own process: peak RSS is that row's; device MB is "
-      "XLA's peak on device 0 (not reported on CPU, where it is host memory).",
+      "XLA's peak on device 0 (not reported on CPU, where it is host memory). "
+      "TFLOP/s = clients x local steps x XLA's FLOP count of one client "
+      "step (cost analysis of forward + backward + update) / s per round; "
+      + (f'% of the device\'s dense {_PRECISION.value} peak '
+         f'({peak} TFLOP/s).' if peak else 'no peak tabled for this device.'),
       f'Command: `python -m launch.bench --model={_MODEL.value} '
       f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
       f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '

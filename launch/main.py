@@ -4,19 +4,27 @@ r"""Runs one experiment: a config file, overrides, and a workdir.
       --config.dataset.name=fashion_mnist --config.num_rounds=20
 
 Running the same command again resumes from the workdir's last checkpoint.
+SIGTERM or Ctrl-C saves a checkpoint after the round in progress and exits
+with 128 + the signal number. A mistake in the command (a bad value, a missing
+dataset, another config on a used workdir) is one line on stderr and exit
+status 1; --verbose adds the traceback.
 Multi-process runs (one process per host, one shared workdir): pass
 --coordinator_address, --num_processes and --process_id to every process, or
 --distributed to let JAX detect them (SLURM, Open MPI, Cloud TPU). See
 docs/multihost.md.
 """
 
+import signal
+import sys
+
 from absl import app
 from absl import flags
 from absl import logging
 import jax
+import ml_collections
 from ml_collections import config_flags
 
-from fedjax_metric import train
+from fedjax_metric import faults, train
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Path to a config file, e.g. configs/fedavg.py[:runlocal].',
@@ -37,7 +45,36 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _CPU_COLLECTIVES = flags.DEFINE_enum(
     'cpu_collectives', 'gloo', ['gloo', 'mpi'],
     'Cross-process collectives of the CPU backend in multi-process runs.')
+_VERBOSE = flags.DEFINE_bool(
+    'verbose', False, 'On an error, print the full traceback too.')
 flags.mark_flags_as_required(['config', 'workdir'])
+
+# Errors that come from the command (values, files, the workdir), reported
+# as one line. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, ArithmeticError, MemoryError, ImportError,
+               faults.CheckpointError)
+
+
+def one_line(message) -> str:
+  """``message`` without the traceback ml_collections puts in a config
+  file's error (its last line is the error itself), on one line."""
+  text = str(message)
+  marker = ': Error whilst parsing config file'
+  if marker in text:
+    head = text.split(marker, 1)[0].replace('flag ', '', 1)
+    error = [line.strip() for line in text.splitlines() if line.strip()][-1]
+    text = f'{head}: {error.split(": ", 1)[-1]}'
+  return ' '.join(text.split())
+
+
+def parse_flags(argv):
+  """absl's parsing, with its errors as one line (and exit status 1)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    if '--verbose' in argv:
+      raise
+    sys.exit(f'error: {one_line(e)}')
 
 
 def distributed_args(coordinator_address, num_processes, process_id):
@@ -81,7 +118,28 @@ def main(argv):
     jax.config.update('jax_cpu_collectives_implementation',
                       _CPU_COLLECTIVES.value)
     jax.distributed.initialize(**(kwargs or {}))
-  summary = train.run(_CONFIG.value, _WORKDIR.value)
+  config = _CONFIG.value
+  if not isinstance(config, ml_collections.ConfigDict) and not _VERBOSE.value:
+    try:
+      config.keys()  # A config file that failed to load raises its error.
+    except OSError as e:
+      cause = str(e.__cause__ or e).strip().splitlines()[-1].strip()
+      sys.exit(f'error: cannot load --config: {cause}')
+  try:
+    summary = train.run(config, _WORKDIR.value)
+  except KeyboardInterrupt:
+    # A second Ctrl-C: the round in progress was not finished.
+    if _VERBOSE.value:
+      raise
+    print(f'Interrupted; the last checkpoint in {_WORKDIR.value} is kept. '
+          'Run the same command again to resume.', file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
+  except USER_ERRORS as e:
+    if _VERBOSE.value:
+      raise
+    sys.exit(f'error: {one_line(e)}')
+  if 'stopped_by' in summary:  # SIGTERM / SIGINT: a checkpoint was saved.
+    sys.exit(128 + signal.Signals[summary['stopped_by']])
   if jax.process_index() == 0:
     print(f"test_accuracy={summary.get('test_accuracy', float('nan')):.4f} "
           f"after {summary['rounds_completed']} rounds; "
@@ -89,4 +147,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

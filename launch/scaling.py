@@ -76,7 +76,7 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from fedjax_metric import algorithms, engine, executors, memory, models
-from fedjax_metric import optimizers, sharding, train
+from fedjax_metric import optimizers, sharding
 from fedjax_metric.data import augment, cohort as cohort_lib
 from launch import machine
 
@@ -99,7 +99,7 @@ class Point:
   chunk_size: int = 10
   unroll: Optional[bool] = None  # None: on CPU only (as launch/bench.py).
   seed: int = 0
-  precision: str = 'default'  # train.PRECISIONS
+  precision: str = 'default'  # executors.PRECISIONS
   conv_impl: str = 'xla'  # 'xla' | 'patches' (models.layers.make_conv)
 
   def to_json(self) -> str:
@@ -162,6 +162,7 @@ class SyntheticRun(NamedTuple):
   algorithm: engine.Algorithm
   spec: engine.RoundSpec
   variables: Any
+  model: Any = None  # models.ModelFns (bench counts a client step's FLOPs)
 
 
 def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
@@ -170,10 +171,11 @@ def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
                   conv_impl: str = 'xla') -> SyntheticRun:
   """`synthetic_federation` + a model + the algorithm with client SGD 0.01
   and a plain SGD server: what launch/bench.py and this study time.
-  ``precision``: as ``config.precision`` (train.matmul_precision)."""
+  ``precision``: as ``config.precision`` (executors.matmul_precision)."""
   images, labels, partition = synthetic_federation(
       num_clients, examples_per_client, image_shape, seed=seed)
-  model_kwargs = {'conv_impl': conv_impl}
+  # Only the models with a patches form take conv_impl (xla is the default).
+  model_kwargs = {'conv_impl': conv_impl} if conv_impl != 'xla' else {}
   if model_name == 'small_cnn':
     model_kwargs['pool'] = pool
   model = models.build(
@@ -189,7 +191,8 @@ def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
   spec = engine.RoundSpec(algorithm, optimizers.make_client_optimizer('sgd'),
                           optimizers.make_round_schedule(0.01), preprocess,
                           seed)
-  return SyntheticRun(images, labels, partition, algorithm, spec, variables)
+  return SyntheticRun(images, labels, partition, algorithm, spec, variables,
+                      model)
 
 
 def measure_point(point: Point) -> Dict[str, Any]:
@@ -200,7 +203,7 @@ def measure_point(point: Point) -> Dict[str, Any]:
   as train.run chooses it (``auto`` falls back to chunks that fit the
   memory budget).
   """
-  with train.matmul_precision(point.precision):
+  with executors.matmul_precision(point.precision):
     return _measure_point(point)
 
 
@@ -210,7 +213,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
   choice = executors.choose_executor(point.executor,
                                      chunk_size=point.chunk_size)
   unroll = point.unroll if point.unroll is not None else backend == 'cpu'
-  images, labels, partition, algorithm, spec, variables = (
+  images, labels, partition, algorithm, spec, variables, _ = (
       synthetic_run(point.algorithm, point.model, pool=point.pool,
                     image_shape=point.image_shape,
                     num_clients=point.num_clients,

@@ -9,9 +9,18 @@
 * Most XLA optimisations off: the suite compiles hundreds of tiny programs,
   and compiling dominates its run time; the numerics compared are unaffected
   (the tests' tolerances hold either way, checked on CPU).
+
+Tests that compare a subprocess with an in-process run bit for bit give the
+subprocess the same settings through `JAX_ENV`.
 """
 
 import jax
+
+JAX_ENV = {
+    'JAX_NUM_CPU_DEVICES': '4',
+    'JAX_DEFAULT_MATMUL_PRECISION': 'highest',
+    'JAX_DISABLE_MOST_OPTIMIZATIONS': 'true',
+}
 
 jax.config.update('jax_num_cpu_devices', 4)
 jax.config.update('jax_default_matmul_precision', 'highest')

@@ -64,22 +64,26 @@ def numpy_ce(variables, x, y):
   return np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y])
 
 
-def test_fedquad_loss_is_ce_plus_beta_quad_on_sampled_quadruplets():
+@pytest.mark.parametrize('squared', [None, True])
+def test_fedquad_loss_is_ce_plus_beta_quad_on_sampled_quadruplets(squared):
   """l = CE(anchors) + beta * mean[d_ap - d_an1 + m1]_+ + [d_ap - d_an2 + m2]_+
-  (FedQuad, Goksu & Pugeault, arXiv 2025, Algorithm 1: the default squared
-  distances), recomputed in NumPy."""
+  (FedQuad, Goksu & Pugeault, arXiv 2025, Eq. 3 and Eq. 5), recomputed in
+  NumPy: by default d is Eq. 5's Euclidean distance, with squared=True
+  Algorithm 1's squared distance."""
   images, labels, parts, _ = federation()
   model = fx.linear()
   variables = fx.init_variables(model, images)
+  kwargs = {} if squared is None else {'squared': squared}
   for name, beta in [('fedquad', 0.5), ('quadrupletfl', 0.3)]:
-    alg = build(name, model, beta=beta)
+    alg = build(name, model, beta=beta, **kwargs)
     idx, mask = alg.client_batches(parts[0], labels, np.random.default_rng(1),
                                    num_steps=3, batch_size=4, local_epochs=1,
                                    local_steps=3)
     got = one_step_loss(alg, variables, images, labels, idx[0], mask[0])
     x = images[idx[0]].reshape(16, -1).astype(np.float64) / 255.0
     a, p, n1, n2 = x[:4], x[4:8], x[8:12], x[12:]
-    d = lambda u, v: ((u - v) ** 2).sum(1)
+    power = 1.0 if squared else 0.5
+    d = lambda u, v: ((u - v) ** 2).sum(1) ** power
     second = d(a, n2) if name == 'fedquad' else d(n1, n2)
     quad = (np.maximum(d(a, p) - d(a, n1) + 1.0, 0)
             + np.maximum(d(a, p) - second + 0.5, 0))

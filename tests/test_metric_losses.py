@@ -203,20 +203,28 @@ def test_random_tuples_exercise_active_and_inactive_hinges(squared):
 
 
 def test_tuple_loss_defaults_are_the_fedquad_papers():
+  """Defaults: m1 1, m2 0.5 (Table V) and Eq. 5's plain Euclidean distance."""
   rng = np.random.default_rng(5)
   x = [rng.normal(size=(8, 3)).astype(np.float32) for _ in range(4)]
-  np.testing.assert_allclose(losses.fedquad_loss(*x), ref_quad(*x, 1.0, 0.5, True, True), **TOL)
-  np.testing.assert_allclose(losses.quadruplet_loss(*x), ref_quad(*x, 1.0, 0.5, True, False),
+  np.testing.assert_allclose(losses.fedquad_loss(*x), ref_quad(*x, 1.0, 0.5, False, True),
                              **TOL)
-  np.testing.assert_allclose(losses.triplet_loss(*x[:3]), ref_triplet(*x[:3], 1.0, True), **TOL)
+  np.testing.assert_allclose(losses.quadruplet_loss(*x), ref_quad(*x, 1.0, 0.5, False, False),
+                             **TOL)
+  np.testing.assert_allclose(losses.triplet_loss(*x[:3]), ref_triplet(*x[:3], 1.0, False),
+                             **TOL)
+  # The two readings really differ on these inputs.
+  assert not np.allclose(ref_quad(*x, 1.0, 0.5, False, True), ref_quad(*x, 1.0, 0.5, True, True))
 
 
 def test_fedquad_differs_from_classic_quadruplet_in_the_second_term():
   a, p = np.zeros((1, 2), np.float32), np.zeros((1, 2), np.float32)
   n1, n2 = np.array([[3.0, 0.0]], np.float32), np.array([[3.0, 0.5]], np.float32)
-  # FedQuad: d(a, n2) = 9.25 -> second hinge 0.  Classic: d(n1, n2) = 0.25 -> 0.5 - 0.25.
-  np.testing.assert_allclose(losses.fedquad_loss(a, p, n1, n2), [0.0])
-  np.testing.assert_allclose(losses.quadruplet_loss(a, p, n1, n2), [0.25])
+  # Squared: FedQuad d(a, n2) = 9.25 -> second hinge 0.  Classic: d(n1, n2) = 0.25 -> 0.25.
+  np.testing.assert_allclose(losses.fedquad_loss(a, p, n1, n2, squared=True), [0.0])
+  np.testing.assert_allclose(losses.quadruplet_loss(a, p, n1, n2, squared=True), [0.25])
+  # Euclidean: d(n1, n2) = 0.5 -> 0.5 - 0.5 = 0; with m2 = 0.75 the classic term is 0.25.
+  np.testing.assert_allclose(losses.fedquad_loss(a, p, n1, n2, margin_2=0.75), [0.0])
+  np.testing.assert_allclose(losses.quadruplet_loss(a, p, n1, n2, margin_2=0.75), [0.25])
 
 
 @pytest.mark.parametrize('name', sorted(TUPLE_LOSSES))
@@ -474,10 +482,12 @@ def test_multilevel_relaxed_is_mean_over_levels(form):
 
 
 def test_multilevel_supcon_is_mean_over_levels():
+  # form='khosla' (Khosla's mean over positives); the other forms are in
+  # tests/test_metric_faithful.py.
   rng = np.random.default_rng(4)
   y = rng.integers(0, 3, 10).astype(np.int32)
   levels = [rng.normal(size=(10, d)).astype(np.float32) for d in (3, 6)]
-  got = losses.multilevel_supcon_loss(levels, y, temperature=0.2)
+  got = losses.multilevel_supcon_loss(levels, y, temperature=0.2, form='khosla')
   want = (ref_supcon(levels[0], y, 0.2) + ref_supcon(levels[1], y, 0.2)) / 2
   np.testing.assert_allclose(got, want, **TOL)
 

@@ -36,7 +36,9 @@ def free_port():
 
 def start(workdir, num_devices, *flags):
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             JAX_NUM_CPU_DEVICES=str(num_devices), PYTHONPATH=ROOT)
+             JAX_NUM_CPU_DEVICES=str(num_devices),
+             PYTHONPATH=os.pathsep.join(
+                 filter(None, [ROOT, os.environ.get('PYTHONPATH')])))
   env.pop('XLA_FLAGS', None)  # Could force another device count.
   return subprocess.Popen(
       [sys.executable, '-m', 'launch.main', *RUN_FLAGS, f'--workdir={workdir}',

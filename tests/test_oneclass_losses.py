@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_metric import losses
-from fedjax_metric.algorithms import fedaws
-from fedjax_metric.algorithms import fedmetric
-from fedjax_metric.algorithms import feduv
+from fedjax_metric.algorithms import fedaws, fedmetric, feduv
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

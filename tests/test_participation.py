@@ -129,14 +129,14 @@ def test_probabilities_seeded_draws():
 
 
 @pytest.mark.parametrize('kwargs, match', [
-    (dict(class_counts=[[1, -1], [2, 2]]), 'non-negative.*\\[0\\]'),
-    (dict(class_counts=[[1, 1], [0, 0], [3, 0]]), 'clients \\[1\\] have no'),
-    (dict(class_counts=[1, 2, 3]), '\\[N, J\\]'),
-    (dict(class_counts=[[1, 2]], mean=0.0), 'mean'),
-    (dict(class_counts=[[1, 2]], mean=1.5), 'mean'),
-    (dict(class_counts=[[1, 2]], floor=0.0), 'floor'),
-    (dict(class_counts=[[1, 2]], normalize='median'), 'normalize'),
-    (dict(class_counts=[[1, 2]], beta=0.0), 'beta'),
+    ({'class_counts': [[1, -1], [2, 2]]}, 'non-negative.*\\[0\\]'),
+    ({'class_counts': [[1, 1], [0, 0], [3, 0]]}, 'clients \\[1\\] have no'),
+    ({'class_counts': [1, 2, 3]}, '\\[N, J\\]'),
+    ({'class_counts': [[1, 2]], 'mean': 0.0}, 'mean'),
+    ({'class_counts': [[1, 2]], 'mean': 1.5}, 'mean'),
+    ({'class_counts': [[1, 2]], 'floor': 0.0}, 'floor'),
+    ({'class_counts': [[1, 2]], 'normalize': 'median'}, 'normalize'),
+    ({'class_counts': [[1, 2]], 'beta': 0.0}, 'beta'),
 ])
 def test_probabilities_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -314,7 +314,7 @@ def test_uniform_counts_per_round():
 @pytest.mark.parametrize('pattern', participation.PATTERNS)
 def test_sample_deterministic_in_seed(pattern):
   p = np.linspace(0.05, 0.6, 30)
-  kwargs = dict(clients_per_round=4)
+  kwargs = {'clients_per_round': 4}
   a = participation.sample(p, 300, pattern, seed=11, **kwargs)
   b = participation.sample(p, 300, pattern, seed=11, **kwargs)
   c = participation.sample(p, 300, pattern, seed=12, **kwargs)
@@ -327,10 +327,10 @@ def test_sample_deterministic_in_seed(pattern):
     (([0.1, 0.0], 10, 'bernoulli'), {}, '\\[1\\]'),
     (([0.1, 1.2], 10, 'markov'), {}, '\\[1\\]'),
     (([0.1, 0.2], 10, 'uniform'), {}, 'clients_per_round'),
-    (([0.1, 0.2], 10, 'uniform'), dict(clients_per_round=3), 'integer'),
+    (([0.1, 0.2], 10, 'uniform'), {'clients_per_round': 3}, 'integer'),
     (([0.1, 0.2], 0, 'bernoulli'), {}, 'num_rounds'),
-    (([0.1, 0.2], 10, 'markov'), dict(markov_rate=0.0), 'markov_rate'),
-    (([0.1, 0.2], 10, 'cyclic'), dict(cycle=0), 'cycle'),
+    (([0.1, 0.2], 10, 'markov'), {'markov_rate': 0.0}, 'markov_rate'),
+    (([0.1, 0.2], 10, 'cyclic'), {'cycle': 0}, 'cycle'),
 ])
 def test_sample_validation(args, kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_metric import losses
-from fedjax_metric.algorithms import fedau
-from fedjax_metric.algorithms import pmfl
+from fedjax_metric.algorithms import fedau, pmfl
 
 # Two clients, nine rounds (1 = participates). Client 0 hits the cutoff
 # K = C = 3 after round 4; client 1 hits it before it ever participates.

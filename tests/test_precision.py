@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import models, train
+from fedjax_metric import executors, models, train
 import fl_fixtures as fx
 
 
@@ -39,10 +39,10 @@ def test_bf16_compute_keeps_float32_variables_and_outputs():
 
 
 def test_precision_names():
-  with train.matmul_precision('highest'):
+  with executors.matmul_precision('highest'):
     pass
   with pytest.raises(ValueError, match='config.precision'):
-    train.matmul_precision('fp8')
+    executors.matmul_precision('fp8')
 
 
 def test_a_bf16_run_trains(tmp_path):

@@ -70,4 +70,9 @@ def test_registered_algorithm_trains_and_executors_agree(name):
     if executor == 'vmap':
       assert round_fn.jitted._cache_size() == 1
   assert fx.max_abs_diff(results['vmap'], initial) > 1e-4  # It trained.
-  assert fx.max_abs_diff(results['vmap'], results['host']) < 1e-5
+  # Uniformity / decorrelation losses (exponentials of pairwise distances,
+  # normalised covariances) amplify float32 rounding: round-1 losses of the
+  # two executors agree to ~1e-7 relative, round-2 parameters to ~3.4e-4.
+  amplifying = {'fedalignuniform', 'feddecorr', 'fedu2'}
+  tolerance = max(fx.executor_tolerance(), 1e-3 if name in amplifying else 0)
+  assert fx.max_abs_diff(results['vmap'], results['host']) < tolerance

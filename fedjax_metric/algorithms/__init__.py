@@ -6,6 +6,10 @@ unknown keyword is an error (see train.build_algorithm).
 
 from fedjax_metric.algorithms import fedavg, fedprox, fedquad, fedrcl, moon
 from fedjax_metric.algorithms import scaffold
+from fedjax_metric.algorithms import deepsvdd, fedaws, fedmetric, feduv
+from fedjax_metric.algorithms import fedau, fedvarp, mifa, pmfl
+from fedjax_metric.algorithms import fedalignuniform, feddecorr, fedu2, fedx
+from fedjax_metric.algorithms import l_dawa, ssd
 
 REGISTRY = {
     'fedavg': fedavg.make,
@@ -18,4 +22,18 @@ REGISTRY = {
     'fedrcl': fedrcl.make_fedrcl,
     'fedscl': fedrcl.make_fedscl,
     'scaffold': scaffold.make,
+    'fedmetric': fedmetric.make,
+    'deepsvdd': deepsvdd.make,
+    'fedaws': fedaws.make,
+    'feduv': feduv.make,
+    'fedau': fedau.make,
+    'mifa': mifa.make,
+    'fedvarp': fedvarp.make,
+    'pmfl': pmfl.make,
+    'fedalignuniform': fedalignuniform.make,
+    'ssd': ssd.make,
+    'feddecorr': feddecorr.make,
+    'fedu2': fedu2.make,
+    'fedx': fedx.make,
+    'l_dawa': l_dawa.make,
 }

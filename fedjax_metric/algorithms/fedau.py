@@ -7,8 +7,25 @@ online estimate of 1 / p_n; the server adds (eta_g / N) sum_n omega_n Delta_n
 (N = all clients; the weights are not renormalised).
 
 This module holds the weight bookkeeping as pure JAX (`interval_step`, usable
-inside a jitted round) and a host helper (`interval_weights`) that runs it
-over a whole participation mask.
+inside a jitted round), a host helper (`interval_weights`) that runs it over a
+whole participation mask, and the algorithm (`make`) with the four
+aggregations of the released code (github.com/IBM/fedau, main.py,
+``-weighting``): 'adaptive' (FedAU), 'known_prob', 'average_all' and
+'average_participating' (FedAvg over the round's participants). MIFA and
+FedVarp, the two other aggregations of that code, keep a stored update per
+client: algorithms/mifa.py and algorithms/fedvarp.py.
+
+Slots replaced relative to FedAvg (docs/methods.md, Heterogeneous
+participation):
+  * ``init_server``: the interval counters of all N clients in the server
+    extra (plain int32 [N] arrays, kept for every aggregation);
+  * ``client_final``: the update Delta_n = w_end - w_global with the weight
+    omega_n (1 / p_n, or 1), read from the counters as they were before the
+    round;
+  * ``server_update``: the weighted sum divided by N (or by |S_t|), times
+    eta_g through the server optimizer, then every client's counters
+    advance (participants and the cutoff alike, also in a round nobody
+    joins).
 """
 
 import functools
@@ -17,6 +34,8 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_metric.algorithms import fedavg
 
 
 class IntervalState(NamedTuple):
@@ -127,3 +146,158 @@ def interval_weights(participation, *, cutoff: Optional[int]) -> np.ndarray:
   participation = _check_participation(participation)
   cutoff = _check_cutoff(cutoff)
   return np.asarray(_scan_intervals(jnp.asarray(participation), cutoff=cutoff))
+
+
+# ---------------------------------------------------------------------------
+# The algorithm.
+# ---------------------------------------------------------------------------
+
+AGGREGATIONS = ('adaptive', 'known_prob', 'average_all',
+                'average_participating')
+
+
+def participation_vector(aggregate, num_clients: int):
+  """bool [N]: True for the round's participants (padding slots dropped).
+
+  Args:
+    aggregate: the round's `engine.Aggregate` (client_ids [C], slot_mask
+      [C]; padding slots hold an id >= N).
+    num_clients: N.
+  """
+  return jnp.zeros((num_clients,), bool).at[aggregate.client_ids].set(
+      aggregate.slot_mask, mode='drop')
+
+
+def _state_from_extra(extra) -> IntervalState:
+  # The server extra holds plain dicts: they survive a checkpoint round trip
+  # unchanged, which a NamedTuple nested in the extra need not.
+  return IntervalState(extra['counter'], extra['interval_sum'],
+                       extra['interval_count'])
+
+
+def _extra_from_state(state: IntervalState):
+  return {'counter': state.counter, 'interval_sum': state.interval_sum,
+          'interval_count': state.interval_count}
+
+
+def _client_value(values, client_id):
+  """values[client_id]; a padding slot's out-of-range id reads the last row."""
+  return values.at[client_id].get(mode='clip')
+
+
+def current_omega(extra, client_id):
+  """FedAU's weight of a participant, from the counters before the round.
+
+  mean(T_n) if client n has a completed interval, else 1 (the released code,
+  github.com/IBM/fedau, main.py: no scaling on a first participation); equals
+  `interval_step`'s omega for a participant.
+  """
+  count = _client_value(extra['interval_count'], client_id)
+  total = _client_value(extra['interval_sum'], client_id)
+  return jnp.where(count > 0, total / jnp.maximum(count, 1),
+                   1.0).astype(jnp.float32)
+
+
+def _check_probabilities(probabilities):
+  p = np.asarray(probabilities, np.float64)
+  if p.ndim != 1 or p.size == 0 or not np.all((p > 0) & (p <= 1)):
+    raise ValueError('participation_probabilities must be a non-empty [N] '
+                     'array in (0, 1]; train.run passes the run\'s true p_n '
+                     "to aggregation='known_prob'.")
+  return jnp.asarray(p, jnp.float32)
+
+
+def make(model, *, server_optimizer, weighting='uniform',
+         aggregation='adaptive', cutoff: Optional[int] = None,
+         participation_probabilities=None):
+  """FedAU and the other aggregations of its released code.
+
+  Wang & Ji, 'A Lightweight Method for Tackling Unknown Participation
+  Statistics in Federated Averaging', ICLR 2024, Algorithm 1; the authors'
+  released code (github.com/IBM/fedau, main.py). Clients run local SGD from
+  the global model w and send Delta_n = w_n - w; the server moves
+
+    w <- w + eta_g (1 / D) sum_{n in S_t} omega_n Delta_n,
+
+  with eta_g the server optimizer's learning rate (sgd(eta_g); the released
+  README uses eta_g = 1 for FedAU) and, per ``aggregation``:
+
+    'adaptive' (FedAU):  omega_n = mean of client n's completed participation
+                         intervals (`interval_step`; 1 on a first
+                         participation; the interval that ends this round
+                         counts from the next participation on), D = N.
+    'known_prob':        omega_n = 1 / p_n with the true probability, D = N.
+    'average_all':       omega_n = 1, D = N.
+    'average_participating': omega_n = 1, D = |S_t| (FedAvg with uniform
+                         weights over the participants).
+
+  D = N for the first three: the weights are not renormalised to sum to 1.
+  A round nobody joins leaves the model unchanged (the counters still
+  advance).
+
+  Args:
+    model: `ModelFns`.
+    server_optimizer: optax transformation of the pseudo-gradient; sgd(eta_g).
+    weighting: ignored: every client counts by its omega_n alone, as in the
+      released code, whatever the config's server.weighting.
+    aggregation: one of AGGREGATIONS.
+    cutoff: FedAU's K, a positive int, or None for none (the released
+      default K = 100000 has that effect; its README also runs K = 50).
+    participation_probabilities: [N] true p_n, needed by 'known_prob' only;
+      train.build_algorithm passes the run's probabilities.
+  """
+  del weighting
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f'Unknown aggregation {aggregation!r}; use one of '
+                     f'{AGGREGATIONS} (algorithm_kwargs.aggregation).')
+  cutoff = _check_cutoff(cutoff)
+  inverse_p = None
+  if aggregation == 'known_prob':
+    if participation_probabilities is None:
+      raise ValueError("aggregation='known_prob' needs "
+                       'participation_probabilities (train.run passes them; '
+                       'pass them when calling fedau.make directly).')
+    inverse_p = 1.0 / _check_probabilities(participation_probabilities)
+  base = fedavg.make(model, server_optimizer=server_optimizer,
+                     weighting='uniform')
+
+  def init_extra(variables, num_clients, key):
+    del variables, key
+    if inverse_p is not None and inverse_p.shape[0] != num_clients:
+      raise ValueError(f'participation_probabilities has '
+                       f'{inverse_p.shape[0]} entries for {num_clients} '
+                       'clients.')
+    # Three distinct buffers: the round donates the state, and one array
+    # donated twice is an error.
+    return {name: jnp.zeros((num_clients,), jnp.int32)
+            for name in ('counter', 'interval_sum', 'interval_count')}
+
+  def client_final(ctx, end_variables):
+    delta, _, row = base.client_final(ctx, end_variables)
+    if aggregation == 'adaptive':
+      omega = current_omega(ctx.server_state.extra, ctx.client_id)
+    elif aggregation == 'known_prob':
+      omega = _client_value(inverse_p, ctx.client_id)
+    else:
+      omega = jnp.ones((), jnp.float32)
+    return delta, omega, row
+
+  def server_update(server_state, aggregate, client_table):
+    del client_table
+    state = _state_from_extra(server_state.extra)
+    num_clients = state.counter.shape[0]
+    participated = participation_vector(aggregate, num_clients)
+    state, _ = interval_step(state, participated, cutoff=cutoff)
+    if aggregation == 'average_participating':
+      divisor = jnp.maximum(aggregate.num_participants, 1.0)
+    else:
+      divisor = jnp.asarray(num_clients, jnp.float32)
+    direction = jax.tree.map(lambda u: u / divisor, aggregate.update_sum)
+    new_state = fedavg.apply_server_optimizer(server_optimizer, server_state,
+                                              direction)
+    new_state = fedavg.skip_if_nobody(aggregate, server_state, new_state)
+    return new_state._replace(extra=_extra_from_state(state))
+
+  return base._replace(
+      init_server=fedavg.make_init_server(server_optimizer, init_extra),
+      client_final=client_final, server_update=server_update)

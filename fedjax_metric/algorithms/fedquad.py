@@ -17,9 +17,10 @@ metric term only:
     embeddings (no sampled companions).
 
 Slots replaced relative to FedAvg: ``client_loss`` and (except SupConFL)
-``client_batches``. The distance reading (``squared``), the sampling
-fallbacks and the baselines' defaults are discussed in docs/methods.md,
-FedQuad.
+``client_batches``. The distance defaults to Eq. 5's Euclidean norm
+(``squared=False``); ``squared=True`` is Algorithm 1's squared distance. The
+distance readings, the sampling fallbacks and the baselines' defaults are
+discussed in docs/methods.md, FedQuad.
 """
 
 import functools
@@ -29,11 +30,14 @@ from fedjax_metric.algorithms import fedavg
 from fedjax_metric.data import quadruplets
 
 
-def make_sampled_metric_loss(model, metric_fn, num_negatives, beta):
+def make_sampled_metric_loss(model, metric_fn, num_negatives, beta,
+                             cross_entropy=True):
   """client_loss for batches laid out [anchors | positives | negatives...].
 
-  CE is taken on the anchors only; the metric term on every anchor whose
-  companions are valid (mask of the positive column).
+  ``CE(anchors) + beta * metric`` (Goksu & Pugeault, arXiv 2025, Eq. 3), or
+  ``beta * metric`` alone with ``cross_entropy=False`` (the "without l_ce"
+  rows of their Table V). CE is taken on the anchors only; the metric term on
+  every anchor whose companions are valid (mask of the positive column).
   """
   groups = 2 + num_negatives
 
@@ -42,59 +46,84 @@ def make_sampled_metric_loss(model, metric_fn, num_negatives, beta):
     b = batch.labels.shape[0] // groups
     outputs, ce, model_state = fedavg.forward_and_cross_entropy(
         model, params, model_state, batch, rows=b)
-    embeddings = [outputs['embedding'][g * b:(g + 1) * b] for g in range(groups)]
+    embeddings = [outputs['embedding'][g * b:(g + 1) * b]
+                  for g in range(groups)]
     companion_mask = batch.mask[b:2 * b]
     metric = losses.masked_mean(metric_fn(*embeddings), companion_mask)
-    return ce + beta * metric, (model_state, {'ce': ce, 'metric': metric})
+    loss = beta * metric + (ce if cross_entropy else 0.0)
+    return loss, (model_state, {'ce': ce, 'metric': metric})
 
   return client_loss
 
 
 def _make_sampled(metric_fn, num_negatives, model, *, server_optimizer,
-                  weighting='num_examples', beta=0.5, **metric_kwargs):
+                  weighting='num_examples', beta=0.5, cross_entropy=True,
+                  **metric_kwargs):
   if beta < 0:
     raise ValueError(f'beta must be >= 0, got {beta}.')
+  if not cross_entropy and beta <= 0:
+    raise ValueError('cross_entropy=False needs beta > 0: otherwise the '
+                     'client loss is 0. Set algorithm_kwargs.beta > 0.')
   loss = make_sampled_metric_loss(
-      model, functools.partial(metric_fn, **metric_kwargs), num_negatives, beta)
+      model, functools.partial(metric_fn, **metric_kwargs), num_negatives,
+      beta, cross_entropy)
   return fedavg.make(model, server_optimizer=server_optimizer,
                      weighting=weighting)._replace(
                          client_loss=loss,
-                         client_batches=quadruplets.make_batches_fn(num_negatives))
+                         client_batches=quadruplets.make_batches_fn(
+                             num_negatives))
 
 
-def make_fedquad(model, *, server_optimizer, weighting='num_examples', beta=0.5,
-                 margin_1=1.0, margin_2=0.5, squared=True):
+def make_fedquad(model, *, server_optimizer, weighting='num_examples',
+                 beta=0.5, margin_1=1.0, margin_2=0.5, squared=False,
+                 cross_entropy=True):
   """FedQuad: CE + beta * fedquad_loss (paper's beta 0.5, m1 1, m2 0.5).
 
-  ``squared=True`` is Algorithm 1's squared distance, ``squared=False`` Eq. 5's
-  plain Euclidean distance (Goksu & Pugeault, arXiv 2025).
+  Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to
+  Mitigate Data Heterogeneity', arXiv:2509.04107, 2025, Eq. 3 and Eq. 5.
+  ``squared=False`` (default) is Eq. 5's Euclidean distance,
+  ``squared=True`` Algorithm 1's squared one. ``cross_entropy=False`` drops
+  the CE term (Table V's "without l_ce"); evaluate such a model on its
+  embeddings (``eval_protocol='embedding_knn'``), its classifier is untrained.
   """
   return _make_sampled(losses.fedquad_loss, 2, model,
                        server_optimizer=server_optimizer, weighting=weighting,
-                       beta=beta, margin_1=margin_1, margin_2=margin_2,
-                       squared=squared)
+                       beta=beta, cross_entropy=cross_entropy,
+                       margin_1=margin_1, margin_2=margin_2, squared=squared)
 
 
 def make_quadrupletfl(model, *, server_optimizer, weighting='num_examples',
-                      beta=0.5, margin_1=1.0, margin_2=0.5, squared=True):
-  """QuadrupletFL: CE + beta * Chen et al.'s quadruplet loss."""
+                      beta=0.5, margin_1=1.0, margin_2=0.5, squared=False,
+                      cross_entropy=True):
+  """QuadrupletFL: CE + beta * Chen et al.'s quadruplet loss.
+
+  Chen, Chen, Zhang and Huang, 'Beyond Triplet Loss: A Deep Quadruplet
+  Network for Person Re-identification', CVPR 2017, Eq. 5; ``squared`` and
+  ``cross_entropy`` as in `make_fedquad`.
+  """
   return _make_sampled(losses.quadruplet_loss, 2, model,
                        server_optimizer=server_optimizer, weighting=weighting,
-                       beta=beta, margin_1=margin_1, margin_2=margin_2,
-                       squared=squared)
+                       beta=beta, cross_entropy=cross_entropy,
+                       margin_1=margin_1, margin_2=margin_2, squared=squared)
 
 
 def make_tripletfl(model, *, server_optimizer, weighting='num_examples',
-                   beta=0.5, margin=1.0, squared=True):
-  """TripletFL: CE + beta * triplet loss on (anchor, positive, negative_1)."""
+                   beta=0.5, margin=1.0, squared=False, cross_entropy=True):
+  """TripletFL: CE + beta * triplet loss on (anchor, positive, negative_1).
+
+  Hoffer & Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015;
+  ``squared`` and ``cross_entropy`` as in `make_fedquad`.
+  """
   return _make_sampled(losses.triplet_loss, 1, model,
                        server_optimizer=server_optimizer, weighting=weighting,
-                       beta=beta, margin=margin, squared=squared)
+                       beta=beta, cross_entropy=cross_entropy, margin=margin,
+                       squared=squared)
 
 
 def make_supconfl(model, *, server_optimizer, weighting='num_examples',
                   beta=0.5, temperature=0.07):
-  """SupConFL: CE + beta * SupCon (Khosla et al. 2020) over the batch."""
+  """SupConFL: CE + beta * SupCon (Khosla et al., NeurIPS 2020, Eq. 2, the
+  mean over positives) over the batch's embeddings."""
 
   def supcon(outputs, batch):
     return losses.supcon_loss(outputs['embedding'], batch.labels,

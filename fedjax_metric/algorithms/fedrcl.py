@@ -8,7 +8,8 @@ globally average-pooled, pre-ReLU features of every stage (the model's
 (default) is the authors' released loss (github.com/skynbe/FedRCL,
 utils/loss.py CLLoss: hard positive, top-2 negatives, single-partner
 penalty); ``form='paper'`` the paper's Eq. 5 (docs/methods.md, FedRCL).
-FedSCL is the same with plain supervised contrastive learning (no penalty).
+FedSCL is the same without the penalty, in the same two forms (plus
+Khosla et al.'s mean over positives as ``form='khosla'``).
 The reference aggregates unweighted: use ``server.weighting='uniform'`` (the
 configs do).
 
@@ -47,11 +48,21 @@ def make_fedrcl(model, *, server_optimizer, weighting='uniform',
 
 
 def make_fedscl(model, *, server_optimizer, weighting='uniform',
-                temperature=0.05):
-  """FedSCL: CE + mean over levels of SupCon (no relaxation penalty)."""
+                temperature=0.05, form='code'):
+  """FedSCL: CE + mean over levels of a supervised contrastive loss.
+
+  FedRCL without the divergence penalty (Seo et al., CVPR 2024, Table 3).
+  ``form`` as in `losses.multilevel_supcon_loss`: 'code' (default; the
+  released CLLoss's supervised pair, i.e. FedRCL's default form with beta
+  0), 'paper' (Eq. 2: the sum over positives, i.e. FedRCL's 'paper' form
+  with beta 0) or 'khosla' (Khosla et al.'s mean over positives).
+  """
+  if form not in losses.SCL_FORMS:
+    raise ValueError(f'form must be one of {losses.SCL_FORMS}, got {form!r}.')
 
   def level_loss(features, labels, mask):
     return losses.multilevel_supcon_loss(features, labels,
-                                         temperature=temperature, mask=mask)
+                                         temperature=temperature, form=form,
+                                         mask=mask)
 
   return _make(model, level_loss, server_optimizer, weighting)

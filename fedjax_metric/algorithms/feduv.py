@@ -11,7 +11,12 @@ error-correcting code (BCH); here they are rows of a Hadamard matrix when
 that fits, random otherwise (the paper's analysis also covers random codes).
 """
 
+import jax.numpy as jnp
 import numpy as np
+
+from fedjax_metric.algorithms import fedavg
+from fedjax_metric.algorithms import oneclass_common as common
+from fedjax_metric.losses.oneclass import feduv_loss
 
 CODEWORD_KINDS = ('auto', 'hadamard', 'random')
 
@@ -108,3 +113,76 @@ def codewords(num_classes, dim, *, seed=0, kind='auto', max_tries=100):
       raise ValueError(f'No {num_classes} distinct random codewords of '
                        f'length {dim} in {max_tries} draws.')
   return codes.astype(np.float32), min_hamming_distance(codes)
+
+
+# ---------------------------------------------------------------------------
+# The algorithm.
+# ---------------------------------------------------------------------------
+
+
+def make(model, *, server_optimizer, weighting='uniform', num_classes=None,
+         codeword_kind='auto', codeword_seed=0, squared=False,
+         reduction='mean'):
+  """FedUV as an `engine.Algorithm`: FedAvg with a codeword loss.
+
+  Hosseini et al., 'Federated Learning of User Verification Models Without
+  Sharing Embeddings', ICML 2021. Class (user) u owns the codeword v_u
+  (`codewords`: Hadamard rows where they fit, random +-1 otherwise); the
+  model's D-dimensional embedding is the linear output W g(x), rescaled to
+  f(x) = sqrt(D) W g(x) / ||W g(x)||, and the client minimises the
+  positive-only loss max(0, 1 - cos(f(x), v_u))^p (`feduv_loss`; p = 1, the
+  reproduction github.com/eggry/FedUV, feduv/trainer.py; ``squared=True``
+  gives p = 2, Eq. 3 of Park, Hosseini and Yun, 'Federated Learning with
+  Metric Loss', FL-ICML workshop 2021). The server only averages models.
+
+  Clients read their own codeword (by the class of their labels) from a
+  constant of the program; the server extra holds the code and its minimum
+  Hamming distance for evaluation only (the server step never reads them,
+  and in a deployment each user keeps its codeword secret).
+
+  Args:
+    model: `ModelFns` with an 'embedding' output; the codeword length is its
+      width D.
+    server_optimizer: optax transformation of the pseudo-gradient.
+    weighting: 'uniform' or 'num_examples'.
+    num_classes: C codewords; None reads the model's ``num_classes``.
+    codeword_kind: 'auto', 'hadamard' or 'random' (see `codewords`).
+    codeword_seed: seed of a random code.
+    squared: square the hinge.
+    reduction: 'mean' or 'sum' over the batch.
+
+  Raises:
+    ValueError: an unknown choice, or no code of that size exists.
+  """
+  common.check_choice('reduction', reduction, common.REDUCTIONS)
+  common.check_choice('codeword_kind', codeword_kind, CODEWORD_KINDS)
+  num_classes = common.num_model_classes(model, num_classes or 0)
+  if num_classes < 1:
+    raise ValueError('FedUV needs num_classes >= 1 (the model has none; '
+                     'pass --config.algorithm_kwargs.num_classes).')
+  dim = common.embedding_dim(model)
+  code, min_distance = codewords(num_classes, dim, seed=codeword_seed,
+                                 kind=codeword_kind)
+  base = fedavg.make(model, server_optimizer=server_optimizer,
+                     weighting=weighting)
+
+  def init_server(variables, num_clients, key):
+    state = base.init_server(variables, num_clients, key)
+    return state._replace(extra={
+        'codewords': jnp.asarray(code),
+        'min_distance': jnp.asarray(min_distance, jnp.int32)})
+
+  def client_begin(ctx):
+    return ctx.server_state.variables, {'class': common.client_class(ctx)}
+
+  def client_loss(params, model_state, batch, ctx):
+    outputs, model_state = model.apply(params, model_state, batch.images,
+                                       train=True, mask=batch.mask)
+    codeword = jnp.asarray(code)[ctx.local_state['class']]
+    per_example = feduv_loss(outputs['embedding'], codeword, squared=squared,
+                             mask=batch.mask)
+    return (common.reduce_batch(per_example, batch.mask, reduction),
+            (model_state, {}))
+
+  return base._replace(init_server=init_server, client_begin=client_begin,
+                       client_loss=client_loss)

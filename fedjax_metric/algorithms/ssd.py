@@ -1,16 +1,32 @@
-"""SSD: Soft Separation and Distillation, server-side pieces.
+"""SSD: Soft Separation and Distillation.
 
 Fang et al., 'Soft Separation and Distillation: Toward Global Uniformity in
 Federated Unsupervised Learning', ICCV 2025. The server gives every client k a
-scaling matrix S_k once, before training (Algorithm 1, line 4); the client's
-dimension-scaled regulariser (`fedjax_metric.losses.dsr_loss`) pulls its
-normalised embeddings towards n(z S_k S_k^T), which leans them towards the
-client's own directions. The local losses live in
-`fedjax_metric.losses.unsupervised`.
+scaling matrix S_k once, before training (Algorithm 1, line 4); each client
+minimises (Eq. 10)
+
+  L^k = L_align + beta L_uniform + gamma L_DSR + delta L_distill,
+
+FedAlignUniform's loss (`fedjax_metric.algorithms.fedalignuniform`) plus the
+dimension-scaled regulariser (`fedjax_metric.losses.dsr_loss`, Eq. 7), which
+pulls the client's normalised embeddings towards n(z S_k S_k^T) and so leans
+them towards the client's own directions, and the projector distillation
+(`fedjax_metric.losses.projector_distillation_loss`, Eq. 9). The server
+averages as FedAlignUniform does.
+
+Slots replaced relative to FedAvg: ``init_server`` (the K scaling matrices
+in the server extra, [K, D, D]), ``client_loss`` (two views drawn from
+``batch.raw_images`` with ctx.key; S_k picked by ctx.client_id, or by
+ctx.slot as the released code does), ``client_final`` (weight = local
+batches), ``client_batches`` (drop_last / skip one-example batches).
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_metric import losses
+from fedjax_metric.algorithms import fedalignuniform as fau
 
 COHORT_ASSIGNMENTS = ('position', 'client_id')
 
@@ -108,3 +124,113 @@ def cohort_scaling(scalings, client_ids, *, assign='position'):
     return jnp.take(jnp.asarray(scalings), client_ids, axis=0)
   raise ValueError(f'assign must be one of {COHORT_ASSIGNMENTS}, got '
                    f'{assign!r}')
+
+
+def pick_scaling(scalings, ctx, assign):
+  """The client's [D, D] scaling matrix: row ctx.client_id ('client_id', the
+  paper's Algorithm 1) or ctx.slot ('position', the released code; see
+  `cohort_scaling`). Padding slots (ids >= K) read a clipped row; they
+  train on no example."""
+  index = ctx.client_id if assign == 'client_id' else ctx.slot
+  return jnp.take(scalings, index, axis=0, mode='clip')
+
+
+def make(model, *, server_optimizer, weighting='num_batches',
+         uniform_weight=1.0, uniformity_t=2.0, dsr_weight=1.0,
+         distill_weight=0.1, distill_temperature=0.5, distill_method='kl',
+         distill_form='code', dsr_form='code', scale=10.0,
+         directions_per_client=None, random_basis=True, assign='client_id',
+         scaling_seed=None, view_order='ssd', drop_last=False):
+  """SSD as an `engine.Algorithm`.
+
+  Defaults are the paper's (Sec. 4 'Implementation Details', App. A.1) and
+  the authors' released code's (github.com/hc-fang/ssd,
+  scripts/run_FedAlignUniformSubspace.sh): beta = gamma = 1, delta = 0.1,
+  alpha = 10, KL distillation at T = 0.5, m = floor(D / K) rotated
+  directions per client.
+
+  Args:
+    model: `ModelFns` with 'embedding' (encoder, h) and 'projection' (z)
+      outputs of equal width (projector distillation compares them).
+    server_optimizer: optax transformation of the pseudo-gradient.
+    weighting: 'num_batches' (released code), 'num_examples', 'uniform'.
+    uniform_weight: beta. uniformity_t: t of L_uniform (2).
+    dsr_weight: gamma. dsr_form: 'code' (Frobenius norm / n of the
+      difference to the normalised target) or 'paper' (Eq. 7).
+    distill_weight: delta. distill_temperature: T of the KL form.
+    distill_method: 'kl' (default) or 'mse' (the released code's
+      alternative, mean squared difference; SSD Table 5).
+    distill_form: 'code' (KL(softmax(z/T) || softmax(h/T))) or 'paper'
+      (Eq. 9's direction); see `losses.projector_distillation_loss`.
+    scale: alpha, the factor on a client's directions.
+    directions_per_client: m; None means floor(D / K).
+    random_basis: directions of a random rotation (released code) or
+      canonical axes (Eq. 6's literal 'dimensions').
+    assign: 'client_id' (client k always gets S_k, the paper) or
+      'position' (the i-th client of the round's cohort gets S_i, the
+      released code; differs only under partial participation).
+    scaling_seed: NumPy seed of the matrices; None derives it from the key
+      `init_server` receives (the run's seed).
+    view_order: 'ssd' or 'fedu2' augmentation order.
+    drop_last: drop partial batches (the released code does when K <= 10).
+  """
+  for name, value in (('uniform_weight', uniform_weight),
+                      ('dsr_weight', dsr_weight),
+                      ('distill_weight', distill_weight),
+                      ('scale', scale)):
+    fau.check_positive(name, value)
+  fau.check_positive('distill_temperature', distill_temperature,
+                     allow_zero=False)
+  if assign not in COHORT_ASSIGNMENTS:
+    raise ValueError(f'assign must be one of {COHORT_ASSIGNMENTS}, got '
+                     f'{assign!r} (--config.algorithm_kwargs.assign).')
+  if distill_method not in ('kl', 'mse'):
+    raise ValueError("distill_method must be 'kl' or 'mse', got "
+                     f'{distill_method!r}.')
+  views = fau.make_views(view_order)
+
+  def init_extra(variables, num_clients, key):
+    dim = fau.output_width(model, variables, 'projection')
+    if distill_weight > 0 and fau.output_width(
+        model, variables, 'embedding') != dim:
+      raise ValueError('Projector distillation needs equal encoder and '
+                       'projector widths; set the model so that '
+                       "'embedding' and 'projection' match, or "
+                       'distill_weight=0.')
+    seed = scaling_seed
+    if seed is None:
+      seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+    return {'scaling': jnp.asarray(scaling_matrices(
+        num_clients, dim, scale=scale, seed=seed,
+        directions_per_client=directions_per_client,
+        random_basis=random_basis))}
+
+  def distillation(h, p, mask):
+    if distill_method == 'mse':
+      per_row = jnp.mean(jnp.square(h - p), axis=-1)
+    else:
+      per_row = losses.projector_distillation_loss(
+          h, p, temperature=distill_temperature, form=distill_form,
+          mask=mask)
+    return losses.masked_mean(per_row, mask)
+
+  def client_loss(params, model_state, batch, ctx):
+    mask = batch.mask
+    out1, out2, model_state = fau.two_view_forward(
+        model, params, model_state, batch.raw_images, mask, ctx.key, views)
+    p1, p2 = out1['projection'], out2['projection']
+    loss, align, uniform = fau.align_uniform_loss(
+        p1, p2, mask, uniform_weight=uniform_weight, t=uniformity_t)
+    scaling = pick_scaling(ctx.server_state.extra['scaling'], ctx, assign)
+    dsr = (losses.dsr_loss(p1, scaling, form=dsr_form, mask=mask)
+           + losses.dsr_loss(p2, scaling, form=dsr_form, mask=mask)) / 2.0
+    distill = (distillation(out1['embedding'], p1, mask)
+               + distillation(out2['embedding'], p2, mask)) / 2.0
+    loss = loss + dsr_weight * dsr + distill_weight * distill
+    return loss, (model_state, {'alignment': align, 'uniformity': uniform,
+                                'dsr': dsr, 'distillation': distill})
+
+  return fau.make_algorithm(
+      model, client_loss, server_optimizer=server_optimizer,
+      weighting=weighting, init_extra=init_extra,
+      client_batches=fau.make_ssl_client_batches(drop_last=drop_last))

@@ -334,8 +334,8 @@ def plot(mask, path, *, title=''):
     title: optional figure title.
   """
   # Imported here so that sampling never pays for matplotlib.
-  from matplotlib.backends import backend_agg
   from matplotlib import figure
+  from matplotlib.backends import backend_agg
 
   mask = _check_mask(mask)
   num_rounds, num_clients = mask.shape

@@ -10,7 +10,9 @@ For built-ins the directory is resolved as: the explicit `data_dir`, else
 `fashion_mnist` has one, where Debian's `dataset-fashion-mnist` installs it).
 """
 
+import difflib
 import gzip
+import importlib.util
 import os
 import pickle
 import posixpath
@@ -84,6 +86,45 @@ def load(name: str, split: str = 'train', data_dir: Optional[str] = None) -> Arr
     ds = _load_cifar(name, split, _resolve_dir(name, data_dir))
   _check_labels(ds.labels, ds.num_classes, f'{name}/{split}')
   return ds
+
+
+def check_available(name: str, data_dir: Optional[str] = None) -> None:
+  """Raises unless both splits of a dataset can be found, reading nothing.
+
+  A run calls this before it writes anything, so a missing dataset costs a
+  second, not a set-up. Built-ins: their files must be where `load` looks.
+  Other names: with `tensorflow_datasets` installed they are checked when
+  loaded; without it they cannot load, and a name close to a built-in one
+  (``fashion-mnist``) is taken for a typo of it.
+
+  Args:
+    name: As for `load`.
+    data_dir: As for `load`.
+
+  Raises:
+    DatasetNotFoundError: The files are missing, or the name is unknown.
+  """
+  if name == 'digits':
+    return
+  if name in ('mnist', 'fashion_mnist'):
+    for split in SPLITS:
+      _idx_paths(name, split, _resolve_dir(name, data_dir))
+  elif name in _CIFAR:
+    splits = _CIFAR[name][2]
+    _cifar_location(name, _resolve_dir(name, data_dir),
+                    splits['train'] + splits['test'])
+  elif importlib.util.find_spec('tensorflow_datasets') is None:
+    raise DatasetNotFoundError(_not_built_in(name) + 'Other names are loaded '
+                               'with tensorflow_datasets, which is not '
+                               'installed: pip install -e .[tfds]')
+
+
+def _not_built_in(name: str) -> str:
+  """The start of an error about a name outside `DATASETS`, with a guess."""
+  close = difflib.get_close_matches(name.lower().replace('-', '_'), DATASETS,
+                                    n=1)
+  guess = f'Did you mean {close[0]!r}? ' if close else ''
+  return f'Dataset {name!r} is not built in ({", ".join(DATASETS)}). {guess}'
 
 
 def _resolve_dir(name: str, data_dir: Optional[str]) -> Optional[str]:
@@ -182,8 +223,8 @@ def _idx_hint(name: str, directory: Optional[str]) -> str:
           'nothing is downloaded automatically.')
 
 
-def _load_idx_dataset(name: str, split: str, directory: Optional[str]) -> ArrayDataset:
-  """Loads an MNIST-format split as [N, 28, 28, 1] uint8 images."""
+def _idx_paths(name: str, split: str, directory: Optional[str]) -> List[str]:
+  """The (images, labels) files of an MNIST-format split; raises if absent."""
   prefix = _IDX_PREFIX[split]
   bases = (f'{prefix}-images-idx3-ubyte', f'{prefix}-labels-idx1-ubyte')
   paths = [_find_file(directory, b) if directory else None for b in bases]
@@ -192,6 +233,12 @@ def _load_idx_dataset(name: str, split: str, directory: Optional[str]) -> ArrayD
     searched = repr(directory) if directory else f'(none: no data_dir and ${ENV_VAR} unset)'
     raise DatasetNotFoundError(f'Dataset {name!r} ({split}): expected files {wanted} '
                                f'in directory {searched}. {_idx_hint(name, directory)}')
+  return paths
+
+
+def _load_idx_dataset(name: str, split: str, directory: Optional[str]) -> ArrayDataset:
+  """Loads an MNIST-format split as [N, 28, 28, 1] uint8 images."""
+  paths = _idx_paths(name, split, directory)
   images = parse_idx(_read_maybe_gz(paths[0]), _IDX_IMAGES_MAGIC, paths[0])
   labels = parse_idx(_read_maybe_gz(paths[1]), _IDX_LABELS_MAGIC, paths[1])
   if images.shape[1:] != (28, 28):
@@ -207,19 +254,29 @@ def _load_idx_dataset(name: str, split: str, directory: Optional[str]) -> ArrayD
 def _read_cifar_members(name: str, directory: Optional[str],
                         members: Sequence[str]) -> List[Tuple[str, bytes]]:
   """Returns (source, bytes) per member from an extracted folder or the tar.gz."""
+  kind, path = _cifar_location(name, directory, members)
+  if kind == 'folder':
+    out = []
+    for m in members:
+      with open(os.path.join(path, m), 'rb') as f:
+        out.append((os.path.join(path, m), f.read()))
+    return out
+  folder = _CIFAR[name][1]
+  return _read_tar_members(path, [f'{folder}/{m}' for m in members])
+
+
+def _cifar_location(name: str, directory: Optional[str],
+                    members: Sequence[str]) -> Tuple[str, str]:
+  """('folder', dir) holding every member, or ('tar', archive), or raises."""
   archive, folder, _, _, _ = _CIFAR[name]
   if directory:
     # The folder may be inside `directory` or be `directory` itself.
     for candidate in (os.path.join(directory, folder), directory):
       if all(os.path.isfile(os.path.join(candidate, m)) for m in members):
-        out = []
-        for m in members:
-          with open(os.path.join(candidate, m), 'rb') as f:
-            out.append((os.path.join(candidate, m), f.read()))
-        return out
+        return 'folder', candidate
     tar_path = os.path.join(directory, archive)
     if os.path.isfile(tar_path):
-      return _read_tar_members(tar_path, [f'{folder}/{m}' for m in members])
+      return 'tar', tar_path
   where = directory or f'(none: no data_dir and ${ENV_VAR} unset)'
   raise DatasetNotFoundError(
       f'Dataset {name!r}: found neither {archive} nor an extracted {folder}/ folder '
@@ -284,9 +341,8 @@ def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(
-        f'{name!r} is not a built-in dataset ({", ".join(DATASETS)}), so it would be '
-        'loaded with tensorflow_datasets, which is not installed: pip install -e .[tfds]'
-    ) from e
+        _not_built_in(name) + 'Other names are loaded with tensorflow_datasets, '
+        'which is not installed: pip install -e .[tfds]') from e
   data_dir = data_dir if data_dir is not None else os.environ.get(ENV_VAR) or None
   not_found = (AssertionError, FileNotFoundError,
                getattr(getattr(tfds.core, 'registered', None), 'DatasetNotFoundError',
@@ -297,8 +353,8 @@ def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
   except not_found as e:
     where = data_dir or '~/tensorflow_datasets (TFDS default)'
     raise DatasetNotFoundError(
-        f'Dataset {name!r} is not built in ({", ".join(DATASETS)}) and is not prepared '
-        f'as a TFDS dataset in data_dir {where!r} ({e}). Prepare it on a machine with '
+        _not_built_in(name) + f'Other names must be prepared TFDS datasets; it '
+        f'is not one in data_dir {where!r} ({e}). Prepare it on a machine with '
         f'internet with `tfds build {name} --data_dir=DIR`, then copy DIR here and pass '
         'data_dir=DIR.') from e
   images, labels = tfds.as_numpy(ds)

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric.losses.metric import _cosine
-from fedjax_metric.losses.metric import _distance
+from fedjax_metric.data import partition
+from fedjax_metric.losses.metric import _cosine, _distance
 
 
 def _average_ranks(values):
@@ -165,3 +165,165 @@ def class_centers(embeddings, labels, num_classes, mask=None):
                              num_segments=num_classes)
   counts = jax.ops.segment_sum(weights, labels, num_segments=num_classes)
   return sums / jnp.maximum(counts, 1.0)[:, None]
+
+
+# ---------------------------------------------------------------------------
+# The 'one_class' evaluation protocol.
+# ---------------------------------------------------------------------------
+
+# How each one-class method scores class c (higher = more likely c):
+#   center:           -||g(x) - C_c||, C_c the mean training embedding of
+#                     class c under the global model (FedMetric);
+#   client_models:    the same with the model of the client holding c and
+#                     that client's training data (Deep SVDD);
+#   class_embeddings: cos(g(x), w_c), W in server_state.extra (FedAwS);
+#   codewords:        cos(g(x), v_c), V in server_state.extra (FedUV).
+SCORES = ('center', 'client_models', 'class_embeddings', 'codewords')
+
+
+def _embedding_pass(model, preprocess, batch_size):
+  """``(variables, device batches, n) -> [n, D]`` np.float32 embeddings."""
+
+  @jax.jit
+  def embed(variables, images):
+    params = variables['params']
+    model_state = {k: v for k, v in variables.items() if k != 'params'}
+    outputs, _ = model.apply(params, model_state,
+                             preprocess(images, jax.random.key(0)),
+                             train=False)
+    return outputs['embedding']
+
+  def run(variables, batches, n):
+    out = [embed(variables, b) for b in batches]
+    return np.concatenate([np.asarray(o, np.float32) for o in out])[:n]
+
+  def put(images):
+    """Pads ``images`` to whole batches and puts them on the device once."""
+    n = len(images)
+    size = min(batch_size, max(n, 1))
+    pad = -n % size
+    padded = np.concatenate(
+        [images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+    return jax.device_put([padded[i:i + size]
+                           for i in range(0, n + pad, size)]), n
+
+  return run, put
+
+
+def _per_class_metrics(aurocs):
+  """{'auroc_mean', 'auroc_class_<c>'} from a [C] vector (NaN: no client)."""
+  aurocs = np.asarray(aurocs, np.float64)
+  metrics = {'auroc_mean': float(np.nanmean(aurocs))}
+  metrics.update({f'auroc_class_{c}': float(v) for c, v in enumerate(aurocs)
+                  if np.isfinite(v)})
+  return metrics
+
+
+def _center_subset(held, labels, per_class, seed=0):
+  """At most ``per_class`` indices of each class from ``held`` (0 = all),
+  a fixed random draw so that every evaluation uses the same examples."""
+  if not per_class:
+    return held
+  rng = np.random.default_rng(seed)
+  keep = [rng.permutation(held[labels[held] == c])[:per_class]
+          for c in np.unique(labels[held])]
+  return np.sort(np.concatenate(keep))
+
+
+def make_one_class_evaluator(model, preprocess, train, test, clients, *,
+                             score, batch_size=1000, center_examples=0):
+  """The 'one_class' protocol: per-class one-vs-rest AUROC on the test set.
+
+  Park, Hosseini and Yun, 'Federated Learning with Metric Loss', FL-ICML
+  workshop 2021, Table 2: for class c the positives are the test examples
+  of class c, the negatives every other test example, and the score
+  s_c(x) is, by ``score``:
+
+    'center'           -d(g(x), C_c), C_c the mean embedding of the class-c
+                       training examples (those held by clients) under the
+                       evaluated global model;
+    'client_models'    -d(g_j(x), C_j) with client j's own model g_j and
+                       the mean C_j of its training embeddings under g_j,
+                       for every client j holding class c; the class's
+                       AUROC is the mean over those clients (one client per
+                       class in the paper);
+    'class_embeddings' cos(g(x), w_c), W = server_state.extra[
+                       'class_embeddings'];
+    'codewords'        cos(g(x), v_c), V = server_state.extra['codewords'].
+
+  Args:
+    model: `ModelFns` with an 'embedding' output.
+    preprocess: ``(uint8 images, key) -> float images``, no augmentation.
+    train, test: `sources.ArrayDataset` splits.
+    clients: the partition, per-client index arrays into ``train``.
+    score: one of `SCORES`.
+    batch_size: examples per jitted forward pass.
+    center_examples: for 'center', use at most this many training examples
+      per class (a fixed random subset) for C_c; 0 = all. The mean of a few
+      thousand embeddings is already precise, and the pass over the whole
+      training set dominates the evaluation's cost.
+
+  Returns:
+    ``(server_state, client_table) -> {'auroc_mean': float,
+    'auroc_class_<c>': float, ...}``, AUROC in [0, 1]; a class held by no
+    client (for 'client_models') is left out.
+
+  Raises:
+    ValueError: an unknown score, a client with no data, or (for
+      'client_models') a client holding more than one class.
+  """
+  if score not in SCORES:
+    raise ValueError(f'score must be one of {SCORES}, got {score!r}.')
+  for j, idx in enumerate(clients):
+    if len(idx) == 0:
+      raise ValueError(f'Client {j} has no training data; the one-class '
+                       'protocol needs every client to hold its class.')
+  num_classes = int(train.num_classes)
+  embed, put = _embedding_pass(model, preprocess, batch_size)
+  test_batches = put(test.images)
+  test_labels = np.asarray(test.labels)
+
+  if score == 'center':
+    held = np.unique(np.concatenate([np.asarray(c, np.int64)
+                                     for c in clients]))
+    held = _center_subset(held, np.asarray(train.labels), center_examples)
+    train_batches = put(train.images[held])
+    held_labels = np.asarray(train.labels)[held]
+
+    def evaluate(server_state, client_table):
+      del client_table
+      variables = server_state.variables
+      centers = class_centers(embed(variables, *train_batches), held_labels,
+                              num_classes)
+      scores = center_scores(embed(variables, *test_batches), centers)
+      return _per_class_metrics(one_class_auroc(scores, test_labels))
+    return evaluate
+
+  if score == 'client_models':
+    client_labels = partition.one_class_labels(clients, train.labels)
+    client_batches = [put(train.images[np.asarray(idx, np.int64)])
+                      for idx in clients]
+
+    def evaluate(server_state, client_table):
+      del server_state
+      per_class = [[] for _ in range(num_classes)]
+      for j, label in enumerate(client_labels):
+        variables = jax.tree.map(lambda x, j=j: x[j],
+                                 client_table['variables'])
+        center = np.mean(embed(variables, *client_batches[j]), axis=0)
+        scores = center_scores(embed(variables, *test_batches), center[None])
+        per_class[int(label)].append(
+            auroc(np.asarray(scores)[:, 0], test_labels == label))
+      return _per_class_metrics([np.mean(a) if a else np.nan
+                                 for a in per_class])
+    return evaluate
+
+  key = 'class_embeddings' if score == 'class_embeddings' else 'codewords'
+
+  def evaluate(server_state, client_table):
+    del client_table
+    vectors = server_state.extra[key]
+    scores = cosine_scores(embed(server_state.variables, *test_batches),
+                           vectors)
+    return _per_class_metrics(one_class_auroc(scores, test_labels))
+  return evaluate

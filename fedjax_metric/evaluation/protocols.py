@@ -1,12 +1,16 @@
 """Which evaluation a run performs: one `Evaluator` per protocol.
 
   * 'classification': test accuracy and loss of the global model's logits
+    (and training accuracy with ``eval_train_examples > 0``)
     (and representation metrics of its embeddings when asked for).
   * 'one_class': per-class one-vs-rest AUROC of embedding models trained
     with one class per client (FedMetric, DeepSVDD, FedAwS, FedUV).
   * 'ssl': label-free training judged by downstream use of its encoder: a
     kNN monitor at every evaluation and, at the end of a run, a linear probe,
     semi-supervised fine-tuning, uniformity and effective rank.
+  * 'embedding_knn': a supervised model judged by its embeddings (kNN at
+    every evaluation, a linear probe at the end; evaluation/embedding_knn.py)
+    beside its logits' accuracy: FedQuad's "without l_ce" ablation.
 
 An evaluator sees the whole state, ``(server_state, client_table)``, since
 some methods keep what is evaluated outside the global model (DeepSVDD's
@@ -15,9 +19,16 @@ per-client models, FedAwS's class embeddings).
 
 from typing import Any, Callable, Dict, NamedTuple
 
-from fedjax_metric.evaluation import classification
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-PROTOCOLS = ('classification', 'one_class', 'ssl')
+from fedjax_metric.evaluation import classification
+from fedjax_metric.evaluation import oneclass
+from fedjax_metric.evaluation import embedding_knn
+from fedjax_metric.evaluation import ssl as ssl_eval
+
+PROTOCOLS = ('classification', 'one_class', 'ssl', 'embedding_knn')
 
 
 class Evaluator(NamedTuple):
@@ -38,6 +49,120 @@ def _nothing(server_state, client_table) -> Dict[str, Any]:
   return {}
 
 
+# The one-class algorithms (one class per client) and how the 'one_class'
+# protocol scores each (evaluation/oneclass.py, SCORES). Any other algorithm
+# evaluated under 'one_class' is scored by class centers of its embeddings.
+ONE_CLASS_SCORES = {
+    'fedmetric': 'center',
+    'deepsvdd': 'client_models',
+    'fedaws': 'class_embeddings',
+    'feduv': 'codewords',
+}
+
+
+def _model_outputs(model):
+  """The names of the model's outputs (abstract evaluation, no compute)."""
+  if model.input_shape is None:
+    return None
+
+  def forward(key):
+    variables = model.init(key)
+    params = variables['params']
+    model_state = {k: v for k, v in variables.items() if k != 'params'}
+    outputs, _ = model.apply(params, model_state,
+                             jnp.zeros(model.input_shape, jnp.float32),
+                             train=False)
+    return outputs
+
+  return set(jax.eval_shape(forward, jax.random.key(0)))
+
+
+def check_model_outputs(config, model):
+  """Clear errors for a model / algorithm / protocol mismatch, before training.
+
+  An embedding network without a classifier ('lenet', 'resnet32': no
+  'logits' output) cannot be trained by a cross-entropy algorithm nor
+  evaluated by 'classification'; a one-class algorithm is only scored by
+  'one_class'.
+
+  Raises:
+    ValueError: naming the config fields to change.
+  """
+  one_class = config.algorithm in ONE_CLASS_SCORES
+  protocol = config.eval_protocol
+  if one_class and protocol != 'one_class':
+    raise ValueError(
+        f'{config.algorithm} trains one class per client and is scored by '
+        f"per-class AUROC: set --config.eval_protocol=one_class (got "
+        f'{protocol!r}); configs/{config.algorithm}.py does.')
+  outputs = _model_outputs(model)
+  if outputs is None or 'logits' in outputs:
+    return
+  name = config.model.get('name', '?')
+  if protocol == 'classification':
+    raise ValueError(
+        f"Model {name!r} is an embedding network without a classifier (its "
+        f"outputs are {sorted(outputs)}, no 'logits'), but "
+        "eval_protocol='classification' scores logits. Use a one-class "
+        f'config (configs/fedmetric.py, deepsvdd.py, fedaws.py, feduv.py) '
+        'or a model with a classifier (--config.model.name=small_cnn).')
+  if protocol == 'one_class' and not one_class:
+    raise ValueError(
+        f"Model {name!r} has no 'logits' output, but algorithm "
+        f'{config.algorithm!r} trains on the cross-entropy of logits. Use '
+        f'one of the one-class algorithms {sorted(ONE_CLASS_SCORES)} or a '
+        'model with a classifier.')
+
+
+def _one_class_evaluator(config, model, preprocess, train, test, clients):
+  """Per-class one-vs-rest AUROC (evaluation/oneclass.py), every evaluation.
+  """
+  score = ONE_CLASS_SCORES.get(config.algorithm, 'center')
+  evaluate = oneclass.make_one_class_evaluator(
+      model, preprocess, train, test, clients, score=score,
+      batch_size=config.eval_batch_size,
+      center_examples=config.one_class_center_examples)
+
+  def final(server_state, client_table):
+    del client_table
+    extra = server_state.extra
+    if isinstance(extra, dict) and 'min_distance' in extra:
+      return {'codeword_min_distance': int(extra['min_distance'])}
+    return {}
+
+  return Evaluator(evaluate, final, 'auroc_mean')
+
+
+def _train_accuracy_fn(config, model, preprocess, train):
+  """``variables -> {'train_accuracy', 'train_eval_loss'}``, or ``{}``.
+
+  ``config.eval_train_examples`` = n > 0 evaluates the global model on n
+  training examples (all of them when n >= the training set's size; else a
+  fixed uniform subset drawn with config.seed), as FedAU and PMFL report
+  training accuracy beside test accuracy. 'train_eval_loss' is the global
+  model's loss there, unlike 'train_loss' (the clients' local losses).
+  """
+  n = config.eval_train_examples
+  if n < 0:
+    raise ValueError(f'eval_train_examples must be >= 0, got {n}.')
+  if n == 0:
+    return lambda variables: {}
+  idx = np.arange(len(train.labels))
+  if n < idx.size:
+    idx = np.sort(np.random.default_rng(config.seed).choice(idx, n,
+                                                            replace=False))
+  evaluate = classification.make_evaluate_fn(
+      model, preprocess, train.images[idx], train.labels[idx],
+      batch_size=config.eval_batch_size)
+
+  def evaluate_train(variables):
+    metrics = evaluate(variables)
+    return {'train_accuracy': metrics['test_accuracy'],
+            'train_eval_loss': metrics['test_loss']}
+
+  return evaluate_train
+
+
 def make_evaluator(config, *, model, preprocess, train, test,
                    clients) -> Evaluator:
   """The config's `Evaluator` (``config.eval_protocol``).
@@ -50,14 +175,41 @@ def make_evaluator(config, *, model, preprocess, train, test,
     clients: the partition, per-client index arrays into ``train``.
   """
   protocol = config.eval_protocol
+  check_model_outputs(config, model)
   if protocol == 'classification':
     evaluate = classification.make_evaluate_fn(
         model, preprocess, test.images, test.labels,
         batch_size=config.eval_batch_size,
         representation_examples=config.representation_examples,
         num_classes=test.num_classes)
-    return Evaluator(lambda state, table: evaluate(state.variables), _nothing,
-                     'test_accuracy')
+    evaluate_train = _train_accuracy_fn(config, model, preprocess, train)
+
+    def every(state, table):
+      del table
+      return {**evaluate(state.variables), **evaluate_train(state.variables)}
+
+    return Evaluator(every, _nothing, 'test_accuracy')
+  if protocol == 'embedding_knn':
+    every, final = embedding_knn.make_embedding_fns(
+        model, preprocess, train, test, clients,
+        batch_size=config.eval_batch_size,
+        representation_examples=config.representation_examples)
+    return Evaluator(lambda state, table: every(state.variables),
+                     lambda state, table: final(state.variables),
+                     'test_knn_accuracy')
+  if protocol == 'one_class':
+    return _one_class_evaluator(config, model, preprocess, train, test,
+                                clients)
+  if protocol == 'ssl':
+    # The unsupervised methods train on [0, 1] views without mean / std
+    # normalisation, so their encoder is evaluated on [0, 1] images too
+    # (evaluation/ssl.py), not with ``preprocess``.
+    every, final = ssl_eval.make_ssl_evaluator(
+        model, train, test, clients, config.ssl_eval,
+        batch_size=config.eval_batch_size, seed=config.seed)
+    return Evaluator(lambda state, table: every(state.variables),
+                     lambda state, table: final(state.variables),
+                     'knn_accuracy')
   del train, clients
   raise ValueError(f'Unknown eval_protocol {protocol!r}; use one of '
                    f'{PROTOCOLS} (--config.eval_protocol).')

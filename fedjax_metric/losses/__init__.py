@@ -6,6 +6,7 @@ are dropped, so every loss is padding-invariant by construction.
 
 from fedjax_metric.losses.basic import masked_mean, softmax_cross_entropy  # noqa: F401
 from fedjax_metric.losses.metric import (  # noqa: F401
+    SCL_FORMS,
     fedquad_loss,
     moon_contrastive_loss,
     multilevel_relaxed_supcon_loss,

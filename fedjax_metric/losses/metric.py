@@ -73,7 +73,7 @@ def _pair_masks(labels, mask):
   return real, valid, same
 
 
-def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=True, mask=None):
+def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=False, mask=None):
   """Triplet loss (Hoffer & Ailon 2015; the TripletFL baseline of FedQuad, Tables I-IV).
 
   Hoffer & Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015.
@@ -83,7 +83,8 @@ def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=True, mask=N
   Args:
     anchor, positive, negative: [B, D] embeddings, not normalised.
     margin: hinge margin.
-    squared: d is the squared Euclidean distance if True, else the Euclidean distance.
+    squared: d is the squared Euclidean distance if True, else (default) the Euclidean
+      distance.
     mask: optional [B] bool; masked outputs are 0.
 
   Returns:
@@ -95,7 +96,7 @@ def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=True, mask=N
 
 
 def quadruplet_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, margin_2=0.5,
-                    squared=True, mask=None):
+                    squared=False, mask=None):
   """Classic quadruplet loss (Chen et al., CVPR 2017, Eq. 5; the QuadrupletFL baseline).
 
   Chen, Chen, Zhang and Huang, 'Beyond Triplet Loss: A Deep Quadruplet Network for
@@ -108,7 +109,7 @@ def quadruplet_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, m
   Args:
     anchor, positive, negative_1, negative_2: [B, D] embeddings, not normalised.
     margin_1, margin_2: margins of the two hinge terms.
-    squared: squared Euclidean distance if True, else Euclidean.
+    squared: squared Euclidean distance if True, else (default) Euclidean.
     mask: optional [B] bool; masked outputs are 0.
 
   Returns:
@@ -121,7 +122,7 @@ def quadruplet_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, m
 
 
 def fedquad_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, margin_2=0.5,
-                 squared=True, mask=None):
+                 squared=False, mask=None):
   """FedQuad's reformulated quadruplet loss l_quad* (Eq. 5 / Algorithm 1).
 
   Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to Mitigate
@@ -129,13 +130,17 @@ def fedquad_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, marg
 
   ``l_i = [d(a, p) - d(a, n1) + m1]_+ + [d(a, p) - d(a, n2) + m2]_+``: BOTH terms push
   the anchor from a negative (n1, n2 from two distinct classes != y_a). Eq. 5 writes the
-  L2 norm, Algorithm 1 squares it: ``squared=True`` is Algorithm 1's reading,
-  ``squared=False`` Eq. 5's (docs/methods.md, FedQuad, compares the two).
+  L2 norm ``d = ||f(x) - f(x')||_2``, the loss line of Algorithm 1 squares it. The
+  default, ``squared=False``, is Eq. 5 (its value and gradient are exact and finite at
+  d = 0); ``squared=True`` is Algorithm 1's reading. With un-normalised embeddings the
+  squared form's gradient grows with the embedding scale (docs/methods.md, FedQuad,
+  compares the two).
 
   Args:
     anchor, positive, negative_1, negative_2: [B, D] encoder embeddings, not normalised.
     margin_1, margin_2: m1 = 1.0, m2 = 0.5 (the paper's best, Table V).
-    squared: squared Euclidean distance if True, else Euclidean.
+    squared: squared Euclidean distance (Algorithm 1) if True, else (default) the
+      Euclidean distance (Eq. 5).
     mask: optional [B] bool; masked outputs are 0.
 
   Returns:
@@ -147,14 +152,18 @@ def fedquad_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, marg
   return _apply_mask(term_1 + term_2, mask)
 
 
-def supcon_loss(features, labels, *, temperature=0.07, mask=None):
-  """Supervised contrastive loss L_out (Khosla et al., NeurIPS 2020, Eq. 2), single view.
-
-  Khosla et al., 'Supervised Contrastive Learning', NeurIPS 2020.
+def supcon_loss(features, labels, *, temperature=0.07, reduction='mean', mask=None):
+  """Supervised contrastive loss over one view's batch (Khosla et al.; FedRCL Eq. 2).
 
   With s_ij the cosine similarity, P(i) = {p != i : y_p = y_i} and A(i) = {a != i}::
 
-    l_i = -1/|P(i)| sum_{p in P(i)} log( exp(s_ip / t) / sum_{a in A(i)} exp(s_ia / t) )
+    l_i = -w_i sum_{p in P(i)} log( exp(s_ip / t) / sum_{a in A(i)} exp(s_ia / t) )
+
+  ``reduction='mean'`` (default): w_i = 1/|P(i)|, L_out of Khosla et al., 'Supervised
+  Contrastive Learning', NeurIPS 2020, Eq. 2 (single view). ``reduction='sum'``:
+  w_i = 1, the SUM over positives that Seo, Kim, Kim and Han, 'Relaxed Contrastive
+  Learning for Federated Learning', CVPR 2024, print as their Eq. 2 (the same sum is
+  the first term of their Eq. 5, `relaxed_supcon_loss` form='paper').
 
   Anchors with no positive give 0. Masked samples are not anchors, positives or members
   of A(i), and give 0.
@@ -163,18 +172,23 @@ def supcon_loss(features, labels, *, temperature=0.07, mask=None):
     features: [B, D], L2-normalised inside.
     labels: [B] int.
     temperature: t.
+    reduction: 'mean' or 'sum' over the positives of an anchor.
     mask: optional [B] bool.
 
   Returns:
     [B] per-example loss.
   """
+  if reduction not in ('mean', 'sum'):
+    raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
   z = _l2_normalize(features)
   logits = (z @ z.T) / temperature
   real, valid, pos = _pair_masks(labels, mask)
   lse = _masked_logsumexp(logits, valid)
   num_pos = jnp.sum(pos, axis=-1)
   log_prob = jnp.sum(jnp.where(pos, logits - lse[:, None], 0.0), axis=-1)
-  return jnp.where(real & (num_pos > 0), -log_prob / jnp.maximum(num_pos, 1), 0.0)
+  if reduction == 'mean':
+    log_prob = log_prob / jnp.maximum(num_pos, 1)
+  return jnp.where(real & (num_pos > 0), -log_prob, 0.0)
 
 
 def relaxed_supcon_loss(features, labels, *, temperature=0.05, threshold=0.7, beta=1.0,
@@ -284,22 +298,48 @@ def multilevel_relaxed_supcon_loss(levels, labels, *, temperature=0.05, threshol
   return sum(per_level) / len(per_level)
 
 
-def multilevel_supcon_loss(levels, labels, *, temperature=0.05, mask=None):
-  """FedSCL baseline (Seo et al., Table 3): mean over levels of `supcon_loss` (Khosla Eq. 2).
+SCL_FORMS = ('code', 'paper', 'khosla')
 
-  The default temperature is FedRCL's 0.05, the setting the baseline is run with there.
+
+def multilevel_supcon_loss(levels, labels, *, temperature=0.05, form='code', mask=None):
+  """FedSCL's term (Seo et al., CVPR 2024, Table 3): mean over levels of an SCL loss.
+
+  FedSCL is FedRCL without its divergence penalty, so ``form`` names the same readings
+  as `relaxed_supcon_loss` and each equals FedRCL's loss with beta = 0:
+
+    * 'code' (default): the supervised pair of the authors' released CLLoss
+      (github.com/skynbe/FedRCL, utils/loss.py, configs/client/fedrcl.yaml without the
+      penalty pair): one hardest positive, the two most similar negatives.
+    * 'paper': Eq. 2 of Seo et al. as printed, the SUM over positives
+      (`supcon_loss` with reduction='sum').
+    * 'khosla': Khosla et al.'s L_out, the MEAN over positives (`supcon_loss` with
+      reduction='mean'); what this function computed before the two forms above.
+
+  The released code has no FedSCL config, so which reading produced the paper's FedSCL
+  numbers is not known; 'code' matches FedRCL's own default form, so FedRCL vs FedSCL
+  isolates the penalty.
 
   Args:
     levels: list of L arrays [B, D_l].
     labels: [B] int.
-    temperature: t.
+    temperature: t (FedRCL's 0.05).
+    form: 'code', 'paper' or 'khosla'.
     mask: optional [B] bool.
 
   Returns:
     [B] per-example loss.
   """
   _check_levels(levels)
-  per_level = [supcon_loss(f, labels, temperature=temperature, mask=mask) for f in levels]
+  if form not in SCL_FORMS:
+    raise ValueError(f'form must be one of {SCL_FORMS}, got {form!r}')
+  if form == 'code':
+    level_loss = lambda f: relaxed_supcon_loss(f, labels, temperature=temperature,
+                                               beta=0.0, form='code', mask=mask)
+  else:
+    reduction = 'sum' if form == 'paper' else 'mean'
+    level_loss = lambda f: supcon_loss(f, labels, temperature=temperature,
+                                       reduction=reduction, mask=mask)
+  per_level = [level_loss(f) for f in levels]
   return sum(per_level) / len(per_level)
 
 

@@ -9,8 +9,7 @@ import jax.numpy as jnp
 
 # Shared private helpers: one cosine (torch eps semantics) and one stable
 # masked logsumexp for every contrastive loss in the package.
-from fedjax_metric.losses.metric import _cosine
-from fedjax_metric.losses.metric import _masked_logsumexp
+from fedjax_metric.losses.metric import _cosine, _masked_logsumexp
 
 
 def pmfl_contrastive_loss(z, z_global, z_buffer, buffer_mask, mu, *,

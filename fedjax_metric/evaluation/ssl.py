@@ -1,0 +1,174 @@
+"""The 'ssl' evaluation protocol: a label-free model judged by its encoder.
+
+The protocol of the federated unsupervised papers (FedU2: Liao et al.,
+'Rethinking the Representation in Federated Unsupervised Learning with
+Non-IID Data', CVPR 2024; SSD: Fang et al., 'Soft Separation and
+Distillation: Toward Global Uniformity in Federated Unsupervised Learning',
+ICCV 2025, Sec. 4 'Evaluation Metrics' and App. A.2), as in the SSD
+authors' released code (github.com/hc-fang/ssd: methods/fedalignuniform/
+server.py, utils/evaluate.py, linear_eval.py, semi_eval.py):
+
+  * every evaluation: the weighted kNN monitor (`downstream.knn_accuracy`,
+    k = 200, temperature 0.1) of the test set's encoder features against
+    the encoder features of all clients' un-augmented training data
+    (``knn_accuracy``, the headline);
+  * at the end of a run (or on a saved checkpoint, ``python -m
+    launch.evaluate``): the linear probe (`downstream.linear_probe`, raw
+    frozen encoder features of the same training data, Adam 3e-3, 200
+    epochs), semi-supervised fine-tuning on stratified 1% and 10% of the
+    labels (`downstream.fine_tune`, best of four evaluations), and the
+    uniformity (Eq. 4; `representation.uniformity`, t = 2, on L2-normalised
+    features; lower is more uniform, the paper reports -L_uniform) and
+    effective rank (App. A.2, Roy & Vetterli; `representation.
+    effective_rank` of the raw feature matrix) of the global model's test
+    features.
+
+Features are the encoder output ``outputs['embedding']`` in eval mode on
+images scaled to [0, 1] with no mean / std normalisation, as the models are
+trained (the released code's ToTensor only). Epochs, subset sizes and
+fractions come from the config's ``ssl_eval`` block (configs/common.py),
+so CPU runs can shorten them; a run states what it used in its summary.
+"""
+
+import time
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_metric.data import augment
+from fedjax_metric.evaluation import downstream
+from fedjax_metric.evaluation import forward as forward_lib
+from fedjax_metric.evaluation import representation
+
+
+def unit_preprocess(images, key):
+  """uint8 images -> float32 on [0, 1] (ToTensor), no normalisation."""
+  del key
+  return jnp.asarray(images).astype(jnp.float32) / 255.0
+
+
+def make_finetune_augment(*, scale=(0.64, 1.0), ratio=(1.0, 1.0),
+                          flip_p=0.5):
+  """``(uint8 images [B, H, W, C], key) -> float [B, H, W, C]``: the
+  released semi_eval.py training transform, RandomResizedCrop(H, scale
+  (0.64, 1), ratio (1, 1)) then a horizontal flip, no normalisation."""
+
+  def one(image, key):
+    k_crop, k_flip = jax.random.split(key)
+    x = augment.random_resized_crop(image, k_crop, scale=scale, ratio=ratio)
+    return augment.horizontal_flip(x, k_flip, p=flip_p)
+
+  def batch_augment(images, key):
+    return jax.vmap(one)(images, jax.random.split(key, images.shape[0]))
+
+  return batch_augment
+
+
+def _subset(n, size, seed):
+  """A fixed random subset of range(n) of ``size`` (0 or >= n: all), sorted."""
+  if size <= 0 or size >= n:
+    return np.arange(n)
+  return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
+
+
+def fraction_name(fraction):
+  """0.01 -> '1pct', 0.1 -> '10pct', 0.005 -> '0.5pct'."""
+  pct = 100.0 * fraction
+  text = f'{pct:.0f}' if abs(pct - round(pct)) < 1e-9 else f'{pct:g}'
+  return f'{text}pct'
+
+
+def make_ssl_evaluator(model, train, test, clients, eval_config, *,
+                       batch_size=1000, seed=0):
+  """``(every, final)`` of the 'ssl' protocol, each ``variables -> dict``.
+
+  Args:
+    model: `ModelFns` with an 'embedding' (encoder) output.
+    train, test: `sources.ArrayDataset` splits.
+    clients: per-client index arrays into ``train``; their union is the kNN
+      bank, the linear probe's training set and the pool of the labelled
+      fine-tuning subsets.
+    eval_config: the config's ``ssl_eval`` block (fields: knn_k,
+      knn_temperature, knn_bank_examples, knn_test_examples, linear_epochs,
+      linear_learning_rate, linear_batch_size, finetune_fractions,
+      finetune_epochs, finetune_batch_size, finetune_encoder_lr,
+      finetune_head_lr, finetune_evals, finetune_seed, quality_examples,
+      erank_matrix).
+    batch_size: examples per jitted forward.
+    seed: seeds the kNN subsets (when they are subsets).
+
+  Returns:
+    ``every(variables) -> {'knn_accuracy'}``; ``final(variables) ->
+    {'linear_probe_accuracy', 'finetune_<p>pct_accuracy' per fraction,
+    'test_uniformity', 'test_effective_rank', 'final_eval_seconds'}``.
+  """
+  e = eval_config
+  num_classes = test.num_classes
+  pool = np.sort(np.concatenate([np.asarray(c, np.int64) for c in clients]))
+  pool_images = np.asarray(train.images[pool])
+  pool_labels = np.asarray(train.labels[pool], np.int32)
+  test_images = np.asarray(test.images)
+  test_labels = np.asarray(test.labels, np.int32)
+
+  def features_of(images, labels):
+    return forward_lib.make_forward_pass(
+        model, unit_preprocess, images, labels, batch_size=batch_size,
+        feature_examples=len(labels), classify=False)
+
+  bank = _subset(len(pool), e.knn_bank_examples, seed)
+  queries = _subset(len(test_labels), e.knn_test_examples, seed + 1)
+  full_bank = len(bank) == len(pool)
+  full_queries = len(queries) == len(test_labels)
+  pool_pass = features_of(pool_images, pool_labels)
+  test_pass = features_of(test_images, test_labels)
+  bank_pass = pool_pass if full_bank else features_of(pool_images[bank],
+                                                      pool_labels[bank])
+  query_pass = test_pass if full_queries else features_of(
+      test_images[queries], test_labels[queries])
+
+  def knn(bank_features, query_features):
+    return downstream.knn_accuracy(
+        bank_features, pool_labels[bank], query_features,
+        test_labels[queries], num_classes=num_classes, k=e.knn_k,
+        temperature=e.knn_temperature)
+
+  def every(variables) -> Dict[str, float]:
+    return {'knn_accuracy': knn(bank_pass(variables).features,
+                                query_pass(variables).features)}
+
+  finetune_augment = make_finetune_augment()
+
+  def final(variables) -> Dict[str, float]:
+    start = time.time()
+    train_features = pool_pass(variables).features
+    test_features = test_pass(variables).features
+    probe = downstream.linear_probe(
+        train_features, pool_labels, test_features, test_labels,
+        num_classes=num_classes, epochs=e.linear_epochs,
+        learning_rate=e.linear_learning_rate,
+        batch_size=e.linear_batch_size, eval_every=max(1, e.linear_epochs // 10))
+    metrics = {'linear_probe_accuracy': probe['accuracy']}
+    for fraction in e.finetune_fractions:
+      labelled = downstream.stratified_subset(pool_labels, fraction,
+                                              seed=e.finetune_seed)
+      tuned = downstream.fine_tune(
+          model.apply, variables, pool_images[labelled],
+          pool_labels[labelled], test_images, test_labels,
+          num_classes=num_classes, augment=finetune_augment,
+          preprocess=unit_preprocess, epochs=e.finetune_epochs,
+          batch_size=e.finetune_batch_size,
+          encoder_lr=e.finetune_encoder_lr, head_lr=e.finetune_head_lr,
+          num_evals=e.finetune_evals, seed=e.finetune_seed,
+          eval_batch_size=batch_size)
+      metrics[f'finetune_{fraction_name(fraction)}_accuracy'] = tuned[
+          'accuracy']
+    quality = test_features[:e.quality_examples or None]
+    metrics['test_uniformity'] = float(representation.uniformity(quality))
+    metrics['test_effective_rank'] = float(representation.effective_rank(
+        quality, matrix=e.erank_matrix))
+    metrics['final_eval_seconds'] = time.time() - start
+    return metrics
+
+  return every, final

@@ -1,0 +1,179 @@
+"""What a run does when things go wrong: preemption signals, unreadable
+checkpoints and non-finite state (train.run uses each).
+
+* `StopSignals`: SIGTERM (a scheduler preempting the job) and SIGINT
+  (Ctrl-C) ask the round loop to stop after the round in progress; it saves
+  a checkpoint and returns. A second signal acts at once.
+* `restore_newest_readable`: restores the newest checkpoint that can be read
+  and holds finite values; newer ones that cannot are moved aside.
+* `all_finite`: checked before every save, so no checkpoint holds NaN.
+"""
+
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+# Test hook: the run pauses after this round (once its checkpoint, if due,
+# is on disk) and writes PAUSE_MARKER into the workdir, so that a test can
+# signal or kill it at a known point. Unset in normal use.
+PAUSE_ENV_VAR = 'FEDJAX_METRIC_PAUSE_AFTER_ROUND'
+PAUSE_MARKER = '.paused'
+UNREADABLE_DIR = 'checkpoints_unreadable'
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint of the workdir can be restored; the message says why."""
+
+
+class StopSignals:
+  """Context manager: SIGTERM / SIGINT become a request to stop.
+
+  Inside it, the first SIGTERM or SIGINT only sets `signal_name`; the round
+  loop checks `agreed` after every round. The handler then steps aside, so
+  a second SIGINT raises KeyboardInterrupt and a second SIGTERM terminates.
+  Outside the main thread (where Python delivers no signals) it does
+  nothing.
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signal_name: Optional[str] = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signal_name = signal.Signals(signum).name
+    previous = self._previous.get(signum)
+    signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+    sys.stderr.write(f'{self.signal_name}: stopping after the round in '
+                     'progress, with a checkpoint (again: stop at once).\n')
+
+  def agreed(self) -> Optional[str]:
+    """The signal's name if any process of the run got one, else None.
+
+    With several processes all must stop after the same round (the
+    checkpoint is saved by all together), so they agree on it every round;
+    one process needs no collective.
+    """
+    if jax.process_count() == 1:
+      return self.signal_name
+    got = multihost_utils.process_allgather(
+        np.int32(0 if self.signal_name is None else
+                 signal.Signals[self.signal_name].value))
+    got = [int(g) for g in np.ravel(got) if g]
+    return signal.Signals(got[0]).name if got else None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in self.SIGNALS:
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc_info):
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    return False
+
+
+def pause_if_asked(workdir: str, done: int, stop: StopSignals,
+                   manager: ocp.CheckpointManager) -> None:
+  """The test hook (PAUSE_ENV_VAR): waits for a signal after round ``done``."""
+  if os.environ.get(PAUSE_ENV_VAR) != str(done):
+    return
+  manager.wait_until_finished()
+  with open(os.path.join(workdir, PAUSE_MARKER), 'w') as f:
+    f.write(str(done))
+  deadline = time.time() + 120  # Never hang a test run for good.
+  while stop.signal_name is None and time.time() < deadline:
+    time.sleep(0.02)
+
+
+@jax.jit
+def _finite(leaves):
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def all_finite(tree) -> bool:
+  """Whether every floating-point value in ``tree`` is finite."""
+  leaves = [x for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return not leaves or bool(np.asarray(_finite(leaves)))
+
+
+def _reason(error: BaseException) -> str:
+  """One line: an orbax / TensorStore error's first line, cut short."""
+  text = str(error).strip().splitlines()
+  line = text[0] if text else ''
+  line = line if len(line) <= 160 else line[:157] + '...'
+  return f'{type(error).__name__}: {line}' if line else type(error).__name__
+
+
+def restore_newest_readable(
+    directory: str, template: Any, *, workdir: str, chief: bool,
+    report: Callable[[str], None]) -> Tuple[Optional[int], Any]:
+  """``(step, restored)`` of the newest usable checkpoint in ``directory``
+  (an orbax `CheckpointManager`'s, one unnamed item per step); ``(None,
+  None)`` when there is none.
+
+  A checkpoint is usable when orbax restores it into ``template``'s
+  structure and every value is finite. Newer unusable ones are moved to
+  ``workdir/checkpoints_unreadable/`` (so that their rounds can be saved
+  again) and ``report`` says which and why. Call it before the directory's
+  `CheckpointManager` is made: the manager reads the newest step to decide
+  its layout, and a damaged one misleads it.
+
+  Raises:
+    CheckpointError: checkpoints exist but none is usable (nothing is
+      moved: the cause may be a code change rather than the files).
+  """
+  failures: List[Tuple[int, str]] = []
+  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()),
+                 reverse=True) if os.path.isdir(directory) else []
+  for step in steps:
+    try:
+      with ocp.StandardCheckpointer() as checkpointer:
+        restored = checkpointer.restore(
+            os.path.join(directory, str(step), 'default'), template)
+      if not all_finite(restored):
+        raise FloatingPointError('it holds NaN or infinite values')
+    except Exception as e:  # pylint: disable=broad-except
+      # orbax and TensorStore raise many types for a damaged checkpoint.
+      failures.append((step, _reason(e)))
+      continue
+    if failures:
+      _move_aside(directory, [s for s, _ in failures], workdir, chief)
+      why = '; '.join(f'round {s}: {r}' for s, r in failures)
+      rounds = ', '.join(str(s) for s, _ in failures)
+      report(f'Checkpoint(s) of round(s) {rounds} cannot be restored ({why}); '
+             'moved to '
+             f'{os.path.join(workdir, UNREADABLE_DIR)}. Resuming from the '
+             f'newest readable one, round {step}.')
+    return step, restored
+  if failures:
+    why = '; '.join(f'round {s}: {r}' for s, r in failures)
+    raise CheckpointError(
+        f'No checkpoint in {directory} can be restored ({why}). Delete that '
+        'directory to start the run over, or use a new --workdir.')
+  return None, None
+
+
+def _move_aside(directory, steps, workdir, chief):
+  if chief:
+    target = os.path.join(workdir, UNREADABLE_DIR)
+    os.makedirs(target, exist_ok=True)
+    for step in steps:
+      destination = os.path.join(target, f'{step}.{int(time.time())}')
+      shutil.move(os.path.join(directory, str(step)), destination)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('fedjax_metric: checkpoints moved')

@@ -1,0 +1,269 @@
+"""validate(config): every check a run can make before it writes anything.
+
+Fast (no data read, no model initialised, nothing compiled), so a mistyped
+name, a value out of range or a missing dataset is refused in about a second
+instead of after the set-up, and a failed start leaves nothing behind that
+could block the corrected command on the same workdir.
+
+Field rules are keyed by dotted path (``local.learning_rate``). A field with
+no rule (a new one, or a model's own constructor field) is not range-checked:
+the locked config still checks its type, and the code that reads it its value.
+"""
+
+import inspect
+import math
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+
+from fedjax_metric import algorithms, executors, models, optimizers
+from fedjax_metric.algorithms import fedavg
+from fedjax_metric.data import augment, participation, partition, sources
+from fedjax_metric.evaluation import protocols
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the field and fix."""
+
+
+# Training-split sizes of the built-in datasets, for the cheap partition
+# check (the partition itself needs the labels, i.e. the data).
+TRAIN_SIZES = {'digits': 1438, 'mnist': 60000, 'fashion_mnist': 60000,
+               'cifar10': 50000, 'cifar100': 50000}
+
+Check = Callable[[Any], Optional[str]]
+
+
+def _integer(minimum: int = 0) -> Check:
+  def check(value):
+    if isinstance(value, bool) or not isinstance(value, int):
+      return f'must be an integer, got {value!r}'
+    if value < minimum:
+      return f'must be >= {minimum}, got {value}'
+    return None
+  return check
+
+
+def _number(low: float = -math.inf, high: float = math.inf, *,
+            low_open: bool = False, high_open: bool = False) -> Check:
+  """A finite real in [low, high], either end open on request."""
+  def check(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      return f'must be a number, got {value!r}'
+    if not math.isfinite(value):
+      return f'must be finite, got {value}'
+    if value < low or (low_open and value == low):
+      return f'must be {">" if low_open else ">="} {low}, got {value}'
+    if value > high or (high_open and value == high):
+      return f'must be {"<" if high_open else "<="} {high}, got {value}'
+    return None
+  return check
+
+
+def _boolean(value) -> Optional[str]:
+  if isinstance(value, bool):
+    return None
+  return f'must be True or False, got {value!r}'
+
+
+def _one_of(choices) -> Check:
+  """``choices``: a tuple, or a function returning one (read at check time,
+  so a registry that grows needs no change here)."""
+  def check(value):
+    allowed = tuple(choices() if callable(choices) else choices)
+    if value not in allowed:
+      return f'must be one of {", ".join(map(repr, allowed))}; got {value!r}'
+    return None
+  return check
+
+
+def _sizes(value) -> Optional[str]:
+  if (not isinstance(value, (tuple, list)) or not value or
+      any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+          for v in value)):
+    return f'must be a non-empty tuple of positive integers, got {value!r}'
+  return None
+
+
+def _made_by(factory: Callable[[Any], Any]) -> Check:
+  """A name the library's own constructor accepts (its error lists them)."""
+  def check(value):
+    try:
+      factory(value)
+    except ValueError as e:
+      return f'is not usable: {e}'
+    return None
+  return check
+
+
+RULES: Dict[str, Check] = {
+    'seed': _integer(0),
+    'algorithm': _one_of(lambda: sorted(algorithms.REGISTRY)),
+    'num_rounds': _integer(1),
+    'num_clients': _integer(1),
+    'clients_per_round': _integer(1),
+    'dataset.augmentation': _one_of(augment.AUGMENTATIONS),
+    'partition.method': _one_of(('iid', 'dirichlet', 'shards', 'one_class')),
+    'partition.alpha': _number(0.0, low_open=True),
+    'partition.variant': _one_of(partition.VARIANTS),
+    'partition.min_size': _integer(0),
+    'partition.classes_per_client': _integer(1),
+    'model.name': _one_of(lambda: sorted(models.REGISTRY)),
+    'model.width': _integer(1),
+    'model.embedding_dim': _integer(1),
+    'model.out_dim': _integer(1),
+    'model.widths': _sizes,
+    'model.groups': _integer(1),
+    'model.norm': _one_of(('none', 'batch', 'group')),
+    'model.pool': _one_of(('stride', 'avg', 'max')),
+    'model.conv_impl': _one_of(('xla', 'patches')),
+    'local.epochs': _integer(0),
+    'local.steps': _integer(0),
+    'local.batch_size': _integer(1),
+    'local.optimizer': _made_by(optimizers.make_client_optimizer),
+    'local.learning_rate': _number(0.0, low_open=True),
+    'local.momentum': _number(0.0, 1.0, high_open=True),
+    'local.nesterov': _boolean,
+    'local.weight_decay': _number(0.0),
+    'local.grad_clip_norm': _number(0.0),
+    'local.schedule': _made_by(lambda kind: optimizers.make_round_schedule(
+        1.0, kind=kind)),
+    'local.decay_rate': _number(0.0, low_open=True),
+    'local.warmup_rounds': _integer(0),
+    'local.epoch_decay': _number(0.0, low_open=True),
+    'server.optimizer': _made_by(optimizers.make_server_optimizer),
+    'server.learning_rate': _number(0.0, low_open=True),
+    'server.momentum': _number(0.0, 1.0, high_open=True),
+    'server.b1': _number(0.0, 1.0, high_open=True),
+    'server.b2': _number(0.0, 1.0, high_open=True),
+    'server.eps': _number(0.0),
+    # 'num_batches' is SSD's; each algorithm checks the ones it takes.
+    'server.weighting': _one_of(fedavg.WEIGHTINGS + ('num_batches',)),
+    'participation.pattern': _one_of(participation.PATTERNS),
+    'participation.mean': _number(0.0, 1.0, low_open=True),
+    'participation.floor': _number(0.0, 1.0),
+    'participation.beta': _number(0.0, low_open=True),
+    'participation.normalize': _one_of(participation.NORMALIZATIONS),
+    'participation.markov_rate': _number(0.0, 1.0, low_open=True),
+    'participation.cycle': _integer(1),
+    'precision': _one_of(executors.PRECISIONS),
+    'executor': _one_of(executors.EXECUTORS),
+    'chunk_size': _integer(0),
+    'steps_per_call': _integer(1),
+    'unroll': _integer(1),
+    'num_devices': _integer(0),
+    'memory_budget_gb': _number(0.0),
+    'eval_every': _integer(1),
+    'eval_protocol': _one_of(protocols.PROTOCOLS),
+    'eval_batch_size': _integer(1),
+    'representation_examples': _integer(0),
+    'checkpoint_every': _integer(1),
+    'keep_checkpoints': _integer(1),
+    'plot_partition': _boolean,
+    'progress': _boolean,
+}
+
+
+def flatten(tree: Dict[str, Any],
+            prefix: str = '') -> Iterator[Tuple[str, Any]]:
+  """``(dotted path, leaf)`` of a nested dict, in key order."""
+  for key in sorted(tree):
+    value = tree[key]
+    if isinstance(value, dict):
+      yield from flatten(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}', value
+
+
+def _fix(path: str, problem: str) -> str:
+  return f'--config.{path} {problem}.'
+
+
+def validate(config) -> None:
+  """Refuses a config that cannot run, before anything is written.
+
+  Checks every field that has a rule in `RULES` (type and range, or a known
+  name), then what relates fields: clients_per_round <= num_clients, local
+  steps or epochs, the model block's fields against the model, the
+  algorithm's keyword arguments against its factory, the dataset's files,
+  and whether the partition can give every client data.
+
+  Args:
+    config: a run's `ml_collections.ConfigDict` (configs/common.py).
+
+  Raises:
+    ConfigError: the first problem found, naming the field and the fix.
+    sources.DatasetNotFoundError: the dataset's files are not on disk.
+  """
+  values = dict(flatten(config.to_dict()))
+  for path, check in RULES.items():
+    if path in values:
+      problem = check(values[path])
+      if problem:
+        raise ConfigError(_fix(path, problem))
+  _check_relations(config)
+  _check_model(config.model)
+  _check_algorithm(config)
+  _check_dataset(config)
+
+
+def _check_relations(config) -> None:
+  pattern = config.get('participation', {}).get('pattern', 'uniform')
+  if pattern == 'uniform' and config.clients_per_round > config.num_clients:
+    raise ConfigError(
+        f'--config.clients_per_round={config.clients_per_round} is more than '
+        f'--config.num_clients={config.num_clients}; lower the first or raise '
+        'the second.')
+  lc = config.local
+  if lc.steps == 0 and lc.epochs < 1:
+    raise ConfigError('--config.local.epochs=0 with --config.local.steps=0 '
+                      'trains nothing; set one of them >= 1.')
+
+
+def _check_model(model_config) -> None:
+  """The model block's fields against the model's constructor (no init)."""
+  kwargs = {k: v for k, v in model_config.items() if k != 'name'}
+  try:
+    models.build(model_config.name, 10, None, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f'--config.model does not fit model '
+                      f'{model_config.name!r}: {e}. Set the model block to the '
+                      'fields that model declares.') from e
+
+
+def _check_algorithm(config) -> None:
+  """``algorithm_kwargs`` against the algorithm factory's keywords."""
+  factory = algorithms.REGISTRY[config.algorithm]
+  parameters = inspect.signature(factory).parameters.values()
+  if any(p.kind == p.VAR_KEYWORD for p in parameters):
+    return
+  known = {p.name for p in parameters if p.kind == p.KEYWORD_ONLY}
+  known -= {'server_optimizer', 'weighting'}  # Set from config.server.
+  unknown = sorted(set(config.algorithm_kwargs) - known)
+  if unknown:
+    raise ConfigError(
+        f'--config.algorithm_kwargs has {unknown}, which algorithm '
+        f'{config.algorithm!r} does not take; it takes {sorted(known)}.')
+
+
+def _check_dataset(config) -> None:
+  """Files present, and enough training examples for the partition."""
+  ds = config.dataset
+  if not isinstance(ds.name, str) or not ds.name:
+    raise ConfigError(_fix('dataset.name', 'must name a dataset, one of '
+                           f'{", ".join(sources.DATASETS)} or a TFDS name'))
+  sources.check_available(ds.name, ds.data_dir or None)
+  size = TRAIN_SIZES.get(ds.name)
+  if size is None:
+    return
+  p = config.partition
+  need, why = config.num_clients, 'one example per client'
+  if p.method == 'dirichlet' and p.variant == 'niid_bench':
+    need, why = config.num_clients * p.min_size, (
+        f'--config.partition.min_size={p.min_size} per client')
+  elif p.method == 'shards':
+    need, why = config.num_clients * p.classes_per_client, (
+        f'{p.classes_per_client} shards per client')
+  if need > size:
+    raise ConfigError(
+        f'{ds.name} has {size} training examples: too few for '
+        f'--config.num_clients={config.num_clients} with {why}. Lower '
+        '--config.num_clients (or the per-client requirement).')

@@ -1,0 +1,326 @@
+r"""Re-evaluates a saved run without training, and exports its global model.
+
+Loads ``config.json`` of a finished or partial run, restores its latest
+checkpoint (or ``--round=N``, the checkpoint saved after N rounds), and runs
+the config's evaluation protocol in full: the metrics evaluated every round
+and those of the end of a run (classification: test accuracy and the
+representation metrics; 'one_class': AUROC; 'ssl': kNN monitor, linear
+probe, fine-tuning on 1% / 10% of the labels, uniformity and effective rank,
+evaluation/ssl.py). Prints the metrics and writes them to
+``<workdir>/eval.json`` (``eval_<N>.json`` with --round).
+
+It also exports the global model in plain formats, so that it can be loaded
+outside the simulator, to ``<workdir>/export/round_<N>/``:
+
+  * ``variables.msgpack``: the global variables (``params`` and, with
+    BatchNorm, ``batch_stats``), ``flax.serialization.to_bytes``;
+  * ``variables.npz``: the same arrays, one per '/'-joined path;
+  * ``model.json``: the model's config block (``name`` + constructor fields),
+    ``num_classes``, ``input_shape`` [H, W, C], and the input scaling the
+    model was evaluated with (``x = (uint8 / 255 - mean) / std``).
+
+`load_export` reads them back into a (model, variables, preprocess) triple.
+
+  python -m launch.evaluate --workdir=runs/ssl/ssd_silo
+  python -m launch.evaluate --workdir=runs/ssl/ssd_silo --round=20 \
+      --set=ssl_eval.linear_epochs=50 --set=ssl_eval.finetune_epochs=20
+  python -m launch.evaluate --workdir=runs/ssl/ssd_silo --noevaluate  # export
+
+``--set=a.b=value`` overrides a config field for the evaluation only (the
+value is parsed like a Python literal when it can be, e.g. ``(0.01,)``).
+"""
+
+import ast
+import json
+import os
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import flax.serialization
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from configs import common
+from fedjax_metric import engine, executors, train
+from fedjax_metric.data import augment, partition, sources
+from fedjax_metric.evaluation import protocols
+
+# Blocks a method config replaces as a whole (configs/common.py).
+_WHOLE_BLOCKS = ('model', 'algorithm_kwargs')
+
+
+def _merge(target, saved, top=True):
+  """Writes the saved values into a fresh base config (new fields keep their
+  defaults, so older workdirs load too)."""
+  for key, value in saved.items():
+    if top and key in _WHOLE_BLOCKS:
+      target[key] = ml_collections.ConfigDict(value)
+    elif (isinstance(value, dict) and key in target
+          and isinstance(target[key], ml_collections.ConfigDict)):
+      _merge(target[key], value, top=False)
+    else:
+      target[key] = value
+
+
+def load_config(workdir, overrides=()):
+  """The run's config from ``workdir/config.json``, with ``overrides``
+  (``'a.b=value'`` strings) applied."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} not found: is {workdir} a run\'s '
+                            'workdir (python -m launch.main --workdir=...)?')
+  with open(path) as f:
+    saved = json.load(f)
+  config = common.base_config()
+  _merge(config, saved)
+  for item in overrides:
+    name, sep, text = item.partition('=')
+    if not sep:
+      raise ValueError(f'--set={item!r} is not key.path=value.')
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    *parents, leaf = name.split('.')
+    node = config
+    for part in parents:
+      node = node[part]
+    if leaf not in node:
+      raise ValueError(f'--set={item!r}: the config has no field {name!r}.')
+    node[leaf] = value
+  return config
+
+
+def input_scaling(config, train_images):
+  """``(mean, std)`` [C] of the scaling the run evaluated its model with.
+
+  ``x = (uint8 / 255 - mean) / std``: the training set's channel statistics
+  (train.run's evaluation preprocess), except under the 'ssl' protocol,
+  whose models see images on the 0..1 scale (evaluation/ssl.py).
+  """
+  if config.eval_protocol == 'ssl':
+    channels = train_images.shape[-1]
+    return (np.zeros(channels, np.float32), np.ones(channels, np.float32))
+  return augment.channel_stats(train_images)
+
+
+def restore(config, workdir, round_=None):
+  """The saved run rebuilt as `train.run` builds it, at checkpoint ``round_``.
+
+  Returns:
+    A dict with ``model`` (ModelFns), ``preprocess`` (train.run's evaluation
+    preprocess), ``train`` / ``test`` (datasets), ``clients`` (index arrays),
+    ``server_state``, ``client_table`` and ``round`` (the checkpoint's).
+  """
+  ds = config.dataset
+  train_split = sources.load(ds.name, 'train', ds.data_dir or None)
+  test_split = sources.load(ds.name, 'test', ds.data_dir or None)
+  clients = train.make_partition(config, train_split.labels)
+  mean, std = augment.channel_stats(train_split.images)
+  preprocess = augment.make_preprocess(mean, std, 'none')
+  model = train.build_model(config.model, train_split.num_classes,
+                            train_split.images.shape[1:], config.precision)
+  variables = model.init(jax.random.key(config.seed),
+                         preprocess(train_split.images[:1], None))
+  # The algorithm's state shapes as train.run made them (FedAU's table
+  # depends on the participation probabilities).
+  probs = np.full(config.num_clients,
+                  config.clients_per_round / config.num_clients)
+  counts = partition.class_counts(train_split.labels, clients,
+                                  train_split.num_classes)
+  active = train.participation_mask(config, counts)
+  if active is not None:
+    probs = active[0]
+  algorithm = train.build_algorithm(config, model, probs)
+  server_state, client_table = engine.init_state(
+      algorithm, variables, config.num_clients,
+      key=jax.random.key(config.seed + 1))
+  directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'No checkpoints in {workdir}: is it a run\'s '
+                            'workdir (python -m launch.main --workdir=...)?')
+  manager = ocp.CheckpointManager(directory)
+  saved = list(manager.all_steps())
+  round_ = manager.latest_step() if round_ is None else round_
+  if round_ is None or round_ not in saved:
+    manager.close()
+    raise FileNotFoundError(f'No checkpoint of round {round_} in '
+                            f'{directory}; saved rounds: {sorted(saved)}.')
+  restored = manager.restore(round_, args=ocp.args.StandardRestore(
+      {'server_state': server_state, 'client_table': client_table}))
+  manager.close()
+  return dict(model=model, preprocess=preprocess, train=train_split,
+              test=test_split, clients=clients,
+              server_state=engine.ServerState(*restored['server_state']),
+              client_table=restored['client_table'], round=int(round_))
+
+
+def _flat_arrays(tree, prefix=''):
+  """``{'a/b/c': np.ndarray}`` of a nested dict of arrays."""
+  out = {}
+  for key, value in tree.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, dict):
+      out.update(_flat_arrays(value, name + '/'))
+    else:
+      out[name] = np.asarray(value)
+  return out
+
+
+def _unflatten(flat):
+  tree = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split('/')
+    node = tree
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return tree
+
+
+def export(directory, variables, config, *, num_classes, input_shape, mean,
+           std, round_):
+  """Writes the global model as variables.msgpack, variables.npz, model.json.
+
+  Args:
+    directory: created if missing.
+    variables: the global variables (``{'params': ..., 'batch_stats': ...}``).
+    config: the run's config (its ``model`` block and identity are saved).
+    num_classes, input_shape: what `train.build_model` needs to rebuild it.
+    mean, std: [C] input scaling, ``x = (uint8 / 255 - mean) / std``.
+    round_: the rounds of training behind these variables.
+
+  Returns:
+    ``directory``.
+  """
+  os.makedirs(directory, exist_ok=True)
+  host = jax.tree.map(np.asarray, jax.device_get(dict(variables)))
+  host = flax.serialization.to_state_dict(host)
+  with open(os.path.join(directory, 'variables.msgpack'), 'wb') as f:
+    f.write(flax.serialization.to_bytes(host))
+  np.savez(os.path.join(directory, 'variables.npz'), **_flat_arrays(host))
+  description = {
+      'model': config.model.to_dict(),
+      'num_classes': int(num_classes),
+      'input_shape': [int(x) for x in input_shape],
+      'input_mean': [float(x) for x in np.ravel(mean)],
+      'input_std': [float(x) for x in np.ravel(std)],
+      'precision': config.precision,
+      'algorithm': config.algorithm,
+      'dataset': config.dataset.name,
+      'round': int(round_),
+      'seed': int(config.seed),
+  }
+  with open(os.path.join(directory, 'model.json'), 'w') as f:
+    json.dump(description, f, indent=2, sort_keys=True)
+  return directory
+
+
+def load_export(directory, *, npz=False):
+  """Loads an `export` back: ``(model, variables, preprocess, description)``.
+
+  ``model`` is the rebuilt `fedjax_metric.models.ModelFns` (apply with
+  ``model.apply(variables['params'], {k: v for k != 'params'}, x,
+  train=False)``), ``preprocess`` maps uint8 images [B, H, W, C] to the
+  model's input, ``description`` is model.json. Reads variables.npz when
+  ``npz`` is True, else variables.msgpack.
+  """
+  with open(os.path.join(directory, 'model.json')) as f:
+    description = json.load(f)
+  model = train.build_model(
+      ml_collections.ConfigDict(description['model']),
+      description['num_classes'], tuple(description['input_shape']),
+      description.get('precision', 'default'))
+  if npz:
+    with np.load(os.path.join(directory, 'variables.npz')) as arrays:
+      variables = _unflatten({k: arrays[k] for k in arrays.files})
+  else:
+    with open(os.path.join(directory, 'variables.msgpack'), 'rb') as f:
+      variables = flax.serialization.msgpack_restore(f.read())
+  preprocess = augment.make_preprocess(description['input_mean'],
+                                       description['input_std'], 'none')
+  return model, variables, preprocess, description
+
+
+def evaluate(workdir, *, round_=None, overrides=(), write=True,
+             run_evaluation=True, export_model=True):
+  """Re-evaluates checkpoint ``round_`` (default the latest) and exports it.
+
+  Runs the evaluator's ``every`` and ``final`` on the saved state, under
+  the run's matmul precision.
+
+  Returns:
+    The metrics dict (also written to eval.json / eval_<round>.json), with
+    ``export_dir`` where the model was exported.
+  """
+  config = load_config(workdir, overrides)
+  with executors.matmul_precision(config.precision):
+    run = restore(config, workdir, round_)
+    metrics = {'round': run['round'], 'algorithm': config.algorithm}
+    if run_evaluation:
+      evaluator = protocols.make_evaluator(
+          config, model=run['model'], preprocess=run['preprocess'],
+          train=run['train'], test=run['test'], clients=run['clients'])
+      start = time.time()
+      state = (run['server_state'], run['client_table'])
+      metrics.update(evaluator.every(*state))
+      metrics.update(evaluator.final(*state))
+      metrics['eval_wall_time'] = time.time() - start
+  metrics['overrides'] = list(overrides)
+  chief = jax.process_index() == 0
+  if export_model and chief:
+    mean, std = input_scaling(config, run['train'].images)
+    metrics['export_dir'] = export(
+        os.path.join(workdir, 'export', f'round_{run["round"]}'),
+        run['server_state'].variables, config,
+        num_classes=run['train'].num_classes,
+        input_shape=run['train'].images.shape[1:], mean=mean, std=std,
+        round_=run['round'])
+  if write and run_evaluation and chief:
+    name = ('eval.json' if round_ is None else
+            f'eval_{run["round"]}.json')
+    tmp = os.path.join(workdir, name + '.tmp')
+    with open(tmp, 'w') as f:
+      json.dump(metrics, f, indent=2, sort_keys=True)
+    os.replace(tmp, os.path.join(workdir, name))
+  return metrics
+
+
+def define_flags():
+  """The command line, defined only when this file runs as a script.
+
+  Importing the module (the tests) then registers no absl flags, which would
+  clash with launch.main's (``--workdir``) in the same process.
+  """
+  flags.DEFINE_string('workdir', None, 'A run\'s workdir.')
+  flags.DEFINE_integer('round', None, 'Checkpoint to load: the one saved '
+                       'after this many rounds; default the latest.')
+  flags.DEFINE_multi_string(
+      'set', [], 'Config override for the evaluation, key.path=value.')
+  flags.DEFINE_boolean('evaluate', True,
+                       'Run the evaluation protocol (--noevaluate: export '
+                       'only).')
+  flags.DEFINE_boolean('export', True, 'Export the global model to '
+                       '<workdir>/export/round_<N>/.')
+  flags.mark_flags_as_required(['workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  f = flags.FLAGS
+  if not f['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  metrics = evaluate(f.workdir, round_=f['round'].value, overrides=f.set,
+                     run_evaluation=f.evaluate, export_model=f.export)
+  for name in sorted(metrics):
+    print(f'{name}: {metrics[name]}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

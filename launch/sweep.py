@@ -1,0 +1,797 @@
+r"""Multi-seed sweeps: a grid of independent runs, then tables and curves.
+
+Run a grid (configs x overrides x seeds), one workdir per point:
+
+  python -m launch.sweep run --root=runs/sweeps/demo \
+      --config=configs/fedavg.py:dataset=fashion_mnist \
+      --config=configs/fedprox.py:dataset=fashion_mnist \
+      --set='num_rounds=5' --grid='partition.alpha=0.1,0.3;seed=0,1,2' \
+      --parallel=1
+
+Every point is ``<root>/<config>/<overrides>``, trained by its own process
+(``python -m launch.sweep point``, log in ``<workdir>/sweep.log``). Running
+the same command again skips finished points (a ``summary.json`` for the
+same config), resumes unfinished ones from their checkpoints, and refuses a
+workdir that holds a different experiment. ``--parallel=N`` runs N points at
+once.
+
+Aggregate the finished workdirs under one or more roots:
+
+  python -m launch.sweep table --root=runs/sweeps/demo --rows=algorithm \
+      --cols=partition.alpha --metric=test_accuracy,test_accuracy_ema \
+      --at=final --format=markdown
+  python -m launch.sweep plot --root=runs/sweeps/demo --rows=algorithm \
+      --cols=partition.alpha --metric=test_accuracy --out=curves.png
+
+A table cell is ``mean ± std (n=...)`` over the runs whose configs differ
+only in seed (anything else that differs inside a cell is an error: add the
+key to --rows or --cols, or narrow with --where; a field that only some
+runs' config.json holds, one added to the library in between, is ignored).
+``--at`` picks each run's value: ``final`` (last evaluation), ``best``
+(maximum), ``last:K`` (mean of the last K evaluations) or ``round:R``. A
+metric named ``<name>_ema`` is the exponential moving average
+(``--ema_decay``, 0.9) of ``<name>`` over the run's evaluations,
+bias-corrected (``s_t = d s_{t-1} + (1 - d) x_t`` from
+``s_0 = 0``, divided by ``1 - d^t``): FedRCL's reported accuracy (Seo et
+al., 'Relaxed Contrastive Learning for Federated Learning', CVPR 2024,
+Table 1: "exponential moving average results with parameter 0.9"). Curves
+show the mean over seeds with a shaded band of one standard deviation.
+"""
+
+import ast
+import collections
+import csv
+import importlib.util
+import io
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+
+from absl import app, flags, logging
+import numpy as np
+
+POINT_FILE = 'sweep_point.json'
+LOG_FILE = 'sweep.log'
+# Config keys that change how a run executes or logs, not what it computes:
+# runs that differ only in these (and the seed) share a table cell.
+EXECUTION_KEYS = ('seed', 'progress', 'checkpoint_every', 'keep_checkpoints',
+                  'plot_partition', 'executor', 'chunk_size',
+                  'steps_per_call', 'unroll', 'num_devices',
+                  'memory_budget_gb')
+# Keys whose change between a run and its resumption train.run accepts.
+RESUMABLE_KEYS = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
+
+
+# ---------------------------------------------------------------------------
+# Grids and configs.
+# ---------------------------------------------------------------------------
+
+
+def split_top_level(text: str, sep: str) -> List[str]:
+  """Splits ``text`` at ``sep`` outside brackets.
+
+  ``'(8,16),4'`` -> ``['(8,16)', '4']``.
+  """
+  parts, depth, current = [], 0, []
+  for char in text:
+    if char in '([{':
+      depth += 1
+    elif char in ')]}':
+      depth -= 1
+    if char == sep and depth == 0:
+      parts.append(''.join(current))
+      current = []
+    else:
+      current.append(char)
+  parts.append(''.join(current))
+  return parts
+
+
+def parse_assignments(text: str) -> List[tuple]:
+  """``'a.b=1,2;seed=0'`` -> ``[('a.b', ['1', '2']), ('seed', ['0'])]``."""
+  out = []
+  for item in filter(None, (s.strip() for s in split_top_level(text or '',
+                                                               ';'))):
+    key, eq, values = item.partition('=')
+    key = key.strip()
+    if not eq or not key or not values.strip():
+      raise ValueError(f'Bad grid item {item!r}: write key=v1,v2 (items '
+                       'separated by ";").')
+    if key in [k for k, _ in out]:
+      raise ValueError(f'Key {key!r} appears twice in {text!r}.')
+    out.append((key, [v.strip() for v in split_top_level(values, ',')]))
+  return out
+
+
+def grid_points(grid: Sequence[tuple]) -> List[Dict[str, str]]:
+  """The cartesian product of a parsed grid, the last key varying fastest."""
+  keys = [k for k, _ in grid]
+  return [dict(zip(keys, combo, strict=True))
+          for combo in itertools.product(*[v for _, v in grid])]
+
+
+def load_config(spec: str):
+  """``'configs/x.py[:arg]'`` -> the config file's ``get_config(arg)``."""
+  path, _, arg = spec.partition(':')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'Config file {path!r} not found (run from the '
+                            'repository root).')
+  module_spec = importlib.util.spec_from_file_location(
+      'sweep_config_' + re.sub(r'\W', '_', path), path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def _parse_value(text: str, current: Any) -> Any:
+  """``text`` as the type of the field's current value."""
+  if isinstance(current, bool):
+    if text.lower() not in ('true', 'false', '1', '0'):
+      raise ValueError(f'{text!r} is not a bool (true/false).')
+    return text.lower() in ('true', '1')
+  if isinstance(current, int):
+    return int(text)
+  if isinstance(current, float):
+    return float(text)
+  if isinstance(current, str):
+    return text
+  return ast.literal_eval(text)
+
+
+def apply_overrides(config, overrides: Dict[str, str]):
+  """Sets dotted ``key=value`` overrides on a config; returns it.
+
+  A value takes the type of the field it replaces; a key the config does not
+  have is an error (configs are locked), as for ``--config.key=value``.
+  """
+  for key, text in overrides.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for name in parents:
+      if name not in node:
+        raise KeyError(f'Config has no field {key!r}.')
+      node = node[name]
+    if leaf not in node:
+      raise KeyError(f'Config has no field {key!r}.')
+    node[leaf] = _parse_value(text, node[leaf])
+  return config
+
+
+def resolve(spec: str, overrides: Dict[str, str]):
+  """The config a point trains: the file's config, then the overrides."""
+  return apply_overrides(load_config(spec), overrides)
+
+
+def config_dict(config) -> Dict[str, Any]:
+  """The JSON form train.run writes to ``config.json``."""
+  return json.loads(config.to_json_best_effort())
+
+
+def _slug(text: str) -> str:
+  return re.sub(r'[^A-Za-z0-9_.,=+-]', '_', text)
+
+
+def workdir_for(root: str, spec: str, overrides: Dict[str, str]) -> str:
+  """``<root>/<config file stem>[:arg]/<k=v>__<k=v>``, filesystem-safe."""
+  path, _, arg = spec.partition(':')
+  stem = os.path.splitext(os.path.basename(path))[0]
+  config_part = _slug(stem + (f'_{arg}' if arg else ''))
+  override_part = '__'.join(f'{k}={v}' for k, v in overrides.items())
+  return os.path.join(root, config_part, _slug(override_part or 'default'))
+
+
+class Point(NamedTuple):
+  spec: str                  # 'configs/x.py[:arg]'
+  overrides: Dict[str, str]  # --set then --grid values
+  workdir: str
+
+
+def make_points(root: str, specs: Sequence[str], fixed: Dict[str, str],
+                grid: Sequence[tuple]) -> List[Point]:
+  """Every (config, grid point) with its workdir; --set applies to all."""
+  points = []
+  for spec in specs:
+    for values in grid_points(grid) or [{}]:
+      overrides = {**fixed, **values}
+      points.append(Point(spec, overrides,
+                          workdir_for(root, spec, overrides)))
+  return points
+
+
+def _read_json(path: str) -> Optional[Any]:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def differing_keys(a: Dict[str, Any], b: Dict[str, Any]) -> set:
+  """Flattened keys whose values differ, among the keys both configs have.
+
+  A key only one side has is a field added to (or removed from) the library
+  between two runs: it did not exist for the older run, so it is not held
+  against it.
+  """
+  return {k for k in set(a) & set(b) if a[k] != b[k]}
+
+
+def point_status(point: Point, config=None) -> str:
+  """'done', 'todo' (new or unfinished) or 'conflict' (another experiment).
+
+  ``config`` is the resolved config (resolved here when None). Fields that
+  the workdir's config.json lacks (added to the library since) are ignored.
+  """
+  config = resolve(point.spec, point.overrides) if config is None else config
+  wanted = config_dict(config)
+  stored = _read_json(os.path.join(point.workdir, 'config.json'))
+  if stored is None:
+    return 'todo'
+  differs = differing_keys(flatten(stored), flatten(wanted))
+  if differs - set(RESUMABLE_KEYS):
+    return 'conflict'
+  summary = _read_json(os.path.join(point.workdir, 'summary.json'))
+  if (summary is not None and 'num_rounds' not in differs
+      and summary.get('rounds_completed') == wanted['num_rounds']):
+    return 'done'
+  return 'todo'
+
+
+# ---------------------------------------------------------------------------
+# Running points.
+# ---------------------------------------------------------------------------
+
+
+def write_point_file(point: Point) -> None:
+  os.makedirs(point.workdir, exist_ok=True)
+  with open(os.path.join(point.workdir, POINT_FILE), 'w') as f:
+    json.dump({'config': point.spec, 'overrides': point.overrides}, f,
+              indent=2)
+
+
+def run_point(workdir: str) -> Dict[str, Any]:
+  """Trains the point stored in ``workdir`` (this process); the summary."""
+  from fedjax_metric import train  # pylint: disable=g-import-not-at-top
+  stored = _read_json(os.path.join(workdir, POINT_FILE))
+  if stored is None:
+    raise FileNotFoundError(f'{workdir}/{POINT_FILE} not found: not a sweep '
+                            'point.')
+  config = resolve(stored['config'], stored['overrides'])
+  config.progress = False  # A log file, not a terminal.
+  return train.run(config, workdir)
+
+
+def point_command(workdir: str) -> List[str]:
+  """The child process that trains one point."""
+  return [sys.executable, '-m', 'launch.sweep', 'point',
+          f'--workdir={workdir}']
+
+
+def run_points(points: Sequence[Point], *, parallel: int = 1,
+               command: Callable[[str], List[str]] = point_command,
+               say: Callable[[str], None] = print) -> Dict[str, str]:
+  """Runs the unfinished points, ``parallel`` processes at a time.
+
+  Returns ``{workdir: outcome}`` with outcome 'skipped' (already finished),
+  'done', 'failed (rc=...)' or 'conflict' (the workdir holds another
+  experiment; left untouched).
+  """
+  if parallel < 1:
+    raise ValueError(f'parallel must be >= 1, got {parallel}.')
+  outcomes, todo = {}, []
+  for point in points:
+    status = point_status(point)
+    if status == 'done':
+      outcomes[point.workdir] = 'skipped'
+    elif status == 'conflict':
+      outcomes[point.workdir] = 'conflict'
+      say(f'CONFLICT {point.workdir}: it holds a run with another config; '
+          'use another --root or delete it.')
+    else:
+      todo.append(point)
+  say(f'{len(points)} points: {len(points) - len(todo)} finished or in '
+      f'conflict, {len(todo)} to run, {parallel} at a time.')
+  running = {}  # Popen -> (point, start time, log file)
+  queue = collections.deque(todo)
+  finished = 0
+  while queue or running:
+    while queue and len(running) < parallel:
+      point = queue.popleft()
+      write_point_file(point)
+      log = open(os.path.join(point.workdir, LOG_FILE), 'a')
+      process = subprocess.Popen(command(point.workdir), stdout=log,
+                                 stderr=subprocess.STDOUT)
+      running[process] = (point, time.time(), log)
+      say(f'start {point.workdir}')
+    for process in list(running):
+      if process.poll() is None:
+        continue
+      point, start, log = running.pop(process)
+      log.close()
+      finished += 1
+      seconds = time.time() - start
+      if process.returncode == 0:
+        outcomes[point.workdir] = 'done'
+        summary = _read_json(os.path.join(point.workdir, 'summary.json')) or {}
+        shown = {k: round(v, 4) for k, v in summary.items()
+                 if k.startswith('test_') and 'accuracy' in k}
+        say(f'[{finished}/{len(todo)}] done in {seconds:.0f} s '
+            f'{point.workdir} {shown}')
+      else:
+        outcomes[point.workdir] = f'failed (rc={process.returncode})'
+        say(f'[{finished}/{len(todo)}] FAILED rc={process.returncode} '
+            f'{point.workdir}; see {LOG_FILE} there.')
+    if running:
+      time.sleep(0.2)
+  return outcomes
+
+
+# ---------------------------------------------------------------------------
+# Reading finished workdirs.
+# ---------------------------------------------------------------------------
+
+
+def flatten(tree: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
+  """Nested dict -> ``{'a.b': value}``; lists become tuples (hashable)."""
+  out = {}
+  for key, value in tree.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, dict):
+      out.update(flatten(value, name + '.'))
+    else:
+      out[name] = tuple(value) if isinstance(value, list) else value
+  return out
+
+
+class Run(NamedTuple):
+  workdir: str
+  config: Dict[str, Any]         # flattened config.json
+  evaluations: List[Dict[str, Any]]  # metrics.jsonl rows, by round
+  summary: Optional[Dict[str, Any]]
+
+  @property
+  def finished(self) -> bool:
+    return (self.summary is not None and self.summary.get('rounds_completed')
+            == self.config.get('num_rounds'))
+
+
+def read_run(workdir: str) -> Run:
+  config = _read_json(os.path.join(workdir, 'config.json'))
+  if config is None:
+    raise FileNotFoundError(f'{workdir}/config.json not found.')
+  rows = []
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+  rows.sort(key=lambda r: r['round'])
+  return Run(workdir, flatten(config), rows,
+             _read_json(os.path.join(workdir, 'summary.json')))
+
+
+def find_runs(roots: Sequence[str], *, include_unfinished: bool = False
+              ) -> List[Run]:
+  """Every workdir (a directory holding config.json) under the roots.
+
+  Only finished runs, unless ``include_unfinished`` (then also runs with at
+  least one evaluation).
+  """
+  runs = []
+  for root in roots:
+    if not os.path.isdir(root):
+      raise FileNotFoundError(f'--root {root!r} is not a directory.')
+    for directory, subdirs, files in sorted(os.walk(root)):
+      subdirs.sort()
+      if 'config.json' in files:
+        subdirs[:] = []  # A workdir's checkpoints are not workdirs.
+        run = read_run(directory)
+        if run.finished or (include_unfinished and run.evaluations):
+          runs.append(run)
+  return runs
+
+
+def matches(run: Run, where: Dict[str, str]) -> bool:
+  """True when every ``key=value`` of ``where`` holds (values as text)."""
+  return all(_label_value(run.config.get(k)) == v for k, v in where.items())
+
+
+def ema(values: Sequence[float], decay: float) -> np.ndarray:
+  """Bias-corrected exponential moving average of a series.
+
+  ``s_t = decay * s_{t-1} + (1 - decay) * x_t``, ``s_0 = 0``, reported as
+  ``s_t / (1 - decay**t)`` (t = 1, 2, ...): a weighted mean of x_1..x_t with
+  weights ``decay**(t - i)``, so the first value is x_1 itself.
+  """
+  if not 0 <= decay < 1:
+    raise ValueError(f'ema decay must be in [0, 1), got {decay}.')
+  out, s = [], 0.0
+  for t, x in enumerate(values, start=1):
+    s = decay * s + (1 - decay) * x
+    out.append(s / (1 - decay**t))
+  return np.asarray(out, np.float64)
+
+
+def series(run: Run, metric: str, *, ema_decay: float = 0.9):
+  """(rounds [T], values [T]) of ``metric`` over the run's evaluations.
+
+  ``<name>_ema`` is the EMA of ``<name>``'s series (`ema`). A metric only in
+  summary.json (end-of-run evaluations such as a linear probe) is one point
+  at the last round.
+  """
+  base = metric[:-len('_ema')] if metric.endswith('_ema') else metric
+  rows = [r for r in run.evaluations if base in r]
+  if rows:
+    rounds = np.asarray([r['round'] for r in rows])
+    values = np.asarray([r[base] for r in rows], np.float64)
+  elif run.summary is not None and base in run.summary:
+    rounds = np.asarray([run.summary.get('rounds_completed', 0)])
+    values = np.asarray([run.summary[base]], np.float64)
+  else:
+    raise KeyError(f'{run.workdir} has no metric {base!r}.')
+  if metric != base:
+    values = ema(values, ema_decay)
+  return rounds, values
+
+
+def pick(rounds: np.ndarray, values: np.ndarray, at: str) -> float:
+  """One number per run: 'final', 'best', 'last:K' or 'round:R'."""
+  if at == 'final':
+    return float(values[-1])
+  if at == 'best':
+    return float(np.max(values))
+  kind, _, number = at.partition(':')
+  if kind == 'last' and number.isdigit() and int(number) > 0:
+    return float(np.mean(values[-int(number):]))
+  if kind == 'round' and number.isdigit():
+    hit = np.flatnonzero(rounds == int(number))
+    if not len(hit):
+      raise KeyError(f'No evaluation at round {number} (evaluated: '
+                     f'{rounds.tolist()}).')
+    return float(values[hit[0]])
+  raise ValueError(f"--at must be final, best, last:K or round:R; got {at!r}.")
+
+
+# ---------------------------------------------------------------------------
+# Tables.
+# ---------------------------------------------------------------------------
+
+
+def _label_value(value: Any) -> str:
+  if value is None:
+    return '-'
+  if isinstance(value, tuple):
+    return '(' + ','.join(map(str, value)) + ')'
+  return str(value)
+
+
+def label(run: Run, keys: Sequence[str]) -> str:
+  """The values of ``keys`` in the run's config, joined by spaces."""
+  return ' '.join(_label_value(run.config.get(k)) for k in keys) or 'all'
+
+
+class Cell(NamedTuple):
+  values: List[float]
+  workdirs: List[str]
+
+  @property
+  def n(self) -> int:
+    return len(self.values)
+
+  @property
+  def mean(self) -> float:
+    return float(np.mean(self.values))
+
+  @property
+  def std(self) -> float:
+    """Sample standard deviation (ddof 1); nan for one run."""
+    return float(np.std(self.values, ddof=1)) if self.n > 1 else math.nan
+
+
+def group_runs(runs: Sequence[Run], rows: Sequence[str], cols: Sequence[str]
+               ) -> Dict[tuple, List[Run]]:
+  """``{(row label, col label): runs}``; a group's runs may differ in seed
+  (and execution keys) only, and no seed may repeat."""
+  groups = collections.defaultdict(list)
+  for run in runs:
+    groups[(label(run, rows), label(run, cols))].append(run)
+  ignored = set(EXECUTION_KEYS) | set(rows) | set(cols)
+  for key, members in groups.items():
+    first = members[0].config
+    for other in members[1:]:
+      differs = sorted(differing_keys(first, other.config) - ignored)
+      if differs:
+        raise ValueError(
+            f'Cell {key} mixes runs that differ in {differs} '
+            f'({members[0].workdir} vs {other.workdir}): add those keys to '
+            '--rows/--cols or select with --where.')
+    seeds = [m.config.get('seed') for m in members]
+    if len(set(seeds)) != len(seeds):
+      raise ValueError(f'Cell {key} holds the same seed twice: '
+                       f'{[m.workdir for m in members]}.')
+  return dict(groups)
+
+
+def default_scale(metric: str) -> float:
+  return 100.0 if 'accuracy' in metric else 1.0
+
+
+def _ordered(labels, order: Sequence[str]) -> List[str]:
+  """Labels named in ``order`` first, in that order, then the rest sorted."""
+  labels = set(labels)
+  head = [x for x in order if x in labels]
+  return head + sorted(labels - set(head))
+
+
+class Table(NamedTuple):
+  row_labels: List[str]
+  columns: List[tuple]               # (col label, metric)
+  cells: Dict[tuple, Optional[Cell]]  # (row label, col label, metric) -> Cell
+
+
+def build_table(runs: Sequence[Run], *, rows: Sequence[str],
+                cols: Sequence[str], metrics: Sequence[str], at: str,
+                ema_decay: float = 0.9, order: Sequence[str] = ()) -> Table:
+  """Aggregates runs into cells of ``pick(series(run, metric), at)``."""
+  groups = group_runs(runs, rows, cols)
+  row_labels = _ordered({r for r, _ in groups}, order)
+  col_labels = _ordered({c for _, c in groups}, order)
+  columns = [(c, m) for c in col_labels for m in metrics]
+  cells = {}
+  for row in row_labels:
+    for col, metric in columns:
+      members = groups.get((row, col), [])
+      values = [pick(*series(r, metric, ema_decay=ema_decay), at)
+                for r in members]
+      cells[(row, col, metric)] = (Cell(values, [r.workdir for r in members])
+                                   if members else None)
+  return Table(row_labels, columns, cells)
+
+
+def _format_cell(cell: Optional[Cell], scale: float, digits: int) -> str:
+  if cell is None:
+    return ''
+  mean = f'{cell.mean * scale:.{digits}f}'
+  if cell.n == 1:
+    return f'{mean} (n=1)'
+  return f'{mean} ± {cell.std * scale:.{digits}f} (n={cell.n})'
+
+
+def _display(text: str, rename: Dict[str, str]) -> str:
+  return rename.get(text, text)
+
+
+def format_markdown(table: Table, *, rename: Dict[str, str] = None,
+                    digits: int = 2, scale: Optional[float] = None,
+                    row_header: str = '') -> str:
+  """The table as GitHub markdown; cells ``mean ± std (n=...)``."""
+  rename = rename or {}
+  several = len({m for _, m in table.columns}) > 1
+  headers = [row_header or 'run']
+  for col, metric in table.columns:
+    name = '' if col == 'all' else _display(col, rename)
+    shown = _display(metric, rename)
+    headers.append(f'{name} {shown}'.strip() if several else name or shown)
+  lines = ['| ' + ' | '.join(headers) + ' |',
+           '|' + '---|' * len(headers)]
+  for row in table.row_labels:
+    cells = [_format_cell(table.cells[(row, col, metric)],
+                          default_scale(metric) if scale is None else scale,
+                          digits) for col, metric in table.columns]
+    lines.append('| ' + ' | '.join([_display(row, rename)] + cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def format_csv(table: Table, *, rename: Dict[str, str] = None,
+               scale: Optional[float] = None) -> str:
+  """One CSV line per (row, column, metric): mean, std, n."""
+  rename = rename or {}
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator='\n')
+  writer.writerow(['row', 'column', 'metric', 'mean', 'std', 'n'])
+  for row in table.row_labels:
+    for col, metric in table.columns:
+      cell = table.cells[(row, col, metric)]
+      if cell is None:
+        continue
+      s = default_scale(metric) if scale is None else scale
+      writer.writerow([_display(row, rename), _display(col, rename), metric,
+                       f'{cell.mean * s:.6g}', f'{cell.std * s:.6g}', cell.n])
+  return out.getvalue()
+
+
+# ---------------------------------------------------------------------------
+# Curves.
+# ---------------------------------------------------------------------------
+
+
+def mean_curve(members: Sequence[Run], metric: str, *, ema_decay: float = 0.9):
+  """(rounds, mean, std, n) over the runs, on the rounds all of them have."""
+  curves = [series(r, metric, ema_decay=ema_decay) for r in members]
+  common = sorted(set.intersection(*[set(r.tolist()) for r, _ in curves]))
+  stack = np.stack([[v[list(r).index(x)] for x in common]
+                    for r, v in curves])
+  std = (np.std(stack, axis=0, ddof=1) if len(members) > 1
+         else np.zeros(len(common)))
+  return np.asarray(common), stack.mean(axis=0), std, len(members)
+
+
+def plot_curves(runs: Sequence[Run], out: str, *, rows: Sequence[str],
+                cols: Sequence[str], metric: str, ema_decay: float = 0.9,
+                rename: Dict[str, str] = None, order: Sequence[str] = (),
+                scale: Optional[float] = None, title: str = '') -> str:
+  """One panel per column label, one line per row label: the mean over
+  seeds with a shaded band of +-1 standard deviation. Returns ``out``."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  rename = rename or {}
+  scale = default_scale(metric) if scale is None else scale
+  groups = group_runs(runs, rows, cols)
+  if not groups:
+    raise ValueError('No finished runs to plot.')
+  col_labels = _ordered({c for _, c in groups}, order)
+  row_labels = _ordered({r for r, _ in groups}, order)
+  fig = Figure(figsize=(max(4.6 * len(col_labels), 7.0), 4.0), dpi=110)
+  axes = [fig.add_subplot(1, len(col_labels), i + 1)
+          for i in range(len(col_labels))]
+  for ax, col in zip(axes, col_labels, strict=True):
+    for row in row_labels:
+      members = groups.get((row, col))
+      if not members:
+        continue
+      rounds, mean, std, n = mean_curve(members, metric, ema_decay=ema_decay)
+      line, = ax.plot(rounds, mean * scale,
+                      label=f'{_display(row, rename)} (n={n})')
+      ax.fill_between(rounds, (mean - std) * scale, (mean + std) * scale,
+                      color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_title(_display(col, rename))
+    ax.set_xlabel('round')
+    ax.grid(True, alpha=0.3)
+  axes[0].set_ylabel(metric + (' (%)' if scale == 100 else ''))
+  axes[-1].legend(fontsize='x-small')
+  if title:
+    fig.suptitle(title, fontsize='medium')
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  FigureCanvasAgg(fig).print_png(out)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Command line.
+# ---------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defines the command-line flags; called only when run as a script.
+
+  Defining them at import time would clash with launch.main's --config when
+  both modules are imported in one process (absl DuplicateFlagError).
+  """
+  flags.DEFINE_multi_string(
+      'root', None, 'run: where the workdirs go; table/plot: directories '
+      'searched for workdirs (repeatable).')
+  flags.DEFINE_multi_string(
+      'config', [], 'run: a config file with its argument, e.g. '
+      'configs/fedquad.py:alpha=0.3 (repeatable).')
+  flags.DEFINE_string(
+      'set', '', "run: overrides for every point, 'key=value;key=value'.")
+  flags.DEFINE_string(
+      'grid', '', "run: 'key=v1,v2;key2=v3,v4': every combination is a "
+      'point (last key fastest).')
+  flags.DEFINE_integer('parallel', 1, 'run: points at once.')
+  flags.DEFINE_bool('dry_run', False, 'run: list the points only.')
+  flags.DEFINE_string('workdir', None, 'point: the workdir to train.')
+  flags.DEFINE_list(
+      'rows', ['algorithm'], 'table/plot: config keys naming a row (plot: '
+      'a line).')
+  flags.DEFINE_list(
+      'cols', [], 'table/plot: config keys naming a column (plot: a panel).')
+  flags.DEFINE_list(
+      'metric', ['test_accuracy'], 'table: metrics (plot: the first); '
+      '<name>_ema is the EMA of <name>.')
+  flags.DEFINE_string('at', 'final', 'table: final | best | last:K | round:R.')
+  flags.DEFINE_float('ema_decay', 0.9, 'Decay of *_ema metrics.')
+  flags.DEFINE_string(
+      'where', '', "table/plot: keep runs with these config values, "
+      "'key=value;key=value'.")
+  flags.DEFINE_string(
+      'rename', '', "table/plot: 'label=shown;...'; also orders rows and "
+      'columns.')
+  flags.DEFINE_enum('format', 'markdown', ['markdown', 'csv'],
+                    'table: output format.')
+  flags.DEFINE_integer('digits', 2, 'table: decimals.')
+  flags.DEFINE_string('row_header', 'run',
+                      "table: the first column's header.")
+  flags.DEFINE_float(
+      'scale', None, 'table/plot: multiply values (default 100 for '
+      '*accuracy* metrics, else 1).')
+  flags.DEFINE_string('out', None, 'table: also write here; plot: PNG.')
+  flags.DEFINE_bool(
+      'include_unfinished', False, 'table/plot: also runs without a final '
+      'summary.json.')
+  flags.DEFINE_string('title', '', 'plot: figure title.')
+
+
+def _rename_map(text: str) -> Dict[str, str]:
+  out = {}
+  for item in filter(None, (s.strip() for s in text.split(';'))):
+    old, eq, new = item.partition('=')
+    if not eq:
+      raise ValueError(f'Bad --rename item {item!r}: write label=shown.')
+    out[old.strip()] = new.strip()
+  return out
+
+
+def _selected_runs() -> List[Run]:
+  if not FLAGS.root:
+    raise app.UsageError('--root is required.')
+  where = {k: v[0] for k, v in parse_assignments(FLAGS.where)}
+  runs = [r for r in find_runs(FLAGS.root,
+                               include_unfinished=FLAGS.include_unfinished)
+          if matches(r, where)]
+  if not runs:
+    raise app.UsageError(f'No finished runs under {FLAGS.root} match.')
+  return runs
+
+
+def main(argv):
+  if len(argv) != 2 or argv[1] not in ('run', 'point', 'table', 'plot'):
+    raise app.UsageError('Usage: python -m launch.sweep run|point|table|plot '
+                         '[flags]; see the module docstring.')
+  command = argv[1]
+  if command == 'point':
+    if not FLAGS.workdir:
+      raise app.UsageError('point needs --workdir.')
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
+    run_point(FLAGS.workdir)
+    return
+  if command == 'run':
+    if not FLAGS.root or len(FLAGS.root) != 1 or not FLAGS.config:
+      raise app.UsageError('run needs one --root and at least one --config.')
+    fixed = {k: v[0] for k, v in parse_assignments(FLAGS.set)}
+    points = make_points(FLAGS.root[0], FLAGS.config, fixed,
+                         parse_assignments(FLAGS.grid))
+    if FLAGS.dry_run:
+      for p in points:
+        print(point_status(p), p.workdir)
+      return
+    outcomes = run_points(points, parallel=FLAGS.parallel)
+    bad = [w for w, o in outcomes.items() if o not in ('done', 'skipped')]
+    if bad:
+      sys.exit(f'{len(bad)} point(s) failed or conflicted: {bad}')
+    return
+  rename = _rename_map(FLAGS.rename)
+  runs = _selected_runs()
+  if command == 'table':
+    table = build_table(runs, rows=FLAGS.rows, cols=FLAGS.cols,
+                        metrics=FLAGS.metric, at=FLAGS.at,
+                        ema_decay=FLAGS.ema_decay, order=list(rename))
+    text = (format_markdown(table, rename=rename, digits=FLAGS.digits,
+                            scale=FLAGS.scale, row_header=FLAGS.row_header)
+            if FLAGS.format == 'markdown'
+            else format_csv(table, rename=rename, scale=FLAGS.scale))
+    print(text, end='')
+    if FLAGS.out:
+      with open(FLAGS.out, 'w') as f:
+        f.write(text)
+    return
+  if not FLAGS.out:
+    raise app.UsageError('plot needs --out=path.png.')
+  plot_curves(runs, FLAGS.out, rows=FLAGS.rows, cols=FLAGS.cols,
+              metric=FLAGS.metric[0], ema_decay=FLAGS.ema_decay,
+              rename=rename, order=list(rename), scale=FLAGS.scale,
+              title=FLAGS.title)
+  print(f'wrote {FLAGS.out}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

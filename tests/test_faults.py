@@ -1,0 +1,490 @@
+"""Faults and user errors, with real processes and damaged files.
+
+Runs that must be interrupted are `launch.main` subprocesses paused at a
+known round by the test hook (faults.PAUSE_ENV_VAR), then sent SIGTERM,
+SIGINT or SIGKILL. Subprocesses share one JAX compilation cache so that only
+the first compiles. Everything else runs in-process on :runlocal configs.
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from fedjax_metric import event_log, faults, train, validation
+from fedjax_metric.data import sources
+
+import conftest
+import test_train
+from test_train import final_params, jax_leaves, read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# No partition plot: matplotlib would add a second to every run.
+RUNLOCAL = ['--config=configs/fedavg.py:runlocal', '--config.progress=False',
+            '--config.plot_partition=False']
+
+
+def load_config(name):
+  """The in-process twin of RUNLOCAL (same config.json)."""
+  config = test_train.load_config(name)
+  config.plot_partition = False
+  return config
+
+
+@pytest.fixture(scope='module')
+def jax_cache(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('jax_cache'))
+
+
+def launch(workdir, *flags, cache, pause=None):
+  """`python -m launch.main` in the background; ``pause``: the round after
+  which it waits for a signal (marker file faults.PAUSE_MARKER)."""
+  # conftest's JAX settings: results are compared with in-process runs.
+  env = dict(os.environ, **conftest.JAX_ENV, JAX_COMPILATION_CACHE_DIR=cache,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  env.pop(faults.PAUSE_ENV_VAR, None)
+  if pause is not None:
+    env[faults.PAUSE_ENV_VAR] = str(pause)
+  return subprocess.Popen(
+      [sys.executable, '-m', 'launch.main', *RUNLOCAL, *flags,
+       f'--workdir={workdir}'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def wait_for_pause(process, workdir, timeout=300):
+  marker = os.path.join(workdir, faults.PAUSE_MARKER)
+  deadline = time.time() + timeout
+  while not os.path.exists(marker):
+    if process.poll() is not None:
+      pytest.fail(f'exited {process.returncode} before pausing: '
+                  f'{process.communicate()}')
+    assert time.time() < deadline, 'no pause'
+    time.sleep(0.05)
+  os.remove(marker)
+
+
+def finish(process):
+  out, err = process.communicate(timeout=120)
+  return process.returncode, out, err
+
+
+def run_cli(*flags, workdir, cache):
+  return finish(launch(workdir, *flags, cache=cache))
+
+
+def logged_rounds(workdir, tag='test_accuracy'):
+  """Steps of ``tag`` over every event file, sorted, duplicates kept."""
+  return sorted(step for _, step, t, _ in event_log.scalars(workdir)
+                if t == tag)
+
+
+def checkpoint_dirs(workdir):
+  return sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+
+
+# ---------------------------------------------------------------------------
+# Signals and kill -9.
+# ---------------------------------------------------------------------------
+
+
+def four_rounds():
+  """:runlocal, 4 rounds, checkpoints only at the end (and on signals)."""
+  config = load_config('fedavg')
+  config.num_rounds = 4
+  config.checkpoint_every = 100
+  return config
+
+
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory):
+  """An uninterrupted, finished run of `four_rounds`."""
+  workdir = str(tmp_path_factory.mktemp('straight'))
+  return workdir, train.run(four_rounds(), workdir)
+
+
+def test_signals_kill_and_a_truncated_checkpoint_resume_to_the_same_run(
+    tmp_path, jax_cache, capsys, straight):
+  """4 rounds, no scheduled checkpoint before the end: SIGTERM after round
+  1, SIGINT after round 2 (each saves one), kill -9 after round 3 (loses
+  round 3, whose events and metrics were flushed); then round 2's array data
+  is cut in half. The rerun falls back to round 1 and ends with the model,
+  metrics and TensorBoard stream of an uninterrupted run."""
+  workdir = str(tmp_path / 'interrupted')
+  flags = ('--config.num_rounds=4', '--config.checkpoint_every=100')
+
+  for done, sig in ((1, signal.SIGTERM), (2, signal.SIGINT)):
+    process = launch(workdir, *flags, cache=jax_cache, pause=done)
+    wait_for_pause(process, workdir)
+    process.send_signal(sig)
+    code, out, err = finish(process)
+    assert code == 128 + sig, (out, err)
+    assert f'Stopped by {sig.name} after round {done}' in out, (out, err)
+    assert 'Traceback' not in out + err
+    assert checkpoint_dirs(workdir) == [str(r) for r in range(1, done + 1)]
+    assert not os.path.exists(os.path.join(workdir, 'summary.json'))
+    # Flushed at every evaluation, each round once.
+    assert logged_rounds(workdir) == list(range(1, done + 1))
+
+  process = launch(workdir, *flags, cache=jax_cache, pause=3)
+  wait_for_pause(process, workdir)
+  process.kill()
+  assert finish(process)[0] == -signal.SIGKILL
+  assert checkpoint_dirs(workdir) == ['1', '2']  # Round 3 is lost...
+  assert [r['round'] for r in read_metrics(workdir)] == [1, 2, 3]
+  assert logged_rounds(workdir) == [1, 2, 3]  # ... but was logged.
+
+  truncate_array_data(os.path.join(workdir, 'checkpoints', '2'))
+  summary = train.run(four_rounds(), workdir)
+  out = capsys.readouterr().out
+  assert 'round(s) 2 cannot be restored' in out
+  assert 'Resuming from the newest readable one, round 1' in out
+  assert f'Resuming {workdir} from round 1' in out
+  moved = glob.glob(os.path.join(workdir, faults.UNREADABLE_DIR, '2.*'))
+  assert len(moved) == 1
+  assert summary['rounds_completed'] == 4
+  for x, y in zip(jax_leaves(final_params(straight[0])),
+                  jax_leaves(final_params(workdir))):
+    np.testing.assert_array_equal(x, y)
+  rows = read_metrics(workdir)
+  assert [r['round'] for r in rows] == [1, 2, 3, 4]
+  assert rows[-1]['test_loss'] == read_metrics(straight[0])[-1]['test_loss']
+  assert logged_rounds(workdir) == [1, 2, 3, 4]
+  assert logged_rounds(workdir, 'train_loss') == [1, 2, 3, 4]
+  # wall_time restarts with each session; total_wall_time goes on.
+  totals = [r['total_wall_time'] for r in rows]
+  assert all(a < b for a, b in zip(totals, totals[1:]))
+  assert rows[-1]['total_wall_time'] > rows[-1]['wall_time'] + 0.01
+  assert logged_rounds(workdir, 'total_wall_time') == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------
+# Non-finite state.
+# ---------------------------------------------------------------------------
+
+# A server step of 1e38 x the mean update: round 1 ends with huge finite
+# weights, round 2 with NaN, which is due to be saved (every round) but not
+# evaluated (every 4) -- FedRCL's eval_every > checkpoint_every. Only the
+# server step differs from RUNLOCAL: the clients' programs come from the
+# compilation cache.
+DIVERGING = {'num_rounds': 4, 'eval_every': 4, 'checkpoint_every': 1,
+             'keep_checkpoints': 5, 'server.learning_rate': 1e38}
+
+
+def test_nan_is_never_checkpointed_and_the_error_is_one_line(
+    tmp_path, jax_cache):
+  workdir = str(tmp_path / 'run')
+  code, out, err = run_cli(
+      *[f'--config.{k}={v}' for k, v in DIVERGING.items()],
+      workdir=workdir, cache=jax_cache)
+  assert code == 1, (out, err)
+  lines = [line for line in err.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith('error: '), err
+  assert 'NaN or infinite values at round 2' in err
+  assert 'last good checkpoint (round 1)' in err and 'learning_rate' in err
+  # Round 1's save was in flight when round 2 failed: it completed cleanly
+  # (no temporary directory, no orbax traceback after the error).
+  assert checkpoint_dirs(workdir) == ['1']
+  round_1 = os.path.join(workdir, 'checkpoints', '1', 'default')
+  with ocp.StandardCheckpointer() as checkpointer:
+    state = checkpointer.restore(round_1)
+  assert faults.all_finite(state)
+
+  # A NaN checkpoint of round 2, as the code before this check saved them
+  # (eval_every > checkpoint_every): a rerun must not resume from it.
+  poisoned = jax.tree.map(
+      lambda x: np.full_like(x, np.nan) if np.issubdtype(
+          np.asarray(x).dtype, np.floating) else x, state)
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.join(workdir, 'checkpoints', '2', 'default'),
+                      poisoned)
+  said = []
+  step, restored = faults.restore_newest_readable(
+      os.path.join(workdir, 'checkpoints'), state, workdir=workdir,
+      chief=True, report=said.append)
+  assert step == 1 and faults.all_finite(restored)
+  assert 'round 2: FloatingPointError: it holds NaN' in said[0]
+  assert checkpoint_dirs(workdir) == ['1']
+  assert glob.glob(os.path.join(workdir, faults.UNREADABLE_DIR, '2.*'))
+
+
+# ---------------------------------------------------------------------------
+# Damaged checkpoints.
+# ---------------------------------------------------------------------------
+
+
+def truncate_array_data(step_dir):
+  files = [f for f in glob.glob(os.path.join(step_dir, '**', 'd', '*'),
+                                recursive=True) if os.path.isfile(f)]
+  biggest = max(files, key=os.path.getsize)
+  with open(biggest, 'r+b') as f:
+    f.truncate(os.path.getsize(biggest) // 2)
+
+
+def remove_item(step_dir):
+  shutil.rmtree(os.path.join(step_dir, 'default'))
+
+
+@pytest.fixture(scope='module')
+def two_checkpoints(tmp_path_factory):
+  """A run stopped after round 2 of 3, with checkpoints of rounds 1 and 2,
+  in a workdir where an attempt with another config (seed 7) had failed
+  before saving a checkpoint: its config.json, a metrics line and a
+  participation plot are left over."""
+  workdir = str(tmp_path_factory.mktemp('two_checkpoints'))
+  config = load_config('fedavg')
+  config.num_rounds = 3
+  failed = load_config('fedavg')
+  failed.seed = 7
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(failed.to_json_best_effort())
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'round': 1, 'wall_time': 1.0, 'test_accuracy': 0.5}))
+    f.write('\n')
+  open(os.path.join(workdir, 'participation.png'), 'w').close()
+  train.run(config, workdir, stop_after_round=2)
+  return config, workdir
+
+
+def test_a_failed_start_does_not_block_the_next_config(two_checkpoints):
+  _, workdir = two_checkpoints
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['seed'] == 0
+  rows = read_metrics(workdir)
+  assert [r['round'] for r in rows] == [1, 2]
+  assert rows[0]['test_accuracy'] != 0.5  # The new run's, not the leftover.
+  assert not os.path.exists(os.path.join(workdir, 'participation.png'))
+  assert checkpoint_dirs(workdir) == ['1', '2']
+
+
+def test_a_checkpoint_missing_its_item_is_skipped(two_checkpoints, tmp_path):
+  _, original = two_checkpoints
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(original, workdir)
+  directory = os.path.join(workdir, 'checkpoints')
+  with ocp.StandardCheckpointer() as checkpointer:
+    template = checkpointer.restore(os.path.join(directory, '1', 'default'))
+  remove_item(os.path.join(directory, '2'))
+  said = []
+  step, _ = faults.restore_newest_readable(
+      directory, template, workdir=workdir, chief=True, report=said.append)
+  assert step == 1 and 'round 2: ' in said[0]
+  assert checkpoint_dirs(workdir) == ['1']
+
+
+def test_no_readable_checkpoint_is_a_clear_error_that_moves_nothing(
+    two_checkpoints, tmp_path):
+  config, original = two_checkpoints
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(original, workdir)
+  for step in ('1', '2'):
+    truncate_array_data(os.path.join(workdir, 'checkpoints', step))
+  with pytest.raises(faults.CheckpointError,
+                     match='round 2: .*round 1: .*Delete that directory'):
+    train.run(config, workdir)
+  assert checkpoint_dirs(workdir) == ['1', '2']
+
+
+# ---------------------------------------------------------------------------
+# Finished runs and other configs.
+# ---------------------------------------------------------------------------
+
+
+def test_a_finished_workdir_refuses_another_config_by_dotted_path(
+    straight, tmp_path):
+  workdir, summary = straight
+  for split in ('train', 't10k'):  # Present (empty: they are never read).
+    for kind in ('images-idx3', 'labels-idx1'):
+      (tmp_path / f'{split}-{kind}-ubyte').touch()
+  before = {n: open(os.path.join(workdir, n), 'rb').read()
+            for n in ('config.json', 'summary.json', 'metrics.jsonl')}
+
+  def refused(change, *patterns):
+    other = four_rounds()
+    change(other)
+    with pytest.raises(validation.ConfigError) as info:
+      train.run(other, workdir)
+    for pattern in patterns:
+      assert pattern in str(info.value), (pattern, str(info.value))
+    return str(info.value)
+
+  refused(lambda c: setattr(c, 'seed', 3), 'seed (0 -> 3)')
+  message = refused(lambda c: setattr(c.local, 'learning_rate', 0.5),
+                    'local.learning_rate (0.05 -> 0.5)')
+  assert 'local (' not in message
+  refused(lambda c: (setattr(c, 'algorithm', 'fedprox'),
+                     setattr(c.dataset, 'name', 'mnist'),
+                     setattr(c.dataset, 'data_dir', str(tmp_path))),
+          "algorithm (fedavg -> fedprox)", 'dataset.name (digits -> mnist)')
+  refused(lambda c: setattr(c, 'num_rounds', 1),
+          'finished after 4 rounds', 'num_rounds=1 asks for fewer')
+  for name, data in before.items():
+    assert open(os.path.join(workdir, name), 'rb').read() == data, name
+  # The same config still returns the finished summary.
+  assert train.run(four_rounds(), workdir) == summary
+
+
+def test_cli_refusal_is_one_line_without_a_nan_result(straight, jax_cache):
+  workdir, _ = straight
+  code, out, err = run_cli('--config.num_rounds=1',
+                           '--config.checkpoint_every=100', workdir=workdir,
+                           cache=jax_cache)
+  assert code == 1
+  assert 'nan' not in out + err and 'Traceback' not in err
+  assert err.strip().startswith('error: ')
+  assert len(err.strip().splitlines()) == 1
+  assert 'num_rounds=1 asks for fewer' in err
+
+
+# ---------------------------------------------------------------------------
+# A failed start never blocks its fix.
+# ---------------------------------------------------------------------------
+
+
+def test_failed_starts_write_nothing(tmp_path):
+  workdir = str(tmp_path / 'run')
+
+  def attempt(change, error, match):
+    config = load_config('fedavg')
+    change(config)
+    with pytest.raises(error, match=match):
+      train.run(config, workdir, stop_after_round=1)
+
+  attempt(lambda c: (setattr(c.dataset, 'name', 'mnist'),
+                     setattr(c.dataset, 'data_dir', str(tmp_path / 'no'))),
+          sources.DatasetNotFoundError, 'train-images')
+  attempt(lambda c: setattr(c, 'executor', 'vmapp'), validation.ConfigError,
+          'executor')
+  attempt(lambda c: setattr(c.local, 'learning_rate', -0.1),
+          validation.ConfigError, 'local.learning_rate')
+  attempt(lambda c: setattr(c, 'clients_per_round', 9),
+          validation.ConfigError, 'clients_per_round=9')
+  assert not os.path.exists(workdir)  # Refused before anything was written.
+
+
+# ---------------------------------------------------------------------------
+# Validation: one clear line naming the field and the fix.
+# ---------------------------------------------------------------------------
+
+
+def _set(path, value):
+  def change(config):
+    *parents, leaf = path.split('.')
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return change
+
+
+@pytest.mark.parametrize('change, match', [
+    (_set('clients_per_round', 5), 'clients_per_round=5 is more than'),
+    (_set('num_clients', 5000), 'digits has 1438 training examples'),
+    (_set('local.momentum', 1.5), r'local.momentum must be < 1.0'),
+    (_set('local.learning_rate', float('nan')), 'must be finite'),
+    (_set('local.optimizer', 'sgdd'), "local.optimizer is not usable.*'adam'"),
+    (_set('server.optimizer', 'adm'), 'server.optimizer'),
+    (_set('local.schedule', 'cosin'), 'local.schedule'),
+    (_set('partition.method', 'dirichet'), "partition.method must be one of"),
+    (_set('model.name', 'resnet19'), "model.name must be one of .*'resnet18'"),
+    (_set('algorithm', 'fedavgm'), "algorithm must be one of .*'fedprox'"),
+    (_set('num_rounds', 0), 'num_rounds must be >= 1'),
+    (_set('eval_every', 0), 'eval_every must be >= 1'),
+    (_set('local.steps', 0), 'trains nothing'),
+    (_set('dataset.name', 'fashion-mnist'), "Did you mean 'fashion_mnist'"),
+    (_set('dataset.name', 'cifar_10'), "Did you mean 'cifar10'"),
+])
+def test_bad_values_are_refused_with_the_field_named(change, match):
+  config = load_config('fedavg')
+  change(config)
+  if match == 'trains nothing':
+    config.local.epochs = 0
+  error = (sources.DatasetNotFoundError if 'Did you mean' in match else
+           validation.ConfigError)
+  with pytest.raises(error, match=match):
+    validation.validate(config)
+
+
+def test_model_and_algorithm_fields_are_checked_without_building(tmp_path):
+  config = load_config('fedavg')
+  config.model.unlock()
+  config.model.depth = 50
+  with pytest.raises(validation.ConfigError, match='depth'):
+    validation.validate(config)
+  config = load_config('fedprox')
+  config.algorithm_kwargs.nu = 0.1
+  with pytest.raises(validation.ConfigError, match=r"\['nu'\].*'mu'"):
+    validation.validate(config)
+
+
+def test_a_field_without_a_rule_is_not_range_checked():
+  config = load_config('fedavg')
+  config.brand_new_field = -12345  # A field added after this validator.
+  config.local.brand_new_knob = 'anything'
+  validation.validate(config)
+
+
+# ---------------------------------------------------------------------------
+# Config arguments the README documents.
+# ---------------------------------------------------------------------------
+
+
+def _config_names():
+  return sorted(os.path.basename(p)[:-3]
+                for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
+                if not os.path.basename(p).startswith(('_', 'common')))
+
+
+def _supervised_config_names():
+  """Configs of the supervised settings, which document central, model and
+  dataset; the one-class, participation and unsupervised families take their
+  own arguments (each config's docstring lists them)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  return [n for n in _config_names()
+          if 'central' in (importlib.import_module(f'configs.{n}').__doc__
+                           or '')]
+
+
+@pytest.mark.parametrize('name', _config_names())
+def test_every_config_rejects_an_unknown_argument_naming_the_known(name):
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(f'configs.{name}')
+  with pytest.raises(ValueError, match="Unknown config argument 'no_such'"):
+    module.get_config('runlocal,no_such=1')
+
+
+@pytest.mark.parametrize('name', _supervised_config_names())
+def test_every_config_takes_central_model_and_dataset(name):
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config('runlocal,central,model=small_cnn')
+  assert (config.num_clients, config.clients_per_round) == (1, 1)
+  assert config.partition.method == 'iid'
+  assert config.model.name == 'small_cnn'
+  validation.validate(config)
+  explicit = module.get_config('runlocal,dataset=fashion_mnist')
+  assert explicit.dataset.name == 'fashion_mnist'
+  assert module.get_config('runlocal').dataset.name == 'digits'
+
+
+def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(
+    tmp_path, jax_cache):
+  workdir = str(tmp_path / 'run')
+  typo = '--config.dataset.name=fashion-mnist'
+  code, out, err = run_cli(typo, workdir=workdir, cache=jax_cache)
+  assert code == 1 and not out
+  assert err.strip().splitlines() == [
+      err.strip()] and "Did you mean 'fashion_mnist'" in err
+  assert not os.path.exists(workdir)
+  code, _, err = run_cli(typo, '--verbose', workdir=workdir, cache=jax_cache)
+  assert code == 1 and 'Traceback' in err and 'check_available' in err

@@ -1,0 +1,214 @@
+"""The 'one_class' evaluation protocol and the one-class configs end to end.
+
+Per-class AUROC is checked against scikit-learn on embeddings and scores
+re-derived in NumPy (Park, Hosseini and Yun, 'Federated Learning with Metric
+Loss', FL-ICML workshop 2021, Table 2: one-vs-rest AUROC per class, mean
+over classes); bad input must fail with a message that names the fix.
+"""
+
+import importlib
+
+import fl_fixtures as fx
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+from test_oneclass_algorithms import DIM, SHAPE, LinearEmbedding
+
+from fedjax_metric import engine, models, train
+from fedjax_metric.data import sources
+from fedjax_metric.evaluation import oneclass, protocols
+
+NUM_CLASSES = fx.NUM_CLASSES
+
+
+def split(num_examples, seed):
+  rng = np.random.default_rng(seed)
+  images = rng.integers(0, 256, (num_examples,) + SHAPE[1:]).astype(np.uint8)
+  labels = (np.arange(num_examples) % NUM_CLASSES).astype(np.int32)
+  return sources.ArrayDataset(images, labels, NUM_CLASSES)
+
+
+def setup(num_clients_per_class=1):
+  train_set, test_set = split(24, 0), split(30, 1)
+  clients = [np.flatnonzero(train_set.labels == c)[j::num_clients_per_class]
+             for j in range(num_clients_per_class)
+             for c in range(NUM_CLASSES)]
+  model = models.make_model_fns(LinearEmbedding(), SHAPE)
+  return train_set, test_set, clients, model
+
+
+def flat(images):
+  return images.reshape(len(images), -1).astype(np.float64) / 255.0
+
+
+def kernel_of(variables):
+  return np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+
+
+def sklearn_aurocs(scores, labels):
+  return [roc_auc_score(labels == c, scores[:, c])
+          for c in range(scores.shape[1])]
+
+
+def check_metrics(metrics, expected):
+  assert metrics['auroc_mean'] == pytest.approx(np.mean(expected), abs=1e-5)
+  for c, value in enumerate(expected):
+    assert metrics[f'auroc_class_{c}'] == pytest.approx(value, abs=1e-5)
+
+
+def state_with(variables, extra=()):
+  return engine.ServerState(variables, (), np.zeros((), np.int32), extra)
+
+
+def test_center_score_matches_sklearn():
+  train_set, test_set, clients, model = setup()
+  variables = model.init(jax.random.key(0))
+  evaluate = oneclass.make_one_class_evaluator(
+      model, fx.identity_preprocess(), train_set, test_set, clients,
+      score='center', batch_size=7)  # Batches that do not divide N.
+  with jax.default_matmul_precision('highest'):
+    metrics = evaluate(state_with(variables), ())
+  k = kernel_of(variables)
+  e_train, e_test = flat(train_set.images) @ k, flat(test_set.images) @ k
+  centers = [np.mean([e_train[i] for i in range(len(e_train))
+                      if train_set.labels[i] == c], axis=0)
+             for c in range(NUM_CLASSES)]
+  scores = np.array([[-np.linalg.norm(e - centers[c])
+                      for c in range(NUM_CLASSES)] for e in e_test])
+  check_metrics(metrics, sklearn_aurocs(scores, test_set.labels))
+
+
+def test_client_models_score_uses_each_clients_own_model_and_data():
+  train_set, test_set, clients, model = setup(num_clients_per_class=2)
+  per_client = [model.init(jax.random.key(j)) for j in range(len(clients))]
+  table = {'variables': jax.tree.map(lambda *x: np.stack(x), *per_client)}
+  evaluate = oneclass.make_one_class_evaluator(
+      model, fx.identity_preprocess(), train_set, test_set, clients,
+      score='client_models')
+  with jax.default_matmul_precision('highest'):
+    metrics = evaluate(state_with(per_client[0]), table)
+  expected = [[] for _ in range(NUM_CLASSES)]
+  for j, idx in enumerate(clients):
+    k = kernel_of(per_client[j])
+    label = train_set.labels[idx[0]]
+    center = np.mean(flat(train_set.images[idx]) @ k, axis=0)
+    scores = -np.linalg.norm(flat(test_set.images) @ k - center, axis=1)
+    expected[label].append(roc_auc_score(test_set.labels == label, scores))
+  check_metrics(metrics, [np.mean(a) for a in expected])
+
+
+@pytest.mark.parametrize('score,key', [('class_embeddings', 'class_embeddings'),
+                                       ('codewords', 'codewords')])
+def test_cosine_scores_read_the_server_extra(score, key):
+  train_set, test_set, clients, model = setup()
+  variables = model.init(jax.random.key(0))
+  vectors = np.random.default_rng(2).normal(size=(NUM_CLASSES, DIM))
+  evaluate = oneclass.make_one_class_evaluator(
+      model, fx.identity_preprocess(), train_set, test_set, clients,
+      score=score)
+  with jax.default_matmul_precision('highest'):
+    metrics = evaluate(state_with(variables, {key: vectors}), ())
+  e = flat(test_set.images) @ kernel_of(variables)
+  scores = np.array([[x @ v / (np.linalg.norm(x) * np.linalg.norm(v))
+                      for v in vectors] for x in e])
+  check_metrics(metrics, sklearn_aurocs(scores, test_set.labels))
+
+
+def test_center_subset_keeps_at_most_k_per_class_from_held_examples():
+  labels = np.repeat(np.arange(3), 10)
+  held = np.arange(2, 30)
+  got = oneclass._center_subset(held, labels, 4)
+  assert set(got) <= set(held)
+  assert np.bincount(labels[got]).tolist() == [4, 4, 4]
+  np.testing.assert_array_equal(oneclass._center_subset(held, labels, 0),
+                                held)
+  np.testing.assert_array_equal(got, oneclass._center_subset(held, labels, 4))
+
+
+def test_evaluator_errors():
+  train_set, test_set, clients, model = setup()
+  with pytest.raises(ValueError, match='score'):
+    oneclass.make_one_class_evaluator(model, fx.identity_preprocess(),
+                                      train_set, test_set, clients,
+                                      score='logits')
+  clients[1] = clients[1][:0]
+  with pytest.raises(ValueError, match='Client 1 has no training data'):
+    oneclass.make_one_class_evaluator(model, fx.identity_preprocess(),
+                                      train_set, test_set, clients,
+                                      score='center')
+
+
+# ---------------------------------------------------------------------------
+# Configs, model checks and partitions.
+# ---------------------------------------------------------------------------
+
+
+def load_config(name, arg='runlocal'):
+  config = importlib.import_module(f'configs.{name}').get_config(arg)
+  config.unlock()
+  config.progress = False
+  return config
+
+
+def lenet():
+  return models.build('lenet', 10, (28, 28, 1))
+
+
+def test_embedding_model_with_classification_is_a_clear_error():
+  config = load_config('fedavg')
+  config.model = ml_collections.ConfigDict(dict(name='lenet'))
+  with pytest.raises(ValueError, match="no 'logits'.*one-class config"):
+    protocols.check_model_outputs(config, lenet())
+  config.eval_protocol = 'one_class'
+  with pytest.raises(ValueError, match="'fedavg' trains on the cross-entropy"):
+    protocols.check_model_outputs(config, lenet())
+  # A model with logits is fine for fedavg under either protocol.
+  protocols.check_model_outputs(config, fx.all_outputs())
+
+
+def test_one_class_algorithm_needs_the_one_class_protocol():
+  config = load_config('fedmetric')
+  protocols.check_model_outputs(config, lenet())  # The config is right.
+  config.eval_protocol = 'classification'
+  with pytest.raises(ValueError, match='eval_protocol=one_class'):
+    protocols.check_model_outputs(config, lenet())
+
+
+def test_one_class_partition_errors(tmp_path):
+  config = load_config('fedmetric')
+  labels = np.repeat(np.arange(10), 5)
+  config.num_clients = 25
+  with pytest.raises(ValueError, match='Set --config.num_clients=10'):
+    train.one_class_partition(config, labels)
+  # Class 0 has 3 examples, too few for 4 clients.
+  uneven = np.concatenate([labels[labels != 0], [0, 0, 0]])
+  config.partition.clients_per_class = 4
+  config.num_clients = 40
+  with pytest.raises(ValueError, match='no data'):
+    train.one_class_partition(config, uneven)
+  config.partition.clients_per_class = 2
+  config.num_clients = 20
+  parts = train.one_class_partition(config, labels)
+  assert [len(p) for p in parts] == [3] * 10 + [2] * 10
+  # Through train.run: the error comes before any training.
+  config.num_clients = 11
+  with pytest.raises(ValueError, match='clients_per_class'):
+    train.run(config, str(tmp_path))
+
+
+def test_negative_scale_in_a_config_is_a_clear_error():
+  config = load_config('fedmetric', 'runlocal,scale=-2.0')
+  with pytest.raises(ValueError, match='scale.*>= 0'):
+    train.build_algorithm(config, lenet())
+
+
+@pytest.mark.parametrize('name', ['fedmetric', 'deepsvdd', 'fedaws', 'feduv'])
+def test_one_class_configs_run_locally(name, tmp_path):
+  summary = train.run(load_config(name), str(tmp_path))
+  assert summary['rounds_completed'] == 2
+  assert 0.0 <= summary['auroc_mean'] <= 1.0
+  assert {f'auroc_class_{c}' for c in range(10)} <= set(summary)
+  if name == 'feduv':  # Hadamard rows of length 16: distance 8.
+    assert summary['codeword_min_distance'] == 8

@@ -1,0 +1,336 @@
+"""launch/sweep.py: grids, resumable runs, tables and curves.
+
+Most tests work on hand-written workdirs (config.json, metrics.jsonl,
+summary.json) and fake child processes, so they take milliseconds; one trains
+a real ``:runlocal`` point in-process and one calls the command line.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launch import sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FEDAVG = os.path.join(REPO, 'configs', 'fedavg.py') + ':runlocal'
+
+
+# ---------------------------------------------------------------------------
+# Grids, overrides, workdirs.
+# ---------------------------------------------------------------------------
+
+
+def test_parse_assignments_and_grid_order():
+  grid = sweep.parse_assignments(
+      'partition.alpha=0.1,0.3; seed=0,1,2;model.widths=(8,16,32),(4,8,16)')
+  assert grid == [('partition.alpha', ['0.1', '0.3']),
+                  ('seed', ['0', '1', '2']),
+                  ('model.widths', ['(8,16,32)', '(4,8,16)'])]
+  points = sweep.grid_points(grid[:2])
+  assert len(points) == 6
+  # The last key varies fastest.
+  assert points[:3] == [{'partition.alpha': '0.1', 'seed': s}
+                        for s in ('0', '1', '2')]
+  assert sweep.parse_assignments('') == []
+  for bad in ('seed', 'seed=', '=1', 'seed=1;seed=2'):
+    with pytest.raises(ValueError):
+      sweep.parse_assignments(bad)
+
+
+def test_apply_overrides_types_and_unknown_keys():
+  config = sweep.resolve(FEDAVG, {
+      'seed': '3', 'local.learning_rate': '0.5', 'progress': 'false',
+      'dataset.augmentation': 'flip', 'partition.alpha': '1'})
+  assert config.seed == 3 and isinstance(config.seed, int)
+  assert config.local.learning_rate == 0.5
+  assert config.progress is False
+  assert config.dataset.augmentation == 'flip'
+  assert config.partition.alpha == 1.0 and isinstance(config.partition.alpha,
+                                                      float)
+  with pytest.raises(KeyError, match='num_round'):
+    sweep.resolve(FEDAVG, {'num_round': '3'})
+  with pytest.raises(ValueError):
+    sweep.resolve(FEDAVG, {'progress': 'maybe'})
+
+
+def test_points_get_distinct_workdirs(tmp_path):
+  points = sweep.make_points(
+      str(tmp_path),
+      [FEDAVG, FEDAVG.replace('runlocal', 'runlocal,dataset=digits')],
+      {'num_rounds': '1'}, sweep.parse_assignments('seed=0,1'))
+  assert len(points) == 4
+  assert len({p.workdir for p in points}) == 4
+  assert all(p.overrides['num_rounds'] == '1' for p in points)
+  assert points[1].workdir.endswith(os.path.join('num_rounds=1__seed=1'))
+
+
+def _finish_fake(point, rounds=None, drop=(), **config_changes):
+  """Writes what train.run leaves in a workdir, without training."""
+  config = sweep.config_dict(sweep.resolve(point.spec, point.overrides))
+  config.update(config_changes)
+  for key in drop:  # A field the library did not have when the run ran.
+    parent, _, leaf = key.rpartition('.')
+    (config[parent] if parent else config).pop(leaf)
+  os.makedirs(point.workdir, exist_ok=True)
+  with open(os.path.join(point.workdir, 'config.json'), 'w') as f:
+    json.dump(config, f)
+  if rounds is not None:
+    with open(os.path.join(point.workdir, 'summary.json'), 'w') as f:
+      json.dump({'rounds_completed': rounds}, f)
+
+
+def test_point_status(tmp_path):
+  [point] = sweep.make_points(str(tmp_path), [FEDAVG], {'seed': '1'}, [])
+  assert sweep.point_status(point) == 'todo'          # Nothing there.
+  _finish_fake(point)                                 # Started, no summary.
+  assert sweep.point_status(point) == 'todo'
+  _finish_fake(point, rounds=1)                       # Stopped early.
+  assert sweep.point_status(point) == 'todo'
+  _finish_fake(point, rounds=2)
+  assert sweep.point_status(point) == 'done'
+  _finish_fake(point, rounds=2, progress=False)       # Logging differs only.
+  assert sweep.point_status(point) == 'done'
+  _finish_fake(point, rounds=2, drop=('precision', 'local.epoch_decay'))
+  assert sweep.point_status(point) == 'done'
+  _finish_fake(point, rounds=2, num_rounds=1)         # More rounds asked for.
+  assert sweep.point_status(point) == 'todo'
+  _finish_fake(point, rounds=2, seed=7)               # Another experiment.
+  assert sweep.point_status(point) == 'conflict'
+
+
+def test_run_points_parallel_skips_finished_and_reports_failures(tmp_path):
+  points = sweep.make_points(str(tmp_path), [FEDAVG], {},
+                             sweep.parse_assignments('seed=0,1,2'))
+  expected = {p.workdir: sweep.config_dict(sweep.resolve(p.spec, p.overrides))
+              for p in points}
+  for workdir, config in expected.items():
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, 'expected.json'), 'w') as f:
+      json.dump(config, f)
+  child = ('import json, os, sys, time; w = sys.argv[1]; time.sleep(0.3); '
+           'c = json.load(open(os.path.join(w, "expected.json"))); '
+           'json.dump(c, open(os.path.join(w, "config.json"), "w")); '
+           'json.dump({"rounds_completed": c["num_rounds"]}, '
+           'open(os.path.join(w, "summary.json"), "w")); '
+           'print(json.load(open(os.path.join(w, "sweep_point.json"))))')
+  command = lambda w: [sys.executable, '-c', child, w]
+  messages = []
+  outcomes = sweep.run_points(points, parallel=2, command=command,
+                              say=messages.append)
+  assert set(outcomes.values()) == {'done'}
+  assert sum(m.startswith('start') for m in messages) == 3
+  # The child saw its point file; its output went to the log.
+  with open(os.path.join(points[0].workdir, sweep.LOG_FILE)) as f:
+    assert "'seed': '0'" in f.read()
+  again = sweep.run_points(points, command=lambda w: ['false'],
+                           say=messages.append)
+  assert set(again.values()) == {'skipped'}
+  os.remove(os.path.join(points[1].workdir, 'summary.json'))
+  failed = sweep.run_points(points, command=lambda w: [
+      sys.executable, '-c', 'raise SystemExit(3)'], say=messages.append)
+  assert failed[points[1].workdir] == 'failed (rc=3)'
+  assert failed[points[0].workdir] == 'skipped'
+  with pytest.raises(ValueError):
+    sweep.run_points(points, parallel=0)
+
+
+def test_run_point_trains_a_runlocal_config(tmp_path):
+  [point] = sweep.make_points(str(tmp_path), [FEDAVG],
+                              {'num_rounds': '1', 'seed': '4'}, [])
+  assert sweep.point_status(point) == 'todo'
+  sweep.write_point_file(point)
+  summary = sweep.run_point(point.workdir)
+  assert summary['rounds_completed'] == 1
+  assert sweep.point_status(point) == 'done'
+  run = sweep.read_run(point.workdir)
+  assert run.finished and run.config['seed'] == 4
+  assert 0.0 <= sweep.series(run, 'test_accuracy')[1][-1] <= 1.0
+
+
+# ---------------------------------------------------------------------------
+# Tables and curves on hand-written workdirs.
+# ---------------------------------------------------------------------------
+
+
+def _fake_run(root, name, *, algorithm, alpha, seed, accuracies,
+              finished=True, lr=0.1, extra_summary=None):
+  workdir = os.path.join(root, name)
+  os.makedirs(workdir)
+  config = {'algorithm': algorithm, 'seed': seed, 'num_rounds': len(accuracies),
+            'partition': {'alpha': alpha, 'method': 'dirichlet'},
+            'local': {'learning_rate': lr}, 'progress': True}
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    json.dump(config, f)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for r, a in enumerate(accuracies, start=1):
+      f.write(json.dumps({'round': r, 'test_accuracy': a}) + '\n')
+  if finished:
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump({'rounds_completed': len(accuracies),
+                 'test_accuracy': accuracies[-1], **(extra_summary or {})}, f)
+  return workdir
+
+
+ACCURACIES = {  # (algorithm, alpha) -> per-seed curves over 4 rounds
+    ('fedavg', 0.1): [[.50, .60, .70, .72], [.40, .55, .65, .70],
+                      [.45, .65, .60, .74]],
+    ('fedrcl', 0.1): [[.52, .62, .75, .80], [.48, .60, .72, .78],
+                      [.50, .61, .70, .79]],
+    ('fedavg', 0.3): [[.60, .70, .80, .81], [.62, .72, .79, .83],
+                      [.61, .70, .81, .80]],
+}
+
+
+@pytest.fixture
+def fake_root(tmp_path):
+  for (algorithm, alpha), curves in ACCURACIES.items():
+    for seed, curve in enumerate(curves):
+      _fake_run(str(tmp_path), f'{algorithm}_{alpha}_{seed}',
+                algorithm=algorithm, alpha=alpha, seed=seed, accuracies=curve,
+                extra_summary={'test_probe': 0.5 + seed / 10})
+  _fake_run(str(tmp_path), 'unfinished', algorithm='fedavg', alpha=0.1,
+            seed=9, accuracies=[.1, .2], finished=False)
+  return str(tmp_path)
+
+
+def test_ema_is_bias_corrected_moving_average():
+  x = [0.2, 0.6, 0.4, 0.9]
+  # By hand: weights 0.9^(t-i) over x_1..x_t, normalised.
+  want = [sum(0.9**(t - i) * x[i] for i in range(t + 1))
+          / sum(0.9**(t - i) for i in range(t + 1)) for t in range(4)]
+  np.testing.assert_allclose(sweep.ema(x, 0.9), want, rtol=1e-12)
+  assert sweep.ema(x, 0.0).tolist() == x
+  with pytest.raises(ValueError):
+    sweep.ema(x, 1.0)
+
+
+def test_pick_final_best_last_round():
+  rounds, values = np.array([10, 20, 30]), np.array([0.3, 0.9, 0.6])
+  assert sweep.pick(rounds, values, 'final') == 0.6
+  assert sweep.pick(rounds, values, 'best') == 0.9
+  assert sweep.pick(rounds, values, 'last:2') == pytest.approx(0.75)
+  assert sweep.pick(rounds, values, 'round:20') == 0.9
+  with pytest.raises(KeyError):
+    sweep.pick(rounds, values, 'round:25')
+  for bad in ('last', 'last:0', 'median'):
+    with pytest.raises(ValueError):
+      sweep.pick(rounds, values, bad)
+
+
+@pytest.mark.parametrize('at,reduce', [
+    ('final', lambda c: c[-1]), ('best', max),
+    ('last:2', lambda c: (c[-1] + c[-2]) / 2)])
+def test_table_mean_std_n_per_cell(fake_root, at, reduce):
+  runs = sweep.find_runs([fake_root])
+  assert len(runs) == 9  # The unfinished run is left out...
+  assert len(sweep.find_runs([fake_root], include_unfinished=True)) == 10
+  table = sweep.build_table(runs, rows=['algorithm'],
+                            cols=['partition.alpha'], metrics=['test_accuracy'],
+                            at=at)
+  assert table.row_labels == ['fedavg', 'fedrcl']
+  assert table.columns == [('0.1', 'test_accuracy'), ('0.3', 'test_accuracy')]
+  for (algorithm, alpha), curves in ACCURACIES.items():
+    cell = table.cells[(algorithm, str(alpha), 'test_accuracy')]
+    values = [reduce(c) for c in curves]
+    assert cell.n == 3
+    assert cell.mean == pytest.approx(np.mean(values))
+    # Sample standard deviation, written out.
+    m = sum(values) / 3
+    assert cell.std == pytest.approx(
+        math.sqrt(sum((v - m) ** 2 for v in values) / 2))
+  assert table.cells[('fedrcl', '0.3', 'test_accuracy')] is None
+
+
+def test_table_ema_metric_and_summary_only_metric(fake_root):
+  runs = sweep.find_runs([fake_root])
+  table = sweep.build_table(runs, rows=['algorithm'], cols=['partition.alpha'],
+                            metrics=['test_accuracy_ema', 'test_probe'],
+                            at='final', ema_decay=0.5)
+  cell = table.cells[('fedrcl', '0.1', 'test_accuracy_ema')]
+  finals = []
+  for c in ACCURACIES[('fedrcl', 0.1)]:
+    s = 0.0
+    for x in c:
+      s = 0.5 * s + 0.5 * x
+    finals.append(s / (1 - 0.5**len(c)))
+  assert cell.mean == pytest.approx(np.mean(finals))
+  probe = table.cells[('fedavg', '0.3', 'test_probe')]
+  assert probe.mean == pytest.approx(0.6)
+
+
+def test_table_refuses_mixed_cells_and_repeated_seeds(fake_root, tmp_path):
+  runs = sweep.find_runs([fake_root])
+  with pytest.raises(ValueError, match='partition.alpha'):
+    sweep.build_table(runs, rows=['algorithm'], cols=[],
+                      metrics=['test_accuracy'], at='final')
+  _fake_run(fake_root, 'other_lr', algorithm='fedavg', alpha=0.3, seed=5,
+            accuracies=[.5, .5, .5, .5], lr=0.01)
+  runs = sweep.find_runs([fake_root])
+  with pytest.raises(ValueError, match='local.learning_rate'):
+    sweep.build_table(runs, rows=['algorithm'], cols=['partition.alpha'],
+                      metrics=['test_accuracy'], at='final')
+  selected = [r for r in runs if sweep.matches(r, {'local.learning_rate':
+                                                   '0.1'})]
+  assert len(selected) == 9
+  # A field only one run's config.json has (added in between) is ignored.
+  newer = [r._replace(config={**r.config, 'new.field': 1}) if r.config['seed']
+           == 0 else r for r in selected]
+  sweep.group_runs(newer, ['algorithm'], ['partition.alpha'])
+  twin = str(tmp_path / 'twin')
+  _fake_run(twin, 'a', algorithm='fedavg', alpha=0.3, seed=0, accuracies=[.5])
+  _fake_run(twin, 'b', algorithm='fedavg', alpha=0.3, seed=0, accuracies=[.6])
+  with pytest.raises(ValueError, match='same seed'):
+    sweep.group_runs(sweep.find_runs([twin]), ['algorithm'], [])
+
+
+def test_markdown_and_csv(fake_root):
+  runs = sweep.find_runs([fake_root])
+  table = sweep.build_table(runs, rows=['algorithm'], cols=['partition.alpha'],
+                            metrics=['test_accuracy'], at='final',
+                            order=['fedrcl'])
+  text = sweep.format_markdown(table, rename={'fedrcl': 'FedRCL',
+                                              '0.1': 'alpha 0.1'})
+  lines = text.strip().split('\n')
+  assert lines[0] == '| run | alpha 0.1 | 0.3 |'
+  assert lines[2].startswith('| FedRCL | 79.00 ± 1.00 (n=3) |')  # order first
+  mean = np.mean([.72, .70, .74]) * 100
+  std = np.std([.72, .70, .74], ddof=1) * 100
+  assert f'{mean:.2f} ± {std:.2f} (n=3)' in lines[3]
+  text = sweep.format_csv(table).strip()
+  rows = [line.split(',') for line in text.split('\n')]
+  assert rows[0] == ['row', 'column', 'metric', 'mean', 'std', 'n']
+  assert ['fedrcl', '0.1', 'test_accuracy', '79', '1', '3'] in rows
+  assert len(rows) == 1 + 3  # No line for the empty cell.
+
+
+def test_mean_curve_and_plot(fake_root, tmp_path):
+  runs = sweep.find_runs([fake_root])
+  groups = sweep.group_runs(runs, ['algorithm'], ['partition.alpha'])
+  rounds, mean, std, n = sweep.mean_curve(groups[('fedavg', '0.1')],
+                                          'test_accuracy')
+  curves = np.array(ACCURACIES[('fedavg', 0.1)])
+  np.testing.assert_array_equal(rounds, [1, 2, 3, 4])
+  np.testing.assert_allclose(mean, curves.mean(0))
+  np.testing.assert_allclose(std, curves.std(0, ddof=1))
+  assert n == 3
+  out = sweep.plot_curves(runs, str(tmp_path / 'plots' / 'c.png'),
+                          rows=['algorithm'], cols=['partition.alpha'],
+                          metric='test_accuracy')
+  with open(out, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_table_command_line(fake_root, tmp_path):
+  out = tmp_path / 't.csv'
+  result = subprocess.run(
+      [sys.executable, '-m', 'launch.sweep', 'table', f'--root={fake_root}',
+       '--cols=partition.alpha', '--where=partition.alpha=0.3',
+       '--format=csv', f'--out={out}'],
+      cwd=REPO, capture_output=True, text=True, check=True)
+  assert result.stdout == out.read_text()
+  assert result.stdout.strip().split('\n')[1].startswith('fedavg,0.3,')
