@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test lint bench install clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m launch.main --config=configs/fedavg.py --workdir=runs/demo
 
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto tests
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

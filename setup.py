@@ -3,32 +3,46 @@
 import setuptools
 
 setuptools.setup(
-    name='fedjax_metric',
-    version='0.1.0',
-    description=('Federated learning simulator for metric-learning and '
-                 'contrastive methods: whole rounds as one XLA program.'),
-    packages=setuptools.find_packages(include=['fedjax_metric', 'fedjax_metric.*']),
-    python_requires='>=3.10',
-    install_requires=[
-        'jax>=0.7',
-        'jaxlib>=0.7',
-        'flax>=0.10',
-        'optax>=0.2.4',
-        'numpy>=1.26',
-        'absl-py',
-        'ml-collections',
-        'orbax-checkpoint',
-        'scikit-learn',
-        'matplotlib',
-        'tqdm',
-        # TensorBoard event files without TensorFlow (pure Python, protobuf).
-        'tensorboardX',
+  name='fedjax_metric',
+  version='0.1.0',
+  description=(
+    'Federated learning simulator for metric-learning and '
+    'contrastive methods: whole rounds as one XLA program.'
+  ),
+  packages=setuptools.find_packages(
+    include=['fedjax_metric', 'fedjax_metric.*']
+  ),
+  python_requires='>=3.10',
+  install_requires=[
+    'jax>=0.7',
+    'jaxlib>=0.7',
+    'flax>=0.10',
+    'optax>=0.2.4',
+    'numpy>=1.26',
+    'absl-py',
+    'ml-collections',
+    'orbax-checkpoint',
+    'scikit-learn',
+    'matplotlib',
+    'tqdm',
+    # TensorBoard event files without TensorFlow (pure Python, protobuf).
+    'tensorboardX',
+  ],
+  extras_require={
+    # pytest-xdist: the suite runs in one process per core (make test);
+    # ruff: make lint (pinned: its formatter's output changes by version).
+    'test': [
+      'pytest',
+      'pytest-xdist',
+      'chex',
+      'nbformat',
+      'nbclient',
+      'ipykernel',
+      'ruff==0.17.6',
     ],
-    extras_require={
-        'test': ['pytest', 'chex', 'nbformat', 'nbclient', 'ipykernel'],
-        'tfds': ['tensorflow-datasets', 'tensorflow-cpu'],
-        # The PyTorch per-client loop that launch/bench.py compares against.
-        # 2.13.0 is the CPU build this project's machines carry on disk.
-        'bench': ['torch==2.13.0'],
-    },
+    'tfds': ['tensorflow-datasets', 'tensorflow-cpu'],
+    # The PyTorch per-client loop that launch/bench.py compares against.
+    # 2.13.0 is the CPU build this project's machines carry on disk.
+    'bench': ['torch==2.13.0'],
+  },
 )

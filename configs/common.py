@@ -19,8 +19,9 @@ def parse_arg(arg, **defaults):
   for item in filter(None, (arg or '').split(',')):
     key, _, value = item.partition('=')
     if key not in defaults:
-      raise ValueError(f'Unknown config argument {key!r}; known: '
-                       f'{sorted(defaults)}.')
+      raise ValueError(
+        f'Unknown config argument {key!r}; known: {sorted(defaults)}.'
+      )
     kind = type(defaults[key])
     if not value:
       parsed[key] = True
@@ -40,6 +41,26 @@ def peek_arg(arg, key, default=''):
   return default
 
 
+def setting_config(arg):
+  """``(config, parsed arg)`` of the setting an arg string names.
+
+  ``setting=fedquad`` / ``setting=fedrcl``: those papers' settings with their
+  arguments; no setting: `base_setting` (``central``, ``model``, ``dataset``,
+  ``runlocal``). For the baselines that run in every setting (FedAvg, FedProx).
+  """
+  setting = peek_arg(arg, 'setting')
+  if setting == 'fedquad':
+    arg = parse_arg(arg, setting='', **FEDQUAD_ARGS)
+    return fedquad_setting(arg), arg
+  if setting == 'fedrcl':
+    arg = parse_arg(arg, setting='', **FEDRCL_ARGS)
+    return fedrcl_setting(arg), arg
+  if setting == '':
+    arg = parse_arg(arg, setting='', **BASE_ARGS)
+    return base_setting(arg), arg
+  raise ValueError(f"setting must be 'fedquad' or 'fedrcl', got {setting!r}.")
+
+
 def base_config():
   """The full set of fields, with FedAvg-on-digits defaults."""
   c = ml_collections.ConfigDict()
@@ -50,62 +71,89 @@ def base_config():
   c.num_clients = 10
   c.clients_per_round = 10
 
-  c.dataset = ml_collections.ConfigDict(dict(
-      name='digits',        # digits | fashion_mnist | mnist | cifar10 | cifar100 | <tfds name>
-      data_dir='',          # '' = the dataset's default location
+  c.dataset = ml_collections.ConfigDict(
+    dict(
+      name='digits',  # digits | fashion_mnist | mnist | cifar10 | cifar100 | <tfds name>
+      data_dir='',  # '' = the dataset's default location
       augmentation='none',  # none | flip | crop_flip
-  ))
-  c.partition = ml_collections.ConfigDict(dict(
-      method='dirichlet',   # iid | dirichlet | shards | one_class
-      alpha=0.5,
+    )
+  )
+  c.partition = ml_collections.ConfigDict(
+    dict(
+      method='dirichlet',  # iid | dirichlet | shards | one_class | quantity
+      alpha=0.5,  # dirichlet; also quantity with size_distribution=dirichlet
       variant='niid_bench',  # niid_bench | balanced | per_client | per_class
       min_size=10,
       classes_per_client=2,  # shards only
-      clients_per_class=1,   # one_class only: num_clients = this x classes
-  ))
+      clients_per_class=1,  # one_class only: num_clients = this x classes
+      size_distribution='dirichlet',  # quantity only: dirichlet | power_law
+      power_law_exponent=1.0,  # quantity with power_law: n_r ~ r^-exponent
+    )
+  )
   # `name` plus that model's own constructor fields (method configs replace
   # the whole block for their model; a field the model lacks is an error).
-  c.model = ml_collections.ConfigDict(dict(
-      name='small_cnn', width=32, embedding_dim=128,
-      pool='stride',        # stride | avg | max
-      norm='none',          # none | batch | group
-  ))
-  c.local = ml_collections.ConfigDict(dict(
-      epochs=1,             # used when steps == 0
-      steps=0,              # > 0: exactly this many steps per round
+  c.model = ml_collections.ConfigDict(
+    dict(
+      name='small_cnn',
+      width=32,
+      embedding_dim=128,
+      pool='stride',  # stride | avg | max
+      norm='none',  # none | batch | group
+    )
+  )
+  c.local = ml_collections.ConfigDict(
+    dict(
+      epochs=1,  # used when steps == 0
+      steps=0,  # > 0: exactly this many steps per round
       batch_size=32,
-      optimizer='sgd',      # sgd | adam | adamw
+      optimizer='sgd',  # sgd | adam | adamw
       learning_rate=0.05,
-      momentum=0.0, nesterov=False, weight_decay=0.0,
-      grad_clip_norm=0.0,   # 0 = no clipping
+      momentum=0.0,
+      nesterov=False,
+      weight_decay=0.0,
+      grad_clip_norm=0.0,  # 0 = no clipping
       schedule='constant',  # constant | exponential | cosine | warmup_cosine (over rounds)
-      decay_rate=1.0, warmup_rounds=0,
-      epoch_decay=1.0,      # lr x epoch_decay**e in local epoch e of a round
-  ))
-  c.server = ml_collections.ConfigDict(dict(
-      optimizer='sgd',      # sgd (FedAvg / FedAvgM) | adam (FedAdam) | yogi (FedYogi)
-      learning_rate=1.0, momentum=0.0, b1=0.9, b2=0.99, eps=1e-3,
+      decay_rate=1.0,
+      warmup_rounds=0,
+      epoch_decay=1.0,  # lr x epoch_decay**e in local epoch e of a round
+    )
+  )
+  c.server = ml_collections.ConfigDict(
+    dict(
+      optimizer='sgd',  # sgd (FedAvg / FedAvgM) | adam (FedAdam) | yogi (FedYogi)
+      learning_rate=1.0,
+      momentum=0.0,
+      b1=0.9,
+      b2=0.99,
+      eps=1e-3,
       weighting='num_examples',  # num_examples | uniform
-  ))
+    )
+  )
   # Which clients take part in a round: 'uniform' draws clients_per_round of
   # them uniformly; 'bernoulli' | 'markov' | 'cyclic' | 'cyclic_offset' give
   # each client its own probability (mean E[p], floored, tied to its label
   # histogram by a Dirichlet(beta) vector) and a pattern over rounds
   # (fedjax_metric/data/participation.py); clients_per_round is then unused.
-  c.participation = ml_collections.ConfigDict(dict(
-      pattern='uniform', mean=0.1, floor=0.02, beta=0.1,
+  c.participation = ml_collections.ConfigDict(
+    dict(
+      pattern='uniform',
+      mean=0.1,
+      floor=0.02,
+      beta=0.1,
       normalize='expected',  # expected (FedAU's code) | empirical (PMFL's text)
-      markov_rate=0.05, cycle=100,
-  ))
+      markov_rate=0.05,
+      cycle=100,
+    )
+  )
   # Matmul / convolution precision of the run's programs: default (the
   # platform's float32 path; TF32 on recent NVIDIA GPUs) | highest (full
   # float32) | bf16 (bfloat16 compute, float32 parameters).
   c.precision = 'default'
-  c.executor = 'auto'       # auto | host | vmap | chunked | sequential
-  c.chunk_size = 0          # chunked executor: slots per chunk
-  c.steps_per_call = 10     # host executor: unrolled steps per jitted call
-  c.unroll = 1              # vmap / chunked: lax.scan unroll over local steps
-  c.num_devices = 0         # vmap / chunked: devices on the clients axis (0 = all)
+  c.executor = 'auto'  # auto | host | vmap | chunked | sequential
+  c.chunk_size = 0  # chunked executor: slots per chunk
+  c.steps_per_call = 10  # host executor: unrolled steps per jitted call
+  c.unroll = 1  # vmap / chunked: lax.scan unroll over local steps
+  c.num_devices = 0  # vmap / chunked: devices on the clients axis (0 = all)
   # Bytes per device the run may use (0 = 80% of accelerator memory, or half
   # the RAM on CPU): the client table is checked against it before it is
   # allocated, and chunked with chunk_size=0 picks its chunk size from it.
@@ -130,16 +178,26 @@ def base_config():
   # evaluation; linear probe, fine-tuning on stratified label fractions,
   # uniformity and effective rank of the test features at the end. The
   # defaults are the SSD authors' released protocol; 0 examples = all.
-  c.ssl_eval = ml_collections.ConfigDict(dict(
-      knn_k=200, knn_temperature=0.1,
-      knn_bank_examples=0, knn_test_examples=0,
-      linear_epochs=200, linear_learning_rate=3e-3, linear_batch_size=512,
-      finetune_fractions=(0.01, 0.1), finetune_epochs=200,
-      finetune_batch_size=128, finetune_encoder_lr=1e-3,
-      finetune_head_lr=0.3, finetune_evals=4, finetune_seed=17,
+  c.ssl_eval = ml_collections.ConfigDict(
+    dict(
+      knn_k=200,
+      knn_temperature=0.1,
+      knn_bank_examples=0,
+      knn_test_examples=0,
+      linear_epochs=200,
+      linear_learning_rate=3e-3,
+      linear_batch_size=512,
+      finetune_fractions=(0.01, 0.1),
+      finetune_epochs=200,
+      finetune_batch_size=128,
+      finetune_encoder_lr=1e-3,
+      finetune_head_lr=0.3,
+      finetune_evals=4,
+      finetune_seed=17,
       quality_examples=0,
       erank_matrix='features',  # features (SSD App. A.2) | covariance
-  ))
+    )
+  )
   c.checkpoint_every = 5
   c.keep_checkpoints = 2
   c.plot_partition = True
@@ -162,8 +220,12 @@ def shrink_for_runlocal(c):
   c.local.epochs = 1
   c.local.steps = 2
   c.local.batch_size = min(c.local.batch_size, 16)
-  for field, tiny in (('width', 8), ('embedding_dim', 16), ('out_dim', 16),
-                      ('widths', (8, 16, 32))):
+  for field, tiny in (
+    ('width', 8),
+    ('embedding_dim', 16),
+    ('out_dim', 16),
+    ('widths', (8, 16, 32)),
+  ):
     if field in c.model:
       c.model[field] = tiny
   if c.model.get('projection_dim'):  # 0 means no head: keep it off.
@@ -186,15 +248,19 @@ def finalize(c, arg):
 def model_block(name, *, norm):
   """The paper models at their sizes, or the small CNN for CPU-sized runs."""
   blocks = {
-      'fedquad_cnn': dict(name='fedquad_cnn', widths=(64, 128, 256),
-                          embedding_dim=128, norm=norm),
-      'resnet18': dict(name='resnet18', norm=norm, groups=2, width=64),
-      'moon_cnn': dict(name='moon_cnn', out_dim=256),
-      'small_cnn': dict(name='small_cnn', width=32, embedding_dim=128,
-                        pool='stride', norm=norm),
+    'fedquad_cnn': dict(
+      name='fedquad_cnn', widths=(64, 128, 256), embedding_dim=128, norm=norm
+    ),
+    'resnet18': dict(name='resnet18', norm=norm, groups=2, width=64),
+    'moon_cnn': dict(name='moon_cnn', out_dim=256),
+    'small_cnn': dict(
+      name='small_cnn', width=32, embedding_dim=128, pool='stride', norm=norm
+    ),
   }
   if name not in blocks:
-    raise ValueError(f'Unknown model argument {name!r}; use one of {sorted(blocks)}.')
+    raise ValueError(
+      f'Unknown model argument {name!r}; use one of {sorted(blocks)}.'
+    )
   return ml_collections.ConfigDict(blocks[name])
 
 
@@ -205,8 +271,12 @@ BASE_ARGS = dict(runlocal=False, dataset='', central=False, model='small_cnn')
 # Each model's normalisation where base_config's model block is replaced:
 # the one its paper uses (FedQuad's CNN: BatchNorm; FedRCL's ResNet-18:
 # GroupNorm); the small CNN keeps base_config's none.
-BASE_NORMS = {'small_cnn': 'none', 'fedquad_cnn': 'batch', 'resnet18': 'group',
-              'moon_cnn': 'none'}
+BASE_NORMS = {
+  'small_cnn': 'none',
+  'fedquad_cnn': 'batch',
+  'resnet18': 'group',
+  'moon_cnn': 'none',
+}
 
 
 def base_setting(arg):
@@ -248,8 +318,15 @@ def fedquad_setting(arg):
   c.partition.method = 'iid' if arg.iid else 'dirichlet'
   c.partition.alpha = arg.alpha
   c.model = model_block(arg.model, norm='batch')
-  c.local.update(dict(epochs=5, batch_size=128, optimizer='adam',
-                      learning_rate=1e-3, weight_decay=1e-5))
+  c.local.update(
+    dict(
+      epochs=5,
+      batch_size=128,
+      optimizer='adam',
+      learning_rate=1e-3,
+      weight_decay=1e-5,
+    )
+  )
   c.eval_every = 1
   c.representation_examples = 2000
   if arg.central:
@@ -257,8 +334,15 @@ def fedquad_setting(arg):
   return c
 
 
-FEDQUAD_ARGS = dict(runlocal=False, dataset='', clients=10, alpha=0.5,
-                    iid=False, central=False, model='fedquad_cnn')
+FEDQUAD_ARGS = dict(
+  runlocal=False,
+  dataset='',
+  clients=10,
+  alpha=0.5,
+  iid=False,
+  central=False,
+  model='fedquad_cnn',
+)
 
 
 def fedrcl_setting(arg):
@@ -286,10 +370,19 @@ def fedrcl_setting(arg):
   c.partition.variant = 'balanced'
   c.partition.alpha = arg.alpha
   c.model = model_block(arg.model, norm='group')
-  c.local.update(dict(epochs=5, batch_size=50, optimizer='sgd',
-                      learning_rate=0.1, weight_decay=1e-3, grad_clip_norm=10.0,
-                      schedule='exponential', decay_rate=0.998,
-                      epoch_decay=0.998))
+  c.local.update(
+    dict(
+      epochs=5,
+      batch_size=50,
+      optimizer='sgd',
+      learning_rate=0.1,
+      weight_decay=1e-3,
+      grad_clip_norm=10.0,
+      schedule='exponential',
+      decay_rate=0.998,
+      epoch_decay=0.998,
+    )
+  )
   c.server.weighting = 'uniform'
   # Every round, as the released trainer (eval freq 1): the paper reports an
   # exponential moving average (0.9) of these per-round accuracies
@@ -301,8 +394,9 @@ def fedrcl_setting(arg):
   return c
 
 
-FEDRCL_ARGS = dict(runlocal=False, dataset='', alpha=0.3, central=False,
-                   model='resnet18')
+FEDRCL_ARGS = dict(
+  runlocal=False, dataset='', alpha=0.3, central=False, model='resnet18'
+)
 
 
 def one_class_model_block(name):
@@ -310,15 +404,23 @@ def one_class_model_block(name):
   'lenet' (Ruff et al.'s MNIST LeNet, 32-d) or 'resnet32' (64-d), both with
   GroupNorm."""
   blocks = {
-      'lenet': dict(name='lenet', embedding_dim=32, widths=(8, 4),
-                    norm='group', groups=2, norm_affine=False,
-                    use_bias=False),
-      'resnet32': dict(name='resnet32', embedding_dim=64, width=16,
-                       norm='group', groups=2),
+    'lenet': dict(
+      name='lenet',
+      embedding_dim=32,
+      widths=(8, 4),
+      norm='group',
+      groups=2,
+      norm_affine=False,
+      use_bias=False,
+    ),
+    'resnet32': dict(
+      name='resnet32', embedding_dim=64, width=16, norm='group', groups=2
+    ),
   }
   if name not in blocks:
-    raise ValueError(f'Unknown one-class model {name!r}; use one of '
-                     f'{sorted(blocks)}.')
+    raise ValueError(
+      f'Unknown one-class model {name!r}; use one of {sorted(blocks)}.'
+    )
   return ml_collections.ConfigDict(blocks[name])
 
 
@@ -349,11 +451,19 @@ def one_class_setting(arg):
   c.clients_per_round = c.num_clients
   c.partition.method = 'one_class'
   c.partition.clients_per_class = arg.clients_per_class
-  model = arg.model or ('resnet32' if c.dataset.name.startswith('cifar')
-                        else 'lenet')
+  model = arg.model or (
+    'resnet32' if c.dataset.name.startswith('cifar') else 'lenet'
+  )
   c.model = one_class_model_block(model)
-  c.local.update(dict(epochs=1, steps=arg.steps, batch_size=16,
-                      optimizer='sgd', learning_rate=0.1))
+  c.local.update(
+    dict(
+      epochs=1,
+      steps=arg.steps,
+      batch_size=16,
+      optimizer='sgd',
+      learning_rate=0.1,
+    )
+  )
   c.server.weighting = 'uniform'
   c.eval_protocol = 'one_class'
   c.eval_every = arg.eval_every
@@ -362,9 +472,16 @@ def one_class_setting(arg):
   return c
 
 
-ONE_CLASS_ARGS = dict(runlocal=False, dataset='', clients_per_class=1,
-                      steps=0, rounds=30, eval_every=5, model='',
-                      center_examples=1000)
+ONE_CLASS_ARGS = dict(
+  runlocal=False,
+  dataset='',
+  clients_per_class=1,
+  steps=0,
+  rounds=30,
+  eval_every=5,
+  model='',
+  center_examples=1000,
+)
 
 
 def participation_setting(arg):
@@ -396,16 +513,39 @@ def participation_setting(arg):
   c.partition.method = 'dirichlet'
   c.partition.variant = 'per_client'
   c.partition.alpha = 0.1
-  c.participation.update(dict(pattern=arg.pattern, mean=0.1, floor=0.02,
-                              beta=0.1, normalize=arg.normalize,
-                              markov_rate=0.05, cycle=100))
-  c.model = ml_collections.ConfigDict(dict(
-      name='small_cnn', width=arg.width, embedding_dim=4 * arg.width,
-      pool='stride', norm='none'))
-  c.local.update(dict(epochs=1, steps=5, batch_size=16, optimizer='sgd',
-                      learning_rate=0.1, momentum=0.0))
-  c.server.update(dict(optimizer='sgd', learning_rate=1.0, momentum=0.0,
-                       weighting='uniform'))
+  c.participation.update(
+    dict(
+      pattern=arg.pattern,
+      mean=0.1,
+      floor=0.02,
+      beta=0.1,
+      normalize=arg.normalize,
+      markov_rate=0.05,
+      cycle=100,
+    )
+  )
+  c.model = ml_collections.ConfigDict(
+    dict(
+      name='small_cnn',
+      width=arg.width,
+      embedding_dim=4 * arg.width,
+      pool='stride',
+      norm='none',
+    )
+  )
+  c.local.update(
+    dict(
+      epochs=1,
+      steps=5,
+      batch_size=16,
+      optimizer='sgd',
+      learning_rate=0.1,
+      momentum=0.0,
+    )
+  )
+  c.server.update(
+    dict(optimizer='sgd', learning_rate=1.0, momentum=0.0, weighting='uniform')
+  )
   c.eval_every = arg.eval_every
   c.eval_train_examples = 60000
   c.checkpoint_every = min(250, arg.rounds)
@@ -413,9 +553,15 @@ def participation_setting(arg):
   return c
 
 
-PARTICIPATION_ARGS = dict(runlocal=False, dataset='', pattern='bernoulli',
-                          normalize='empirical', rounds=1000, eval_every=50,
-                          width=16)
+PARTICIPATION_ARGS = dict(
+  runlocal=False,
+  dataset='',
+  pattern='bernoulli',
+  normalize='empirical',
+  rounds=1000,
+  eval_every=50,
+  width=16,
+)
 
 
 def ssl_setting(arg):
@@ -449,21 +595,46 @@ def ssl_setting(arg):
   c.partition.variant = 'per_class'
   c.partition.alpha = arg.alpha
   if arg.model == 'ssl_resnet18':
-    c.model = ml_collections.ConfigDict(dict(
-        name='ssl_resnet18', projector_hidden=2048, projection_dim=512,
-        norm='batch', width=64))
+    c.model = ml_collections.ConfigDict(
+      dict(
+        name='ssl_resnet18',
+        projector_hidden=2048,
+        projection_dim=512,
+        norm='batch',
+        width=64,
+      )
+    )
   elif arg.model == 'ssl_cnn':
-    c.model = ml_collections.ConfigDict(dict(
-        name='ssl_cnn', width=32, embedding_dim=128, projector_hidden=512,
-        projection_dim=128, norm='batch'))
+    c.model = ml_collections.ConfigDict(
+      dict(
+        name='ssl_cnn',
+        width=32,
+        embedding_dim=128,
+        projector_hidden=512,
+        projection_dim=128,
+        norm='batch',
+      )
+    )
   else:
-    raise ValueError(f"model must be 'ssl_cnn' or 'ssl_resnet18', got "
-                     f'{arg.model!r}.')
-  c.local.update(dict(epochs=arg.epochs, batch_size=128, optimizer='sgd',
-                      learning_rate=0.1, momentum=0.9, weight_decay=1e-4,
-                      schedule='constant'))
-  c.server.update(dict(optimizer='sgd', learning_rate=1.0, momentum=0.0,
-                       weighting='num_batches'))
+    raise ValueError(
+      f"model must be 'ssl_cnn' or 'ssl_resnet18', got {arg.model!r}."
+    )
+  c.local.update(
+    dict(
+      epochs=arg.epochs,
+      batch_size=128,
+      optimizer='sgd',
+      learning_rate=0.1,
+      momentum=0.9,
+      weight_decay=1e-4,
+      schedule='constant',
+    )
+  )
+  c.server.update(
+    dict(
+      optimizer='sgd', learning_rate=1.0, momentum=0.0, weighting='num_batches'
+    )
+  )
   c.algorithm_kwargs = ml_collections.ConfigDict(dict(view_order=arg.views))
   c.eval_protocol = 'ssl'
   c.eval_every = arg.eval_every
@@ -471,9 +642,18 @@ def ssl_setting(arg):
   return c
 
 
-SSL_ARGS = dict(runlocal=False, dataset='', clients=10, join=1.0, alpha=0.1,
-                model='ssl_cnn', epochs=5, rounds=100, views='ssd',
-                eval_every=5)
+SSL_ARGS = dict(
+  runlocal=False,
+  dataset='',
+  clients=10,
+  join=1.0,
+  alpha=0.1,
+  model='ssl_cnn',
+  epochs=5,
+  rounds=100,
+  views='ssd',
+  eval_every=5,
+)
 
 
 def ssl_runlocal(c):
@@ -486,14 +666,21 @@ def ssl_runlocal(c):
   else:
     c.model.projection_dim = c.model.embedding_dim
   c.model.projector_hidden = 2 * c.model.projection_dim
-  c.ssl_eval.update(dict(linear_epochs=2, finetune_epochs=1,
-                         finetune_evals=1, finetune_fractions=(0.1,),
-                         finetune_batch_size=16))
+  c.ssl_eval.update(
+    dict(
+      linear_epochs=2,
+      finetune_epochs=1,
+      finetune_evals=1,
+      finetune_fractions=(0.1,),
+      finetune_batch_size=16,
+    )
+  )
   return c
 
 
-def ssl_config(arg, algorithm, *, drop_last_cross_silo=False,
-               **algorithm_kwargs):
+def ssl_config(
+  arg, algorithm, *, drop_last_cross_silo=False, **algorithm_kwargs
+):
   """The full config of one method of the 'ssl' family from its ``arg``.
 
   ``drop_last_cross_silo``: drop partial batches when there are at most 10

@@ -19,5 +19,6 @@ from configs import common
 
 
 def get_config(arg=None):
-  return common.ssl_config(arg, 'fedalignuniform', drop_last_cross_silo=True,
-                           uniform_weight=1.0)
+  return common.ssl_config(
+    arg, 'fedalignuniform', drop_last_cross_silo=True, uniform_weight=1.0
+  )

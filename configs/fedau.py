@@ -24,10 +24,12 @@ from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, aggregation='adaptive', cutoff=0,
-                         **common.PARTICIPATION_ARGS)
+  arg = common.parse_arg(
+    arg, aggregation='adaptive', cutoff=0, **common.PARTICIPATION_ARGS
+  )
   c = common.participation_setting(arg)
   c.algorithm = 'fedau'
-  c.algorithm_kwargs = ml_collections.ConfigDict({
-      'aggregation': arg.aggregation, 'cutoff': arg.cutoff or None})
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    {'aggregation': arg.aggregation, 'cutoff': arg.cutoff or None}
+  )
   return common.finalize(c, arg)

@@ -26,17 +26,6 @@ from configs import common
 
 
 def get_config(arg=None):
-  setting = common.peek_arg(arg, 'setting')
-  if setting == 'fedquad':
-    arg = common.parse_arg(arg, setting='', **common.FEDQUAD_ARGS)
-    c = common.fedquad_setting(arg)
-  elif setting == 'fedrcl':
-    arg = common.parse_arg(arg, setting='', **common.FEDRCL_ARGS)
-    c = common.fedrcl_setting(arg)
-  elif setting == '':
-    arg = common.parse_arg(arg, setting='', **common.BASE_ARGS)
-    c = common.base_setting(arg)
-  else:
-    raise ValueError(f"setting must be 'fedquad' or 'fedrcl', got {setting!r}.")
+  c, arg = common.setting_config(arg)
   c.algorithm = 'fedavg'
   return common.finalize(c, arg)

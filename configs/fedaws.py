@@ -26,15 +26,21 @@ from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.ONE_CLASS_ARGS, lr=0.1,
-                         spreadout_steps=1, lr_multiplier=10.0)
+  arg = common.parse_arg(
+    arg, **common.ONE_CLASS_ARGS, lr=0.1, spreadout_steps=1, lr_multiplier=10.0
+  )
   c = common.one_class_setting(arg)
   c.algorithm = 'fedaws'
   c.local.learning_rate = arg.lr
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(
-      positive_margin=0.9, positive_form='cosine',
-      spreadout_distance='cosine', spreadout_margin=1.0,
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    dict(
+      positive_margin=0.9,
+      positive_form='cosine',
+      spreadout_distance='cosine',
+      spreadout_margin=1.0,
       spreadout_reduction='sum',
       spreadout_steps_per_round=arg.spreadout_steps,
-      lr_multiplier=arg.lr_multiplier))
+      lr_multiplier=arg.lr_multiplier,
+    )
+  )
   return common.finalize(c, arg)

@@ -16,5 +16,10 @@ from configs import common
 
 
 def get_config(arg=None):
-  return common.ssl_config(arg, 'feddecorr', drop_last_cross_silo=True,
-                           decorr_weight=0.1, base='align_uniform')
+  return common.ssl_config(
+    arg,
+    'feddecorr',
+    drop_last_cross_silo=True,
+    decorr_weight=0.1,
+    base='align_uniform',
+  )

@@ -18,7 +18,8 @@ and the squared hinge.
   python -m launch.main --config=configs/fedmetric.py --workdir=runs/fedmetric
   python -m launch.main --config=configs/fedmetric.py:negatives=true --workdir=runs/fedmetric_true
   python -m launch.main --config=configs/fedmetric.py:negatives=none --workdir=runs/fedmetric_pos
-  python -m launch.main --config=configs/fedmetric.py:steps=10,rounds=300,lam=0.5,scale=2.0 --workdir=runs/fedmetric_l0.5_s2
+  python -m launch.main --config=configs/fedmetric.py:steps=10,rounds=300,lam=0.5,scale=2.0 \
+      --workdir=runs/fedmetric_l0.5_s2
 
 Arguments: negatives (proxy), lam (0.3: the best of the lambda sweep on
 Fashion-MNIST; 1.0 runs away, 0.1 decays like the pull alone), scale (s;
@@ -39,19 +40,31 @@ from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.ONE_CLASS_ARGS, negatives='proxy',
-                         lam=0.3, scale=-1.0, center='round_start',
-                         reduction='mean', hinge='plain', lr=0.001,
-                         paper=False)
+  arg = common.parse_arg(
+    arg,
+    **common.ONE_CLASS_ARGS,
+    negatives='proxy',
+    lam=0.3,
+    scale=-1.0,
+    center='round_start',
+    reduction='mean',
+    hinge='plain',
+    lr=0.001,
+    paper=False,
+  )
   c = common.one_class_setting(arg)
   c.algorithm = 'fedmetric'
   c.local.learning_rate = arg.lr
   if arg.paper:
     arg.reduction, arg.hinge = 'sum', 'squared'
     c.local.learning_rate = 0.1
-  kwargs = dict(negatives=arg.negatives, lam=arg.lam, center=arg.center,
-                reduction=arg.reduction,
-                squared_hinge=arg.hinge == 'squared')
+  kwargs = dict(
+    negatives=arg.negatives,
+    lam=arg.lam,
+    center=arg.center,
+    reduction=arg.reduction,
+    squared_hinge=arg.hinge == 'squared',
+  )
   if arg.scale != -1.0:
     kwargs['scale'] = arg.scale
   c.algorithm_kwargs = ml_collections.ConfigDict(kwargs)

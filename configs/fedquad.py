@@ -10,10 +10,12 @@ FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 
   python -m launch.main --config=configs/fedquad.py --workdir=runs/fedquad
-  python -m launch.main --config=configs/fedquad.py:clients=200,alpha=0.3 --workdir=runs/fedquad_c200
+  python -m launch.main --config=configs/fedquad.py:clients=200,alpha=0.3 \
+      --workdir=runs/fedquad_c200
   python -m launch.main --config=configs/fedquad.py:iid --workdir=runs/fedquad_iid
   python -m launch.main --config=configs/fedquad.py:central --workdir=runs/fedquad_central
-  python -m launch.main --config=configs/fedquad.py:dataset=fashion_mnist --workdir=runs/fedquad_fmnist
+  python -m launch.main --config=configs/fedquad.py:dataset=fashion_mnist \
+      --workdir=runs/fedquad_fmnist
   python -m launch.main --config=configs/fedquad.py:iid,no_ce --workdir=runs/fedquad_no_ce
 
 Arguments: clients (10), alpha (0.5), iid, model (fedquad_cnn | small_cnn),
@@ -33,9 +35,15 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, no_ce=False, **common.FEDQUAD_ARGS)
   c = common.fedquad_setting(arg)
   c.algorithm = 'fedquad'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(
-      beta=0.5, margin_1=1.0, margin_2=0.5, squared=False,
-      cross_entropy=not arg.no_ce))
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    dict(
+      beta=0.5,
+      margin_1=1.0,
+      margin_2=0.5,
+      squared=False,
+      cross_entropy=not arg.no_ce,
+    )
+  )
   if arg.no_ce:
     c.eval_protocol = 'embedding_knn'
   return common.finalize(c, arg)

@@ -27,5 +27,7 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, **common.FEDRCL_ARGS)
   c = common.fedrcl_setting(arg)
   c.algorithm = 'fedrcl'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(temperature=0.05, threshold=0.7, beta=1.0, form='code'))
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    dict(temperature=0.05, threshold=0.7, beta=1.0, form='code')
+  )
   return common.finalize(c, arg)

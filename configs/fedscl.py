@@ -29,6 +29,7 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, **common.FEDRCL_ARGS)
   c = common.fedrcl_setting(arg)
   c.algorithm = 'fedscl'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(temperature=0.05,
-                                                      form='code'))
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    dict(temperature=0.05, form='code')
+  )
   return common.finalize(c, arg)

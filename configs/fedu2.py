@@ -17,5 +17,11 @@ from configs import common
 
 
 def get_config(arg=None):
-  return common.ssl_config(arg, 'fedu2', temperature=0.07, fur_weight=0.01,
-                           aggregation='eua', server_lr=8.0)
+  return common.ssl_config(
+    arg,
+    'fedu2',
+    temperature=0.07,
+    fur_weight=0.01,
+    aggregation='eua',
+    server_lr=8.0,
+  )

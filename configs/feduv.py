@@ -25,11 +25,13 @@ from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.ONE_CLASS_ARGS, lr=0.1,
-                         codewords='auto', squared=False)
+  arg = common.parse_arg(
+    arg, **common.ONE_CLASS_ARGS, lr=0.1, codewords='auto', squared=False
+  )
   c = common.one_class_setting(arg)
   c.algorithm = 'feduv'
   c.local.learning_rate = arg.lr
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(
-      codeword_kind=arg.codewords, squared=arg.squared))
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    dict(codeword_kind=arg.codewords, squared=arg.squared)
+  )
   return common.finalize(c, arg)

@@ -14,5 +14,6 @@ from configs import common
 
 
 def get_config(arg=None):
-  return common.ssl_config(arg, 'l_dawa', scope='layer', warmup_rounds=3,
-                           temperature=0.07)
+  return common.ssl_config(
+    arg, 'l_dawa', scope='layer', warmup_rounds=3, temperature=0.07
+  )

@@ -42,17 +42,25 @@ def get_config(arg=None):
     arg = common.parse_arg(arg, setting='', **common.FEDQUAD_ARGS)
     c = common.fedquad_setting(arg)
   else:
-    raise ValueError(f"setting must be '', 'fedquad' or 'fedrcl', got "
-                     f'{setting!r}.')
+    raise ValueError(
+      f"setting must be '', 'fedquad' or 'fedrcl', got {setting!r}."
+    )
   c.algorithm = 'moon'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(mu=5.0,
-                                                      temperature=0.5))
+  c.algorithm_kwargs = ml_collections.ConfigDict(dict(mu=5.0, temperature=0.5))
   if setting == '':
     if arg.model == 'fedquad_cnn':  # MOON's own model unless one is asked for.
       c.model = common.model_block('moon_cnn', norm='none')
     c.num_rounds = 100
-    c.local.update(dict(epochs=10, batch_size=64, optimizer='sgd',
-                        learning_rate=0.01, momentum=0.9, weight_decay=1e-5))
+    c.local.update(
+      dict(
+        epochs=10,
+        batch_size=64,
+        optimizer='sgd',
+        learning_rate=0.01,
+        momentum=0.9,
+        weight_decay=1e-5,
+      )
+    )
   if c.model.name != 'moon_cnn':  # moon_cnn has its own head (out_dim).
     c.model.projection_dim = PROJECTION_DIM
   return common.finalize(c, arg)

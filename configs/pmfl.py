@@ -25,12 +25,20 @@ from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, cutoff=50, threshold='previous',
-                         **common.PARTICIPATION_ARGS)
+  arg = common.parse_arg(
+    arg, cutoff=50, threshold='previous', **common.PARTICIPATION_ARGS
+  )
   c = common.participation_setting(arg)
   c.algorithm = 'pmfl'
-  c.algorithm_kwargs = ml_collections.ConfigDict({
-      'contrastive_weight': 0.5, 'temperature': 0.5, 'buffer_size': 5,
-      'threshold': arg.threshold, 'cutoff': arg.cutoff or None,
-      'history_size': 3, 'normalize': 'num_clients'})
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    {
+      'contrastive_weight': 0.5,
+      'temperature': 0.5,
+      'buffer_size': 5,
+      'threshold': arg.threshold,
+      'cutoff': arg.cutoff or None,
+      'history_size': 3,
+      'normalize': 'num_clients',
+    }
+  )
   return common.finalize(c, arg)

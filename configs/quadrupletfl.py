@@ -9,10 +9,12 @@ FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 
   python -m launch.main --config=configs/quadrupletfl.py --workdir=runs/quadrupletfl
-  python -m launch.main --config=configs/quadrupletfl.py:clients=200,alpha=0.3 --workdir=runs/quadrupletfl_c200
+  python -m launch.main --config=configs/quadrupletfl.py:clients=200,alpha=0.3 \
+      --workdir=runs/quadrupletfl_c200
   python -m launch.main --config=configs/quadrupletfl.py:iid --workdir=runs/quadrupletfl_iid
   python -m launch.main --config=configs/quadrupletfl.py:central --workdir=runs/quadrupletfl_central
-  python -m launch.main --config=configs/quadrupletfl.py:dataset=fashion_mnist --workdir=runs/quadrupletfl_fmnist
+  python -m launch.main --config=configs/quadrupletfl.py:dataset=fashion_mnist \
+      --workdir=runs/quadrupletfl_fmnist
 
 Arguments: clients (10), alpha (0.5), iid, model (fedquad_cnn | small_cnn),
 central (one client, IID: the
@@ -29,6 +31,7 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, **common.FEDQUAD_ARGS)
   c = common.fedquad_setting(arg)
   c.algorithm = 'quadrupletfl'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(
-      beta=0.5, margin_1=1.0, margin_2=0.5, squared=False))
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    dict(beta=0.5, margin_1=1.0, margin_2=0.5, squared=False)
+  )
   return common.finalize(c, arg)

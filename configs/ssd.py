@@ -20,6 +20,13 @@ from configs import common
 
 def get_config(arg=None):
   return common.ssl_config(
-      arg, 'ssd', drop_last_cross_silo=True, dsr_weight=1.0,
-      distill_weight=0.1, distill_temperature=0.5, scale=10.0,
-      assign='client_id', uniform_weight=1.0)
+    arg,
+    'ssd',
+    drop_last_cross_silo=True,
+    dsr_weight=1.0,
+    distill_weight=0.1,
+    distill_temperature=0.5,
+    scale=10.0,
+    assign='client_id',
+    uniform_weight=1.0,
+  )

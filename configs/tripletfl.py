@@ -9,10 +9,12 @@ FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 
   python -m launch.main --config=configs/tripletfl.py --workdir=runs/tripletfl
-  python -m launch.main --config=configs/tripletfl.py:clients=200,alpha=0.3 --workdir=runs/tripletfl_c200
+  python -m launch.main --config=configs/tripletfl.py:clients=200,alpha=0.3 \
+      --workdir=runs/tripletfl_c200
   python -m launch.main --config=configs/tripletfl.py:iid --workdir=runs/tripletfl_iid
   python -m launch.main --config=configs/tripletfl.py:central --workdir=runs/tripletfl_central
-  python -m launch.main --config=configs/tripletfl.py:dataset=fashion_mnist --workdir=runs/tripletfl_fmnist
+  python -m launch.main --config=configs/tripletfl.py:dataset=fashion_mnist \
+      --workdir=runs/tripletfl_fmnist
 
 Arguments: clients (10), alpha (0.5), iid, model (fedquad_cnn | small_cnn),
 central (one client, IID: the
@@ -29,6 +31,7 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, **common.FEDQUAD_ARGS)
   c = common.fedquad_setting(arg)
   c.algorithm = 'tripletfl'
-  c.algorithm_kwargs = ml_collections.ConfigDict(dict(
-      beta=0.5, margin=1.0, squared=False))
+  c.algorithm_kwargs = ml_collections.ConfigDict(
+    dict(beta=0.5, margin=1.0, squared=False)
+  )
   return common.finalize(c, arg)

@@ -11,11 +11,12 @@ A round maps ``(server_state, client_table, cohort)`` to the new
   ``server_update``.
 
 An `Algorithm` is seven pure functions and an optional host-side batch
-schedule, FedAvg's by default (algorithms/fedavg.py). This module holds the types, the initial state, local
-training of one client and the two single-program forms of a round: every slot
-vmapped at once, or a scan over chunks of vmapped slots. How a round is run
-(jit, a Python loop over clients, chunk sizes) is executors.py; memory budgets
-are memory.py; device meshes are sharding.py.
+schedule, FedAvg's by default (algorithms/fedavg.py). This module holds the
+types, the initial state, local training of one client and the two
+single-program forms of a round: every slot vmapped at once, or a scan over
+chunks of vmapped slots. How a round is run (jit, a Python loop over clients,
+chunk sizes) is executors.py; memory budgets are memory.py; device meshes are
+sharding.py.
 
 Public API: the types `Algorithm`, `ClientContext`, `Batch`, `ServerState`,
 `Aggregate`, `RoundSpec`, `DeviceData`; `init_state`; the table and reduction
@@ -39,6 +40,7 @@ from fedjax_metric.models import merge_variables, split_variables
 
 class ServerState(NamedTuple):
   """Global state. ``extra`` is the algorithm's own (e.g. past global models)."""
+
   variables: Any
   opt_state: Any
   round: jax.Array  # int32 scalar: rounds completed.
@@ -46,11 +48,11 @@ class ServerState(NamedTuple):
 
 
 class Batch(NamedTuple):
-  images: jax.Array      # float [B, H, W, C], preprocessed (and augmented).
-  labels: jax.Array      # int32 [B]
-  mask: jax.Array        # bool [B]; False for padded examples.
+  images: jax.Array  # float [B, H, W, C], preprocessed (and augmented).
+  labels: jax.Array  # int32 [B]
+  mask: jax.Array  # bool [B]; False for padded examples.
   raw_images: jax.Array  # uint8 [B, H, W, C]: for losses that draw their own
-                         # augmented views (SSD); unused inputs cost nothing.
+  # augmented views (SSD); unused inputs cost nothing.
 
 
 class ClientContext(NamedTuple):
@@ -76,6 +78,7 @@ class ClientContext(NamedTuple):
       In epoch mode the first ceil(n_k / B) batches hold every local example
       once: FedMetric computes its local center and radius this way.
   """
+
   server_state: ServerState
   client_row: Any
   local_state: Any
@@ -94,11 +97,12 @@ class Aggregate(NamedTuple):
 
   ``update_sum = sum_c w_c * update_c`` with ``w_c = 0`` for padding slots.
   """
+
   update_sum: Any
   weight_sum: jax.Array
   num_participants: jax.Array
-  client_ids: jax.Array   # [C]
-  slot_mask: jax.Array    # [C]
+  client_ids: jax.Array  # [C]
+  slot_mask: jax.Array  # [C]
 
 
 class Algorithm(NamedTuple):
@@ -158,6 +162,7 @@ class Algorithm(NamedTuple):
     draws two augmented views of ``batch.raw_images`` with ctx.key;
     ``client_final`` weights by ctx.num_steps (local batches).
   """
+
   init_server: Callable[..., Any]
   init_client: Callable[..., Any]
   client_begin: Callable[..., Any]
@@ -185,6 +190,7 @@ class RoundSpec(NamedTuple):
       width when an algorithm lays several rows out per example (FedQuad's
       4B-wide steps hold B anchors).
   """
+
   algorithm: Algorithm
   client_optimizer: Callable[[Any], optax.GradientTransformation]
   learning_rate: Callable[[Any], Any]
@@ -205,22 +211,24 @@ _BEGIN_KEY, _FINAL_KEY, _SERVER_KEY = 2**31 - 1, 2**31 - 2, 2**31 - 3
 
 class _LocalCarry(NamedTuple):
   """What local training carries from step to step."""
+
   params: Any
   model_state: Any
   opt_state: Any
   local_state: Any
-  loss_sum: jax.Array       # sum over real examples of the step's mean loss
+  loss_sum: jax.Array  # sum over real examples of the step's mean loss
   example_count: jax.Array
 
 
 class _ClientInputs(NamedTuple):
   """One slot's per-round inputs, fixed through its local training."""
+
   client_row: Any
   client_id: jax.Array
   slot: jax.Array
   num_examples: jax.Array  # float32
-  num_steps: jax.Array     # float32: real steps
-  example_idx: jax.Array   # int32 [S, B]: the round's batches
+  num_steps: jax.Array  # float32: real steps
+  example_idx: jax.Array  # int32 [S, B]: the round's batches
   example_mask: jax.Array  # bool [S, B]
 
 
@@ -239,10 +247,10 @@ def init_state(algorithm: Algorithm, variables, num_clients: int, key=None):
   # Copies: rounds donate the state's buffers, the caller keeps `variables`.
   variables = jax.tree.map(jnp.array, variables)
   key = jax.random.key(0) if key is None else key
-  keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(
-      jnp.arange(num_clients))
+  keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(jnp.arange(num_clients))
   client_table = jax.jit(jax.vmap(algorithm.init_client, in_axes=(None, 0)))(
-      variables, keys)
+    variables, keys
+  )
   # A fold-in value no client index reaches.
   server_key = jax.random.fold_in(key, _SERVER_KEY)
   server_state = algorithm.init_server(variables, num_clients, server_key)
@@ -256,14 +264,16 @@ def gather_rows(client_table, client_ids):
 
 def scatter_rows(client_table, client_ids, rows):
   """Writes ``rows`` [C, ...] at ``client_ids``; padding ids are dropped."""
-  return jax.tree.map(lambda t, r: t.at[client_ids].set(r, mode='drop'),
-                      client_table, rows)
+  return jax.tree.map(
+    lambda t, r: t.at[client_ids].set(r, mode='drop'), client_table, rows
+  )
 
 
 def weighted_sum(weights, stacked):
   """``sum_c weights[c] * stacked[c]`` for every leaf: the aggregation."""
   return jax.tree.map(
-      lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), stacked)
+    lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), stacked
+  )
 
 
 def _tree_where(pred, on_true, on_false):
@@ -275,7 +285,6 @@ def _tree_where(pred, on_true, on_false):
 # ---------------------------------------------------------------------------
 
 
-
 def _client_key(spec: RoundSpec, round_idx, client_id, step):
   key = jax.random.fold_in(jax.random.key(spec.seed), round_idx)
   return jax.random.fold_in(jax.random.fold_in(key, client_id), step)
@@ -283,8 +292,12 @@ def _client_key(spec: RoundSpec, round_idx, client_id, step):
 
 def _batch(spec: RoundSpec, data: DeviceData, example_idx, example_mask, key):
   raw_images = data.images[example_idx]
-  return Batch(spec.preprocess(raw_images, key), data.labels[example_idx],
-               example_mask, raw_images)
+  return Batch(
+    spec.preprocess(raw_images, key),
+    data.labels[example_idx],
+    example_mask,
+    raw_images,
+  )
 
 
 def _batch_scanner(spec: RoundSpec, data: DeviceData, inputs: _ClientInputs):
@@ -296,24 +309,38 @@ def _batch_scanner(spec: RoundSpec, data: DeviceData, inputs: _ClientInputs):
     def body(carry, step_inputs):
       return fn(carry, _batch(spec, data, *step_inputs, key)), None
 
-    carry, _ = jax.lax.scan(body, init,
-                            (inputs.example_idx, inputs.example_mask))
+    carry, _ = jax.lax.scan(
+      body, init, (inputs.example_idx, inputs.example_mask)
+    )
     return carry
 
   return scan_batches
 
 
-def _context(spec: RoundSpec, data, server_state, inputs: _ClientInputs,
-             local_state, step, key_data):
+def _context(
+  spec: RoundSpec,
+  data,
+  server_state,
+  inputs: _ClientInputs,
+  local_state,
+  step,
+  key_data,
+):
   return ClientContext(
-      server_state=server_state, client_row=inputs.client_row,
-      local_state=local_state, client_id=inputs.client_id, slot=inputs.slot,
-      key=_client_key(spec, server_state.round, inputs.client_id, key_data),
-      step=jnp.asarray(step, jnp.int32),
-      learning_rate=jnp.asarray(spec.learning_rate(server_state.round),
-                                jnp.float32),
-      num_steps=inputs.num_steps, num_examples=inputs.num_examples,
-      scan_batches=_batch_scanner(spec, data, inputs))
+    server_state=server_state,
+    client_row=inputs.client_row,
+    local_state=local_state,
+    client_id=inputs.client_id,
+    slot=inputs.slot,
+    key=_client_key(spec, server_state.round, inputs.client_id, key_data),
+    step=jnp.asarray(step, jnp.int32),
+    learning_rate=jnp.asarray(
+      spec.learning_rate(server_state.round), jnp.float32
+    ),
+    num_steps=inputs.num_steps,
+    num_examples=inputs.num_examples,
+    scan_batches=_batch_scanner(spec, data, inputs),
+  )
 
 
 def _client_optimizer(spec: RoundSpec, server_state):
@@ -326,40 +353,63 @@ def start_client(spec: RoundSpec, data, server_state, inputs: _ClientInputs):
   variables, local_state = spec.algorithm.client_begin(ctx)
   params, model_state = split_variables(variables)
   zero = jnp.zeros((), jnp.float32)
-  return _LocalCarry(params, model_state,
-                     _client_optimizer(spec, server_state).init(params),
-                     local_state, zero, zero)
+  return _LocalCarry(
+    params,
+    model_state,
+    _client_optimizer(spec, server_state).init(params),
+    local_state,
+    zero,
+    zero,
+  )
 
 
-def _local_step(spec: RoundSpec, data: DeviceData, server_state, inputs,
-                carry: _LocalCarry, example_idx, example_mask, step):
+def _local_step(
+  spec: RoundSpec,
+  data: DeviceData,
+  server_state,
+  inputs,
+  carry: _LocalCarry,
+  example_idx,
+  example_mask,
+  step,
+):
   """One optax step on one batch; a step with no real example is a no-op.
 
   Args:
     example_idx: int32 [B]; example_mask: bool [B]; step: int32 scalar.
   """
   alg = spec.algorithm
-  ctx = _context(spec, data, server_state, inputs, carry.local_state, step,
-                 step)
+  ctx = _context(
+    spec, data, server_state, inputs, carry.local_state, step, step
+  )
   augment_key, loss_key = jax.random.split(ctx.key)
   batch = _batch(spec, data, example_idx, example_mask, augment_key)
   grad_fn = jax.value_and_grad(alg.client_loss, has_aux=True)
   (loss, (model_state, _)), grads = grad_fn(
-      carry.params, carry.model_state, batch, ctx._replace(key=loss_key))
+    carry.params, carry.model_state, batch, ctx._replace(key=loss_key)
+  )
   updates, opt_state = _client_optimizer(spec, server_state).update(
-      grads, carry.opt_state, carry.params)
+    grads, carry.opt_state, carry.params
+  )
   if spec.local_epoch_decay != 1.0:
-    factor = _local_epoch_factor(spec.local_epoch_decay, step,
-                                 inputs.num_examples,
-                                 spec.batch_size or example_idx.shape[0])
+    factor = _local_epoch_factor(
+      spec.local_epoch_decay,
+      step,
+      inputs.num_examples,
+      spec.batch_size or example_idx.shape[0],
+    )
     updates = jax.tree.map(lambda u: u * factor, updates)
   params = optax.apply_updates(carry.params, updates)
   local_state = alg.client_step_end(ctx, params, model_state)
   count = jnp.sum(example_mask.astype(jnp.float32))
-  new = carry._replace(params=params, model_state=model_state,
-                       opt_state=opt_state, local_state=local_state,
-                       loss_sum=carry.loss_sum + loss * count,
-                       example_count=carry.example_count + count)
+  new = carry._replace(
+    params=params,
+    model_state=model_state,
+    opt_state=opt_state,
+    local_state=local_state,
+    loss_sum=carry.loss_sum + loss * count,
+    example_count=carry.example_count + count,
+  )
   return _tree_where(count > 0, new, carry)
 
 
@@ -376,58 +426,117 @@ def _local_epoch_factor(decay, step, num_examples, batch_size):
   return jnp.asarray(decay, jnp.float32) ** epoch
 
 
-def run_steps(spec, data, server_state, inputs, carry, example_idx,
-              example_mask, first_step, *, unroll):
+def run_steps(
+  spec,
+  data,
+  server_state,
+  inputs,
+  carry,
+  example_idx,
+  example_mask,
+  first_step,
+  *,
+  unroll,
+):
   """`_local_step` over the leading axis of ``example_idx`` [K, B] (a scan)."""
   steps = first_step + jnp.arange(example_idx.shape[0], dtype=jnp.int32)
 
   def body(carry, step_inputs):
-    return _local_step(spec, data, server_state, inputs, carry,
-                       *step_inputs), None
+    return _local_step(
+      spec, data, server_state, inputs, carry, *step_inputs
+    ), None
 
-  carry, _ = jax.lax.scan(body, carry, (example_idx, example_mask, steps),
-                          unroll=unroll)
+  carry, _ = jax.lax.scan(
+    body, carry, (example_idx, example_mask, steps), unroll=unroll
+  )
   return carry
 
 
 def finish_client(spec: RoundSpec, data, server_state, inputs, carry):
   """-> (update, weight, new_row, (loss_sum, example_count))."""
-  ctx = _context(spec, data, server_state, inputs, carry.local_state,
-                 inputs.example_idx.shape[0], _FINAL_KEY)
+  ctx = _context(
+    spec,
+    data,
+    server_state,
+    inputs,
+    carry.local_state,
+    inputs.example_idx.shape[0],
+    _FINAL_KEY,
+  )
   end_variables = merge_variables(carry.params, carry.model_state)
   update, weight, new_row = spec.algorithm.client_final(ctx, end_variables)
   return update, weight, new_row, (carry.loss_sum, carry.example_count)
 
 
-def client_inputs(client_row, client_id, slot, num_examples, example_idx,
-                  example_mask):
+def client_inputs(
+  client_row, client_id, slot, num_examples, example_idx, example_mask
+):
   """A slot's `_ClientInputs` from its row, ids and [S, B] batch schedule."""
   num_steps = jnp.sum(jnp.any(example_mask, axis=-1).astype(jnp.float32))
-  return _ClientInputs(client_row, jnp.asarray(client_id, jnp.int32),
-                       jnp.asarray(slot, jnp.int32),
-                       jnp.asarray(num_examples, jnp.float32), num_steps,
-                       example_idx, example_mask)
+  return _ClientInputs(
+    client_row,
+    jnp.asarray(client_id, jnp.int32),
+    jnp.asarray(slot, jnp.int32),
+    jnp.asarray(num_examples, jnp.float32),
+    num_steps,
+    example_idx,
+    example_mask,
+  )
 
 
-def client_update(spec, data, server_state, client_row, client_id, slot,
-                  example_idx, example_mask, num_examples, *, unroll):
+def client_update(
+  spec,
+  data,
+  server_state,
+  client_row,
+  client_id,
+  slot,
+  example_idx,
+  example_mask,
+  num_examples,
+  *,
+  unroll,
+):
   """One client's whole local training: [S, B] indices -> finish outputs."""
-  inputs = client_inputs(client_row, client_id, slot, num_examples,
-                         example_idx, example_mask)
+  inputs = client_inputs(
+    client_row, client_id, slot, num_examples, example_idx, example_mask
+  )
   carry = start_client(spec, data, server_state, inputs)
-  carry = run_steps(spec, data, server_state, inputs, carry, example_idx,
-                    example_mask, jnp.zeros((), jnp.int32), unroll=unroll)
+  carry = run_steps(
+    spec,
+    data,
+    server_state,
+    inputs,
+    carry,
+    example_idx,
+    example_mask,
+    jnp.zeros((), jnp.int32),
+    unroll=unroll,
+  )
   return finish_client(spec, data, server_state, inputs, carry)
 
 
-def finish_round(spec: RoundSpec, server_state, client_table, cohort,
-                 update_sum, weight_sum, loss_sum, example_count):
+def finish_round(
+  spec: RoundSpec,
+  server_state,
+  client_table,
+  cohort,
+  update_sum,
+  weight_sum,
+  loss_sum,
+  example_count,
+):
   """The server's step on the reduced cohort, and the round's metrics."""
-  aggregate = Aggregate(update_sum, weight_sum,
-                        jnp.sum(cohort.slot_mask.astype(jnp.float32)),
-                        cohort.client_ids, cohort.slot_mask)
-  server_state = spec.algorithm.server_update(server_state, aggregate,
-                                              client_table)
+  aggregate = Aggregate(
+    update_sum,
+    weight_sum,
+    jnp.sum(cohort.slot_mask.astype(jnp.float32)),
+    cohort.client_ids,
+    cohort.slot_mask,
+  )
+  server_state = spec.algorithm.server_update(
+    server_state, aggregate, client_table
+  )
   metrics = {'train_loss_sum': loss_sum, 'train_examples': example_count}
   return server_state, client_table, metrics
 
@@ -437,14 +546,21 @@ def zero_update(spec, data, server_state, client_table, example_shape):
 
   ``example_shape`` is a slot's [S, B].
   """
+
   def one_update(server_state, client_table, data):
     zero = jnp.zeros((), jnp.int32)
-    inputs = client_inputs(gather_rows(client_table, zero), zero, zero, 0.0,
-                           jnp.zeros(example_shape, jnp.int32),
-                           jnp.zeros(example_shape, bool))
+    inputs = client_inputs(
+      gather_rows(client_table, zero),
+      zero,
+      zero,
+      0.0,
+      jnp.zeros(example_shape, jnp.int32),
+      jnp.zeros(example_shape, bool),
+    )
     carry = start_client(spec, data, server_state, inputs)
     update, *_ = finish_client(spec, data, server_state, inputs, carry)
     return update
+
   shapes = jax.eval_shape(one_update, server_state, client_table, data)
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -454,40 +570,73 @@ def zero_update(spec, data, server_state, client_table, example_shape):
 # ---------------------------------------------------------------------------
 
 
-def single_program_round(spec: RoundSpec, data, server_state, client_table,
-                         cohort: Cohort, *, chunk_size: int = 0,
-                         unroll: int | bool = 1):
+def single_program_round(
+  spec: RoundSpec,
+  data,
+  server_state,
+  client_table,
+  cohort: Cohort,
+  *,
+  chunk_size: int = 0,
+  unroll: int | bool = 1,
+):
   """The whole round as one traceable function (``vmap`` / ``chunked``).
 
   ``chunk_size = 0`` vmaps all C slots; k > 0 scans over ceil(C / k) chunks of
   k vmapped slots (`_chunked_round`; k = 1 is the sequential form).
   """
   if chunk_size:
-    return _chunked_round(spec, data, server_state, client_table, cohort,
-                          chunk_size=chunk_size, unroll=unroll)
+    return _chunked_round(
+      spec,
+      data,
+      server_state,
+      client_table,
+      cohort,
+      chunk_size=chunk_size,
+      unroll=unroll,
+    )
   slots = jnp.arange(cohort.client_ids.shape[0], dtype=jnp.int32)
-  client_table, *sums = _vmapped_slots(spec, data, server_state, client_table,
-                                       cohort, slots, unroll=unroll)
+  client_table, *sums = _vmapped_slots(
+    spec, data, server_state, client_table, cohort, slots, unroll=unroll
+  )
   return finish_round(spec, server_state, client_table, cohort, *sums)
 
 
-def _vmapped_slots(spec: RoundSpec, data, server_state, client_table,
-                   cohort: Cohort, slots, *, unroll):
+def _vmapped_slots(
+  spec: RoundSpec,
+  data,
+  server_state,
+  client_table,
+  cohort: Cohort,
+  slots,
+  *,
+  unroll,
+):
   """Trains the cohort's slots side by side (vmap) and reduces over them.
 
   Returns ``(client_table with the new rows, update_sum, weight_sum,
   loss_sum, example_count)``; padding slots get weight 0 and write no row.
   """
   rows = gather_rows(client_table, cohort.client_ids)
-  per_client = functools.partial(client_update, spec, data, server_state,
-                                 unroll=unroll)
+  per_client = functools.partial(
+    client_update, spec, data, server_state, unroll=unroll
+  )
   updates, weights, new_rows, (loss_sums, counts) = jax.vmap(per_client)(
-      rows, cohort.client_ids, slots, cohort.example_idx, cohort.example_mask,
-      cohort.num_examples)
+    rows,
+    cohort.client_ids,
+    slots,
+    cohort.example_idx,
+    cohort.example_mask,
+    cohort.num_examples,
+  )
   weights = jnp.where(cohort.slot_mask, weights, 0.0)
-  return (scatter_rows(client_table, cohort.client_ids, new_rows),
-          weighted_sum(weights, updates), jnp.sum(weights),
-          jnp.sum(loss_sums), jnp.sum(counts))
+  return (
+    scatter_rows(client_table, cohort.client_ids, new_rows),
+    weighted_sum(weights, updates),
+    jnp.sum(weights),
+    jnp.sum(loss_sums),
+    jnp.sum(counts),
+  )
 
 
 def _pad_cohort(cohort: Cohort, num_slots: int) -> Cohort:
@@ -499,19 +648,30 @@ def _pad_cohort(cohort: Cohort, num_slots: int) -> Cohort:
   pad = num_slots - cohort.client_ids.shape[0]
   if pad == 0:
     return cohort
+
   def pad_leaf(x, value):
     widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
     return jnp.pad(x, widths, constant_values=value)
+
   return cohort._replace(
-      client_ids=pad_leaf(cohort.client_ids, jnp.iinfo(jnp.int32).max),
-      slot_mask=pad_leaf(cohort.slot_mask, False),
-      example_idx=pad_leaf(cohort.example_idx, 0),
-      example_mask=pad_leaf(cohort.example_mask, False),
-      num_examples=pad_leaf(cohort.num_examples, 0))
+    client_ids=pad_leaf(cohort.client_ids, jnp.iinfo(jnp.int32).max),
+    slot_mask=pad_leaf(cohort.slot_mask, False),
+    example_idx=pad_leaf(cohort.example_idx, 0),
+    example_mask=pad_leaf(cohort.example_mask, False),
+    num_examples=pad_leaf(cohort.num_examples, 0),
+  )
 
 
-def _chunked_round(spec: RoundSpec, data, server_state, client_table,
-                   cohort: Cohort, *, chunk_size: int, unroll: int | bool = 1):
+def _chunked_round(
+  spec: RoundSpec,
+  data,
+  server_state,
+  client_table,
+  cohort: Cohort,
+  *,
+  chunk_size: int,
+  unroll: int | bool = 1,
+):
   """The round as a scan over chunks of k vmapped slots.
 
   Memory is O(k * one client's training + model + client table) for any C:
@@ -528,18 +688,26 @@ def _chunked_round(spec: RoundSpec, data, server_state, client_table,
   slots = jnp.arange(num_chunks * k, dtype=jnp.int32)
   # [C, ...] -> [k, m, ...] -> [m, k, ...]: the scan runs over m chunks.
   chunks = jax.tree.map(
-      lambda x: jnp.swapaxes(x.reshape((k, num_chunks) + x.shape[1:]), 0, 1),
-      (padded, slots))
+    lambda x: jnp.swapaxes(x.reshape((k, num_chunks) + x.shape[1:]), 0, 1),
+    (padded, slots),
+  )
 
   def one_chunk(carry, chunk):
     table, *sums = carry
-    table, *chunk_sums = _vmapped_slots(spec, data, server_state, table,
-                                        *chunk, unroll=unroll)
+    table, *chunk_sums = _vmapped_slots(
+      spec, data, server_state, table, *chunk, unroll=unroll
+    )
     return (table, *jax.tree.map(jnp.add, sums, chunk_sums)), None
 
   zero = jnp.zeros((), jnp.float32)
-  carry = (client_table,
-           zero_update(spec, data, server_state, client_table,
-                       cohort.example_idx.shape[1:]), zero, zero, zero)
+  carry = (
+    client_table,
+    zero_update(
+      spec, data, server_state, client_table, cohort.example_idx.shape[1:]
+    ),
+    zero,
+    zero,
+    zero,
+  )
   (client_table, *sums), _ = jax.lax.scan(one_chunk, carry, chunks)
   return finish_round(spec, server_state, client_table, cohort, *sums)

@@ -18,9 +18,7 @@ import struct
 import time
 from typing import Iterator, List, NamedTuple, Tuple
 
-from tensorboardX import event_file_writer
-from tensorboardX import record_writer
-from tensorboardX import summary
+from tensorboardX import event_file_writer, record_writer, summary
 from tensorboardX.proto import event_pb2
 
 PATTERN = 'events.out.tfevents.*'
@@ -39,12 +37,17 @@ class ScalarWriter:
 
   def __init__(self, workdir: str, suffix: str = ''):
     self._writer = event_file_writer.EventsWriter(
-        os.path.join(workdir, 'events'), suffix)
+      os.path.join(workdir, 'events'), suffix
+    )
 
   def add_scalar(self, tag: str, value: float, step: int) -> None:
-    self._writer.write_event(event_pb2.Event(
-        wall_time=time.time(), step=int(step),
-        summary=summary.scalar(tag, float(value))))
+    self._writer.write_event(
+      event_pb2.Event(
+        wall_time=time.time(),
+        step=int(step),
+        summary=summary.scalar(tag, float(value)),
+      )
+    )
 
   def flush(self) -> None:
     if self._writer:
@@ -58,7 +61,7 @@ class ScalarWriter:
 
 
 class Record(NamedTuple):
-  raw: bytes             # The whole record as stored, checksums included.
+  raw: bytes  # The whole record as stored, checksums included.
   event: event_pb2.Event
 
 
@@ -75,14 +78,16 @@ def read_records(path: str) -> Tuple[List[Record], bool]:
     length, length_crc = _HEADER.unpack_from(data, offset)
     start = offset + _HEADER.size
     end = start + length
-    if (length_crc != record_writer.masked_crc32c(data[offset:offset + 8]) or
-        end + _FOOTER.size > len(data) or
-        _FOOTER.unpack_from(data, end)[0] !=
-        record_writer.masked_crc32c(data[start:end])):
+    if (
+      length_crc != record_writer.masked_crc32c(data[offset : offset + 8])
+      or end + _FOOTER.size > len(data)
+      or _FOOTER.unpack_from(data, end)[0]
+      != record_writer.masked_crc32c(data[start:end])
+    ):
       return records, False
     event = event_pb2.Event()
     event.ParseFromString(data[start:end])
-    records.append(Record(data[offset:end + _FOOTER.size], event))
+    records.append(Record(data[offset : end + _FOOTER.size], event))
     offset = end + _FOOTER.size
   return records, offset == len(data)
 
@@ -92,8 +97,12 @@ def scalars(workdir: str) -> Iterator[Tuple[str, int, str, float]]:
   for path in sorted(glob.glob(os.path.join(workdir, PATTERN))):
     for record in read_records(path)[0]:
       for value in record.event.summary.value:
-        yield os.path.basename(path), record.event.step, value.tag, (
-            value.simple_value)
+        yield (
+          os.path.basename(path),
+          record.event.step,
+          value.tag,
+          (value.simple_value),
+        )
 
 
 def prune(workdir: str, last_round: int) -> None:
@@ -106,8 +115,11 @@ def prune(workdir: str, last_round: int) -> None:
   """
   for path in glob.glob(os.path.join(workdir, PATTERN)):
     records, intact = read_records(path)
-    kept = [r for r in records
-            if not (r.event.HasField('summary') and r.event.step > last_round)]
+    kept = [
+      r
+      for r in records
+      if not (r.event.HasField('summary') and r.event.step > last_round)
+    ]
     if intact and len(kept) == len(records):
       continue
     if not any(r.event.HasField('summary') for r in kept):

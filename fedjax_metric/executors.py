@@ -45,10 +45,13 @@ def matmul_precision(precision: str):
   differ only in 'bf16'.
   """
   if precision not in PRECISIONS:
-    raise ValueError(f'Unknown precision {precision!r}; use one of '
-                     f'{PRECISIONS} (--config.precision).')
+    raise ValueError(
+      f'Unknown precision {precision!r}; use one of '
+      f'{PRECISIONS} (--config.precision).'
+    )
   return jax.default_matmul_precision(
-      'highest' if precision == 'highest' else 'default')
+    'highest' if precision == 'highest' else 'default'
+  )
 
 
 class ExecutorChoice(NamedTuple):
@@ -61,15 +64,20 @@ class ExecutorChoice(NamedTuple):
       memory budget: `fit_to_memory` does it.
     reason: why this was chosen, for the log.
   """
+
   name: str
   chunk_size: int = 0
   fit_to_memory: bool = False
   reason: str = ''
 
 
-def choose_executor(requested: str, *, chunk_size: int = 0,
-                    backend: Optional[str] = None,
-                    process_count: Optional[int] = None) -> ExecutorChoice:
+def choose_executor(
+  requested: str,
+  *,
+  chunk_size: int = 0,
+  backend: Optional[str] = None,
+  process_count: Optional[int] = None,
+) -> ExecutorChoice:
   """Resolves an executor name, ``auto`` included, before anything is built.
 
   ``auto`` is ``host`` on a one-process CPU run (measured fastest there,
@@ -80,8 +88,10 @@ def choose_executor(requested: str, *, chunk_size: int = 0,
   processes.
   """
   if requested not in EXECUTORS:
-    raise ValueError(f'Unknown executor {requested!r}; choose one of '
-                     f'{EXECUTORS} (--config.executor).')
+    raise ValueError(
+      f'Unknown executor {requested!r}; choose one of '
+      f'{EXECUTORS} (--config.executor).'
+    )
   if chunk_size < 0:
     raise ValueError(f'chunk_size must be >= 0, got {chunk_size}.')
   backend = backend or jax.default_backend()
@@ -89,23 +99,31 @@ def choose_executor(requested: str, *, chunk_size: int = 0,
   if requested == 'auto':
     if backend == 'cpu' and process_count == 1:
       return ExecutorChoice('host', reason='auto: host on one CPU process')
-    return ExecutorChoice('vmap', fit_to_memory=True,
-                          reason=f'auto: vmap on {backend} x{process_count}')
+    return ExecutorChoice(
+      'vmap',
+      fit_to_memory=True,
+      reason=f'auto: vmap on {backend} x{process_count}',
+    )
   if requested == 'host' and process_count > 1:
     raise ValueError(
-        f'executor=host cannot span {process_count} processes; use '
-        '--config.executor=vmap (or chunked / sequential, or auto).')
+      f'executor=host cannot span {process_count} processes; use '
+      '--config.executor=vmap (or chunked / sequential, or auto).'
+    )
   if requested == 'sequential':
     return ExecutorChoice('chunked', 1, reason='sequential: chunks of 1')
   if requested == 'chunked':
-    return ExecutorChoice('chunked', chunk_size,
-                          fit_to_memory=chunk_size == 0)
+    return ExecutorChoice('chunked', chunk_size, fit_to_memory=chunk_size == 0)
   return ExecutorChoice(requested)
 
 
-def fit_to_memory(choice: ExecutorChoice, memory_model: Callable[[], tuple], *,
-                  memory_budget: int, num_slots: int,
-                  num_devices: int = 1) -> ExecutorChoice:
+def fit_to_memory(
+  choice: ExecutorChoice,
+  memory_model: Callable[[], tuple],
+  *,
+  memory_budget: int,
+  num_slots: int,
+  num_devices: int = 1,
+) -> ExecutorChoice:
   """Settles a choice that depends on memory (see `choose_executor`).
 
   Args:
@@ -120,19 +138,28 @@ def fit_to_memory(choice: ExecutorChoice, memory_model: Callable[[], tuple], *,
   if not choice.fit_to_memory:
     return choice
   fixed, per_slot = memory_model()
-  k = memory.choose_chunk_size(fixed, per_slot, memory_budget, num_slots,
-                               num_devices)
-  gib = 1024 ** 3
-  budget = (f'{fixed / gib:.2f} GiB fixed + {per_slot / 1024 ** 2:.1f} MiB '
-            f'per client slot, budget {memory_budget / gib:.2f} GiB per device')
+  k = memory.choose_chunk_size(
+    fixed, per_slot, memory_budget, num_slots, num_devices
+  )
+  gib = 1024**3
+  budget = (
+    f'{fixed / gib:.2f} GiB fixed + {per_slot / 1024**2:.1f} MiB '
+    f'per client slot, budget {memory_budget / gib:.2f} GiB per device'
+  )
   if choice.name == 'vmap' and k >= num_slots:
     return ExecutorChoice('vmap', reason=f'{choice.reason}; fits: {budget}')
   return ExecutorChoice('chunked', k, reason=f'{budget} -> chunks of {k}')
 
 
-def make_round_fn(spec: engine.RoundSpec, data: engine.DeviceData, *,
-                  executor, chunk_size: int = 0, steps_per_call: int = 10,
-                  unroll: int | bool = 1):
+def make_round_fn(
+  spec: engine.RoundSpec,
+  data: engine.DeviceData,
+  *,
+  executor,
+  chunk_size: int = 0,
+  steps_per_call: int = 10,
+  unroll: int | bool = 1,
+):
   """``(server_state, client_table, cohort) -> (state, table, metrics)``.
 
   ``executor`` is an `ExecutorChoice`, or a name resolved by
@@ -143,12 +170,15 @@ def make_round_fn(spec: engine.RoundSpec, data: engine.DeviceData, *,
   if isinstance(executor, str):
     choice = choose_executor(executor, chunk_size=chunk_size)
   if choice.name == 'chunked' and choice.chunk_size < 1:
-    raise ValueError('executor=chunked needs chunk_size >= 1 '
-                     '(--config.chunk_size=K), or a memory budget to pick it.')
+    raise ValueError(
+      'executor=chunked needs chunk_size >= 1 '
+      '(--config.chunk_size=K), or a memory budget to pick it.'
+    )
   if choice.name == 'host':
     return make_host_loop_round_fn(spec, data, steps_per_call=steps_per_call)
-  return make_single_program_round_fn(spec, data, chunk_size=choice.chunk_size,
-                                      unroll=unroll)
+  return make_single_program_round_fn(
+    spec, data, chunk_size=choice.chunk_size, unroll=unroll
+  )
 
 
 def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
@@ -163,9 +193,15 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
   # baked into the program as a constant.
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def jitted(server_state, client_table, cohort, data):
-    return engine.single_program_round(spec, data, server_state, client_table,
-                                       cohort, chunk_size=chunk_size,
-                                       unroll=unroll)
+    return engine.single_program_round(
+      spec,
+      data,
+      server_state,
+      client_table,
+      cohort,
+      chunk_size=chunk_size,
+      unroll=unroll,
+    )
 
   def round_fn(server_state, client_table, cohort):
     return jitted(server_state, client_table, cohort, data)
@@ -176,6 +212,7 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
 
 class HostLoopFns(NamedTuple):
   """The jitted pieces the ``host`` executor strings together."""
+
   zero_accumulator: Callable
   begin: Callable
   steps: Callable
@@ -197,57 +234,109 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   compiles once per run.
   """
 
-  def begin_body(server_state, client_table, client_id, slot, num_examples,
-                 example_idx, example_mask, data):
+  def begin_body(
+    server_state,
+    client_table,
+    client_id,
+    slot,
+    num_examples,
+    example_idx,
+    example_mask,
+    data,
+  ):
     row = engine.gather_rows(client_table, client_id)
-    inputs = engine.client_inputs(row, client_id, slot, num_examples,
-                                  example_idx, example_mask)
+    inputs = engine.client_inputs(
+      row, client_id, slot, num_examples, example_idx, example_mask
+    )
     return inputs, engine.start_client(spec, data, server_state, inputs)
 
-  def steps_body(server_state, inputs, carry, example_idx, example_mask,
-                 first_step, data):
-    return engine.run_steps(spec, data, server_state, inputs, carry,
-                            example_idx, example_mask, first_step,
-                            unroll=unroll)
+  def steps_body(
+    server_state, inputs, carry, example_idx, example_mask, first_step, data
+  ):
+    return engine.run_steps(
+      spec,
+      data,
+      server_state,
+      inputs,
+      carry,
+      example_idx,
+      example_mask,
+      first_step,
+      unroll=unroll,
+    )
 
-  def finish_body(server_state, client_table, inputs, accumulator, carry,
-                  data):
+  def finish_body(server_state, client_table, inputs, accumulator, carry, data):
     update, weight, new_row, (loss_sum, count) = engine.finish_client(
-        spec, data, server_state, inputs, carry)
+      spec, data, server_state, inputs, carry
+    )
     client_table = engine.scatter_rows(client_table, inputs.client_id, new_row)
     update_sum, weight_sum, loss_total, count_total = accumulator
-    accumulator = (jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
-                   weight_sum + weight, loss_total + loss_sum,
-                   count_total + count)
+    accumulator = (
+      jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
+      weight_sum + weight,
+      loss_total + loss_sum,
+      count_total + count,
+    )
     return client_table, accumulator
 
   @functools.partial(jax.jit, donate_argnums=(1, 2))
-  def whole_client(server_state, client_table, accumulator, client_id, slot,
-                   num_examples, example_idx, example_mask, data):
-    inputs, carry = begin_body(server_state, client_table, client_id, slot,
-                               num_examples, example_idx, example_mask, data)
-    carry = steps_body(server_state, inputs, carry, example_idx, example_mask,
-                       jnp.zeros((), jnp.int32), data)
-    return finish_body(server_state, client_table, inputs, accumulator, carry,
-                       data)
+  def whole_client(
+    server_state,
+    client_table,
+    accumulator,
+    client_id,
+    slot,
+    num_examples,
+    example_idx,
+    example_mask,
+    data,
+  ):
+    inputs, carry = begin_body(
+      server_state,
+      client_table,
+      client_id,
+      slot,
+      num_examples,
+      example_idx,
+      example_mask,
+      data,
+    )
+    carry = steps_body(
+      server_state,
+      inputs,
+      carry,
+      example_idx,
+      example_mask,
+      jnp.zeros((), jnp.int32),
+      data,
+    )
+    return finish_body(
+      server_state, client_table, inputs, accumulator, carry, data
+    )
 
   @functools.partial(jax.jit, static_argnums=(3,))
   def zero_accumulator(server_state, client_table, data, example_shape):
     # Made on the device: a jnp.zeros here would be a host-to-device transfer.
     # The four outputs are distinct buffers, as `finish` donates them.
-    return (engine.zero_update(spec, data, server_state, client_table,
-                               example_shape),
-            *(jnp.zeros((), jnp.float32) for _ in range(3)))
+    return (
+      engine.zero_update(spec, data, server_state, client_table, example_shape),
+      *(jnp.zeros((), jnp.float32) for _ in range(3)),
+    )
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def server(server_state, client_table, cohort, accumulator):
-    return engine.finish_round(spec, server_state, client_table, cohort,
-                               *accumulator)
+    return engine.finish_round(
+      spec, server_state, client_table, cohort, *accumulator
+    )
 
   fns = HostLoopFns(
-      zero_accumulator, jax.jit(begin_body), jax.jit(steps_body),
-      jax.jit(finish_body, donate_argnums=(1, 3)),
-      whole_client, server)
+    zero_accumulator,
+    jax.jit(begin_body),
+    jax.jit(steps_body),
+    jax.jit(finish_body, donate_argnums=(1, 3)),
+    whole_client,
+    server,
+  )
 
   def round_fn(server_state, client_table, cohort: Cohort):
     host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
@@ -257,29 +346,50 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     pad = (-num_steps) % k
     example_idx = np.pad(host.example_idx, ((0, 0), (0, pad), (0, 0)))
     example_mask = np.pad(host.example_mask, ((0, 0), (0, pad), (0, 0)))
-    accumulator = fns.zero_accumulator(server_state, client_table, data,
-                                       host.example_idx.shape[1:])
+    accumulator = fns.zero_accumulator(
+      server_state, client_table, data, host.example_idx.shape[1:]
+    )
     for slot in np.flatnonzero(host.slot_mask):
       # One transfer per slot of its index arrays, which the round needs anyway.
-      client = (host.client_ids[slot], np.int32(slot), host.num_examples[slot],
-                host.example_idx[slot], host.example_mask[slot])
+      client = (
+        host.client_ids[slot],
+        np.int32(slot),
+        host.num_examples[slot],
+        host.example_idx[slot],
+        host.example_mask[slot],
+      )
       if num_steps + pad == k:
         client_table, accumulator = fns.whole_client(
-            server_state, client_table, accumulator, *jax.device_put(client),
-            data)
+          server_state, client_table, accumulator, *jax.device_put(client), data
+        )
         continue
-      live_blocks = [first for first in range(0, num_steps + pad, k)
-                     if example_mask[slot, first:first + k].any()]
+      live_blocks = [
+        first
+        for first in range(0, num_steps + pad, k)
+        if example_mask[slot, first : first + k].any()
+      ]
       client, blocks = jax.device_put(
-          (client, [(example_idx[slot, f:f + k], example_mask[slot, f:f + k],
-                     np.int32(f)) for f in live_blocks]))
+        (
+          client,
+          [
+            (
+              example_idx[slot, f : f + k],
+              example_mask[slot, f : f + k],
+              np.int32(f),
+            )
+            for f in live_blocks
+          ],
+        )
+      )
       inputs, carry = fns.begin(server_state, client_table, *client, data)
       for block in blocks:
         carry = fns.steps(server_state, inputs, carry, *block, data)
-      client_table, accumulator = fns.finish(server_state, client_table,
-                                             inputs, accumulator, carry, data)
-    return fns.server(server_state, client_table, jax.device_put(host),
-                      accumulator)
+      client_table, accumulator = fns.finish(
+        server_state, client_table, inputs, accumulator, carry, data
+      )
+    return fns.server(
+      server_state, client_table, jax.device_put(host), accumulator
+    )
 
   round_fn.fns = fns
   return round_fn

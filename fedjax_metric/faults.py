@@ -56,8 +56,10 @@ class StopSignals:
     self.signal_name = signal.Signals(signum).name
     previous = self._previous.get(signum)
     signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-    sys.stderr.write(f'{self.signal_name}: stopping after the round in '
-                     'progress, with a checkpoint (again: stop at once).\n')
+    sys.stderr.write(
+      f'{self.signal_name}: stopping after the round in '
+      'progress, with a checkpoint (again: stop at once).\n'
+    )
 
   def agreed(self) -> Optional[str]:
     """The signal's name if any process of the run got one, else None.
@@ -69,8 +71,12 @@ class StopSignals:
     if jax.process_count() == 1:
       return self.signal_name
     got = multihost_utils.process_allgather(
-        np.int32(0 if self.signal_name is None else
-                 signal.Signals[self.signal_name].value))
+      np.int32(
+        0
+        if self.signal_name is None
+        else signal.Signals[self.signal_name].value
+      )
+    )
     got = [int(g) for g in np.ravel(got) if g]
     return signal.Signals(got[0]).name if got else None
 
@@ -86,8 +92,9 @@ class StopSignals:
     return False
 
 
-def pause_if_asked(workdir: str, done: int, stop: StopSignals,
-                   manager: ocp.CheckpointManager) -> None:
+def pause_if_asked(
+  workdir: str, done: int, stop: StopSignals, manager: ocp.CheckpointManager
+) -> None:
   """The test hook (PAUSE_ENV_VAR): waits for a signal after round ``done``."""
   if os.environ.get(PAUSE_ENV_VAR) != str(done):
     return
@@ -106,8 +113,11 @@ def _finite(leaves):
 
 def all_finite(tree) -> bool:
   """Whether every floating-point value in ``tree`` is finite."""
-  leaves = [x for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  leaves = [
+    x
+    for x in jax.tree.leaves(tree)
+    if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+  ]
   return not leaves or bool(np.asarray(_finite(leaves)))
 
 
@@ -120,8 +130,13 @@ def _reason(error: BaseException) -> str:
 
 
 def restore_newest_readable(
-    directory: str, template: Any, *, workdir: str, chief: bool,
-    report: Callable[[str], None]) -> Tuple[Optional[int], Any]:
+  directory: str,
+  template: Any,
+  *,
+  workdir: str,
+  chief: bool,
+  report: Callable[[str], None],
+) -> Tuple[Optional[int], Any]:
   """``(step, restored)`` of the newest usable checkpoint in ``directory``
   (an orbax `CheckpointManager`'s, one unnamed item per step); ``(None,
   None)`` when there is none.
@@ -138,13 +153,17 @@ def restore_newest_readable(
       moved: the cause may be a code change rather than the files).
   """
   failures: List[Tuple[int, str]] = []
-  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()),
-                 reverse=True) if os.path.isdir(directory) else []
+  steps = (
+    sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
+    if os.path.isdir(directory)
+    else []
+  )
   for step in steps:
     try:
       with ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(
-            os.path.join(directory, str(step), 'default'), template)
+          os.path.join(directory, str(step), 'default'), template
+        )
       if not all_finite(restored):
         raise FloatingPointError('it holds NaN or infinite values')
     except Exception as e:  # pylint: disable=broad-except
@@ -155,16 +174,19 @@ def restore_newest_readable(
       _move_aside(directory, [s for s, _ in failures], workdir, chief)
       why = '; '.join(f'round {s}: {r}' for s, r in failures)
       rounds = ', '.join(str(s) for s, _ in failures)
-      report(f'Checkpoint(s) of round(s) {rounds} cannot be restored ({why}); '
-             'moved to '
-             f'{os.path.join(workdir, UNREADABLE_DIR)}. Resuming from the '
-             f'newest readable one, round {step}.')
+      report(
+        f'Checkpoint(s) of round(s) {rounds} cannot be restored ({why}); '
+        'moved to '
+        f'{os.path.join(workdir, UNREADABLE_DIR)}. Resuming from the '
+        f'newest readable one, round {step}.'
+      )
     return step, restored
   if failures:
     why = '; '.join(f'round {s}: {r}' for s, r in failures)
     raise CheckpointError(
-        f'No checkpoint in {directory} can be restored ({why}). Delete that '
-        'directory to start the run over, or use a new --workdir.')
+      f'No checkpoint in {directory} can be restored ({why}). Delete that '
+      'directory to start the run over, or use a new --workdir.'
+    )
   return None, None
 
 

@@ -41,18 +41,23 @@ def default_memory_budget(device=None) -> int:
 
 def tree_bytes(tree) -> int:
   """Bytes of a pytree of arrays or ShapeDtypeStructs."""
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-             for x in jax.tree.leaves(tree))
+  return sum(
+    int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+    for x in jax.tree.leaves(tree)
+  )
 
 
-def client_table_bytes(algorithm: engine.Algorithm, variables, num_clients: int) -> int:
+def client_table_bytes(
+  algorithm: engine.Algorithm, variables, num_clients: int
+) -> int:
   """Bytes of the N-row client table, found without allocating it."""
   row = jax.eval_shape(algorithm.init_client, variables, jax.random.key(0))
   return num_clients * tree_bytes(row)
 
 
-def check_client_table_fits(table_bytes: int, num_clients: int,
-                            budget_bytes: int):
+def check_client_table_fits(
+  table_bytes: int, num_clients: int, budget_bytes: int
+):
   """Raises `MemoryBudgetError` (with the options) if the table cannot fit.
 
   The table is replicated on every device of the mesh, so the budget is one
@@ -61,21 +66,29 @@ def check_client_table_fits(table_bytes: int, num_clients: int,
   """
   if table_bytes <= budget_bytes:
     return
-  gb = 1024 ** 3
+  gb = 1024**3
   row = table_bytes / max(num_clients, 1)
   raise MemoryBudgetError(
-      f'The per-client state table needs {table_bytes / gb:.2f} GiB '
-      f'({num_clients:,} clients x {row / 1024 ** 2:.2f} MiB per client), more '
-      f'than the memory budget of {budget_bytes / gb:.2f} GiB per device. '
-      'Options: fewer clients (--config.num_clients); fewer history/buffer '
-      'slots for algorithms that keep several models per client; a smaller '
-      'model; or a larger --config.memory_budget_gb if the device really has '
-      'the memory. (Chunking bounds the round\'s working memory, not the '
-      'table, which every round reads and writes.)')
+    f'The per-client state table needs {table_bytes / gb:.2f} GiB '
+    f'({num_clients:,} clients x {row / 1024**2:.2f} MiB per client), more '
+    f'than the memory budget of {budget_bytes / gb:.2f} GiB per device. '
+    'Options: fewer clients (--config.num_clients); fewer history/buffer '
+    'slots for algorithms that keep several models per client; a smaller '
+    'model; or a larger --config.memory_budget_gb if the device really has '
+    "the memory. (Chunking bounds the round's working memory, not the "
+    'table, which every round reads and writes.)'
+  )
 
 
-def chunk_memory_model(spec: engine.RoundSpec, data, server_state, client_table,
-                       example_shape, *, unroll=1):
+def chunk_memory_model(
+  spec: engine.RoundSpec,
+  data,
+  server_state,
+  client_table,
+  example_shape,
+  *,
+  unroll=1,
+):
   """``(fixed_bytes, bytes_per_slot)`` of the chunked round, from XLA.
 
   Compiles the chunked round for cohorts of 1 and 2 slots (one chunk each)
@@ -83,21 +96,35 @@ def chunk_memory_model(spec: engine.RoundSpec, data, server_state, client_table,
   donated aliases). Working memory grows linearly in the chunk size k, so
   two points fix the line. ``example_shape`` is a slot's [S, B].
   """
+
   def cohort_of(k):
     spec_of = jax.ShapeDtypeStruct
-    return Cohort(spec_of((k,), jnp.int32), spec_of((k,), jnp.bool_),
-                  spec_of((k, *example_shape), jnp.int32),
-                  spec_of((k, *example_shape), jnp.bool_),
-                  spec_of((k,), jnp.float32))
+    return Cohort(
+      spec_of((k,), jnp.int32),
+      spec_of((k,), jnp.bool_),
+      spec_of((k, *example_shape), jnp.int32),
+      spec_of((k, *example_shape), jnp.bool_),
+      spec_of((k,), jnp.float32),
+    )
 
   def total(k):
-    round_fn = jax.jit(functools.partial(
-        engine.single_program_round, spec, chunk_size=k, unroll=unroll),
-        donate_argnums=(1, 2))
-    analysis = round_fn.lower(data, server_state, client_table,
-                              cohort_of(k)).compile().memory_analysis()
-    return (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes +
-            analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+    round_fn = jax.jit(
+      functools.partial(
+        engine.single_program_round, spec, chunk_size=k, unroll=unroll
+      ),
+      donate_argnums=(1, 2),
+    )
+    analysis = (
+      round_fn.lower(data, server_state, client_table, cohort_of(k))
+      .compile()
+      .memory_analysis()
+    )
+    return (
+      analysis.argument_size_in_bytes
+      + analysis.temp_size_in_bytes
+      + analysis.output_size_in_bytes
+      - analysis.alias_size_in_bytes
+    )
 
   one, two = total(1), total(2)
   per_slot = max(two - one, 1)
@@ -108,9 +135,13 @@ def chunk_memory_model(spec: engine.RoundSpec, data, server_state, client_table,
   return max(one - per_slot, floor), per_slot
 
 
-def choose_chunk_size(fixed_bytes: int, bytes_per_slot: int,
-                      budget_bytes: int, num_slots: int,
-                      num_devices: int = 1) -> int:
+def choose_chunk_size(
+  fixed_bytes: int,
+  bytes_per_slot: int,
+  budget_bytes: int,
+  num_slots: int,
+  num_devices: int = 1,
+) -> int:
   """The largest chunk size k whose round fits ``budget_bytes`` per device.
 
   A chunk's k slots split over the D devices, so one device holds
@@ -119,11 +150,12 @@ def choose_chunk_size(fixed_bytes: int, bytes_per_slot: int,
   """
   per_device = (budget_bytes - fixed_bytes) // bytes_per_slot
   if per_device < 1:
-    gb = 1024 ** 3
+    gb = 1024**3
     raise MemoryBudgetError(
-        f'Even one client per device needs {(fixed_bytes + bytes_per_slot) / gb:.2f} '
-        f'GiB, over the memory budget of {budget_bytes / gb:.2f} GiB per '
-        'device. Lower --config.local.batch_size, use a smaller model, or '
-        'raise --config.memory_budget_gb if the device has the memory.')
+      f'Even one client per device needs {(fixed_bytes + bytes_per_slot) / gb:.2f} '
+      f'GiB, over the memory budget of {budget_bytes / gb:.2f} GiB per '
+      'device. Lower --config.local.batch_size, use a smaller model, or '
+      'raise --config.memory_budget_gb if the device has the memory.'
+    )
   most = num_devices * -(-num_slots // num_devices)
   return int(min(per_device * num_devices, most))

@@ -27,27 +27,35 @@ def make_mesh(num_devices: int | None = None, *, backend: str | None = None):
   ``backend`` ('cpu', 'gpu', ...) picks devices other than the default
   backend's, e.g. simulated CPU devices on a one-GPU machine.
   """
-  if (num_devices and jax.process_count() > 1
-      and num_devices != jax.device_count()):
+  if (
+    num_devices
+    and jax.process_count() > 1
+    and num_devices != jax.device_count()
+  ):
     raise ValueError(
-        f'num_devices={num_devices} with {jax.process_count()} processes: a '
-        f'multi-process mesh spans all {jax.device_count()} devices. Set '
-        '--config.num_devices=0.')
+      f'num_devices={num_devices} with {jax.process_count()} processes: a '
+      f'multi-process mesh spans all {jax.device_count()} devices. Set '
+      '--config.num_devices=0.'
+    )
   devices = jax.devices(backend)
   if num_devices:
     if num_devices > len(devices):
       raise ValueError(
-          f'num_devices={num_devices}, but only {len(devices)} '
-          f'{devices[0].platform} device(s) exist. Lower --config.num_devices '
-          '(0 = all).')
+        f'num_devices={num_devices}, but only {len(devices)} '
+        f'{devices[0].platform} device(s) exist. Lower --config.num_devices '
+        '(0 = all).'
+      )
     devices = devices[:num_devices]
-  return jax.sharding.Mesh(np.asarray(devices), ('clients',),
-                           axis_types=(jax.sharding.AxisType.Auto,))
+  return jax.sharding.Mesh(
+    np.asarray(devices), ('clients',), axis_types=(jax.sharding.AxisType.Auto,)
+  )
 
 
 def shard_cohort(cohort: Cohort, mesh) -> Cohort:
   """Puts every cohort array on the mesh, split along its leading [C] axis."""
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('clients'))
+  sharding = jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec('clients')
+  )
   return put_global(cohort, sharding)
 
 
@@ -74,12 +82,14 @@ def _global_array(x, sharding):
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     return jax.device_put(x, sharding)  # Already global: a reshard.
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(
-      x.dtype, jax.dtypes.prng_key):
+    x.dtype, jax.dtypes.prng_key
+  ):
     data = _global_array(jax.random.key_data(x), sharding)
     return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
   value = np.asarray(x)
-  return jax.make_array_from_callback(value.shape, sharding,
-                                      lambda index: value[index])
+  return jax.make_array_from_callback(
+    value.shape, sharding, lambda index: value[index]
+  )
 
 
 def local_copy(tree):
@@ -90,10 +100,12 @@ def local_copy(tree):
   first local shard is its whole value; anything else is all-gathered, a
   collective every process must reach. Local arrays pass through unchanged.
   """
+
   def one(x):
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
       return x
     if x.is_fully_replicated:
       return x.addressable_data(0)
     return multihost_utils.process_allgather(x, tiled=True)
+
   return jax.tree.map(one, tree)

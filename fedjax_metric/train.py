@@ -37,10 +37,19 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
 
-from fedjax_metric import algorithms, engine, executors, faults
-from fedjax_metric import memory, models, optimizers, sharding, validation
-from fedjax_metric.data import augment, cohort as cohort_lib, partition
-from fedjax_metric.data import participation, sources
+from fedjax_metric import (
+  algorithms,
+  engine,
+  executors,
+  faults,
+  memory,
+  models,
+  optimizers,
+  sharding,
+  validation,
+)
+from fedjax_metric.data import augment, participation, partition, sources
+from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.evaluation import protocols
 
 # Keys whose change between a run and its resumption is harmless.
@@ -59,14 +68,32 @@ def make_partition(config, labels):
   if p.method == 'iid':
     return partition.iid(labels, n, seed=config.seed)
   if p.method == 'dirichlet':
-    return partition.dirichlet(labels, n, p.alpha, seed=config.seed,
-                               variant=p.variant, min_size=p.min_size)
+    return partition.dirichlet(
+      labels,
+      n,
+      p.alpha,
+      seed=config.seed,
+      variant=p.variant,
+      min_size=p.min_size,
+    )
   if p.method == 'shards':
     return partition.shards(labels, n, p.classes_per_client, seed=config.seed)
   if p.method == 'one_class':
     return one_class_partition(config, labels)
-  raise ValueError(f'Unknown partition.method {p.method!r}; use iid, dirichlet, '
-                   'shards or one_class.')
+  if p.method == 'quantity':
+    return partition.quantity(
+      labels,
+      n,
+      seed=config.seed,
+      distribution=p.size_distribution,
+      alpha=p.alpha,
+      exponent=p.power_law_exponent,
+      min_size=max(p.min_size, 1),
+    )
+  raise ValueError(
+    f'Unknown partition.method {p.method!r}; use iid, dirichlet, '
+    'shards, one_class or quantity.'
+  )
 
 
 def one_class_partition(config, labels):
@@ -80,17 +107,20 @@ def one_class_partition(config, labels):
   num_classes = len(np.unique(labels))
   if k < 1 or config.num_clients != k * num_classes:
     raise ValueError(
-        f'partition.method=one_class gives each of the {num_classes} classes '
-        f'to clients_per_class={k} clients, i.e. {k * num_classes} clients, '
-        f'but num_clients={config.num_clients}. Set --config.num_clients='
-        f'{max(k, 1) * num_classes} (and clients_per_round), or '
-        '--config.partition.clients_per_class to num_clients / '
-        f'{num_classes}.')
+      f'partition.method=one_class gives each of the {num_classes} classes '
+      f'to clients_per_class={k} clients, i.e. {k * num_classes} clients, '
+      f'but num_clients={config.num_clients}. Set --config.num_clients='
+      f'{max(k, 1) * num_classes} (and clients_per_round), or '
+      '--config.partition.clients_per_class to num_clients / '
+      f'{num_classes}.'
+    )
   clients = partition.one_class(labels, clients_per_class=k, seed=config.seed)
   empty = [j for j, idx in enumerate(clients) if len(idx) == 0]
   if empty:
-    raise ValueError(f'Clients {empty[:10]} have no data; lower '
-                     '--config.partition.clients_per_class.')
+    raise ValueError(
+      f'Clients {empty[:10]} have no data; lower '
+      '--config.partition.clients_per_class.'
+    )
   return clients
 
 
@@ -99,20 +129,33 @@ def partition_label(p):
     return f'dirichlet {p.variant}, alpha={p.alpha}'
   if p.method == 'shards':
     return f'shards, {p.classes_per_client} classes per client'
+  if p.method == 'quantity':
+    if p.size_distribution == 'power_law':
+      return f'quantity, power law exponent={p.power_law_exponent}'
+    return f'quantity, dirichlet alpha={p.alpha}'
   return p.method
 
 
-def build_model(model_config, num_classes, input_shape=None, precision='default'):
+def build_model(
+  model_config, num_classes, input_shape=None, precision='default'
+):
   """``config.model`` is ``name`` plus that model's constructor fields."""
   kwargs = {k: v for k, v in model_config.items() if k != 'name'}
   compute_dtype = jnp.bfloat16 if precision == 'bf16' else None
   try:
-    return models.build(model_config.name, num_classes, input_shape,
-                        compute_dtype=compute_dtype, **kwargs)
+    return models.build(
+      model_config.name,
+      num_classes,
+      input_shape,
+      compute_dtype=compute_dtype,
+      **kwargs,
+    )
   except TypeError as e:
-    raise ValueError(f'config.model fields {sorted(kwargs)} do not fit model '
-                     f'{model_config.name!r} ({e}). Set the model block to the '
-                     "fields that model declares (see its module).") from e
+    raise ValueError(
+      f'config.model fields {sorted(kwargs)} do not fit model '
+      f'{model_config.name!r} ({e}). Set the model block to the '
+      'fields that model declares (see its module).'
+    ) from e
 
 
 # Facts of the run (not knobs) that an algorithm factory may declare as
@@ -129,42 +172,70 @@ def build_algorithm(config, model, participation_probabilities=None):
   ([N] true p_n, or None). Setting one in algorithm_kwargs is an error.
   """
   if config.algorithm not in algorithms.REGISTRY:
-    raise ValueError(f'Unknown algorithm {config.algorithm!r}; registered: '
-                     f'{sorted(algorithms.REGISTRY)}.')
+    raise ValueError(
+      f'Unknown algorithm {config.algorithm!r}; registered: '
+      f'{sorted(algorithms.REGISTRY)}.'
+    )
   s = config.server
   server_optimizer = optimizers.make_server_optimizer(
-      s.optimizer, learning_rate=s.learning_rate, momentum=s.momentum,
-      b1=s.b1, b2=s.b2, eps=s.eps)
+    s.optimizer,
+    learning_rate=s.learning_rate,
+    momentum=s.momentum,
+    b1=s.b1,
+    b2=s.b2,
+    eps=s.eps,
+  )
   kwargs = dict(config.algorithm_kwargs)
   factory = algorithms.REGISTRY[config.algorithm]
   declared = inspect.signature(factory).parameters
-  facts = {'num_rounds': config.num_rounds,
-           'participation_probabilities': participation_probabilities}
+  facts = {
+    'num_rounds': config.num_rounds,
+    'participation_probabilities': participation_probabilities,
+  }
   for name, value in facts.items():
     if name in kwargs:
-      raise ValueError(f'algorithm_kwargs.{name} is set by the run '
-                       f'({RUN_FACTS} come from the config); remove it.')
+      raise ValueError(
+        f'algorithm_kwargs.{name} is set by the run '
+        f'({RUN_FACTS} come from the config); remove it.'
+      )
     if name in declared:
       kwargs[name] = value
   try:
     return factory(
-        model, server_optimizer=server_optimizer, weighting=s.weighting, **kwargs)
+      model, server_optimizer=server_optimizer, weighting=s.weighting, **kwargs
+    )
   except TypeError as e:
-    raise ValueError(f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
-                     f'{config.algorithm!r}: {e}') from e
+    raise ValueError(
+      f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
+      f'{config.algorithm!r}: {e}'
+    ) from e
 
 
 def build_round_spec(config, algorithm, preprocess):
   lc = config.local
   client_optimizer = optimizers.make_client_optimizer(
-      lc.optimizer, momentum=lc.momentum, nesterov=lc.nesterov,
-      weight_decay=lc.weight_decay, grad_clip_norm=lc.grad_clip_norm)
+    lc.optimizer,
+    momentum=lc.momentum,
+    nesterov=lc.nesterov,
+    weight_decay=lc.weight_decay,
+    grad_clip_norm=lc.grad_clip_norm,
+  )
   schedule = optimizers.make_round_schedule(
-      lc.learning_rate, kind=lc.schedule, decay_rate=lc.decay_rate,
-      num_rounds=config.num_rounds, warmup_rounds=lc.warmup_rounds)
-  return engine.RoundSpec(algorithm, client_optimizer, schedule, preprocess,
-                          config.seed, local_epoch_decay=lc.epoch_decay,
-                          batch_size=lc.batch_size)
+    lc.learning_rate,
+    kind=lc.schedule,
+    decay_rate=lc.decay_rate,
+    num_rounds=config.num_rounds,
+    warmup_rounds=lc.warmup_rounds,
+  )
+  return engine.RoundSpec(
+    algorithm,
+    client_optimizer,
+    schedule,
+    preprocess,
+    config.seed,
+    local_epoch_decay=lc.epoch_decay,
+    batch_size=lc.batch_size,
+  )
 
 
 def participation_mask(config, class_counts):
@@ -180,11 +251,21 @@ def participation_mask(config, class_counts):
   if p.pattern == 'uniform':
     return None
   probs = participation.probabilities(
-      class_counts, mean=p.mean, floor=p.floor, beta=p.beta, seed=config.seed,
-      normalize=p.normalize)
-  mask = participation.sample(probs, config.num_rounds, p.pattern,
-                              seed=config.seed, markov_rate=p.markov_rate,
-                              cycle=p.cycle)
+    class_counts,
+    mean=p.mean,
+    floor=p.floor,
+    beta=p.beta,
+    seed=config.seed,
+    normalize=p.normalize,
+  )
+  mask = participation.sample(
+    probs,
+    config.num_rounds,
+    p.pattern,
+    seed=config.seed,
+    markov_rate=p.markov_rate,
+    cycle=p.cycle,
+  )
   return probs, mask
 
 
@@ -205,8 +286,9 @@ def prefetch(fn, indices):
 def num_cohort_slots(config, num_devices: int, mask=None) -> int:
   """C: clients per round (the most active in any round under a
   participation pattern), padded up to a multiple of the device count."""
-  most = config.clients_per_round if mask is None else participation.max_active(
-      mask)
+  most = (
+    config.clients_per_round if mask is None else participation.max_active(mask)
+  )
   return num_devices * math.ceil(most / num_devices)
 
 
@@ -253,25 +335,43 @@ def check_resume_config(workdir, config):
   with open(path) as f:
     old = dict(validation.flatten(json.load(f)))
   new = dict(validation.flatten(json.loads(config.to_json_best_effort())))
-  changed = sorted(k for k in set(old) | set(new)
-                   if old.get(k, '(absent)') != new.get(k, '(absent)') and
-                   k.split('.')[0] not in RESUMABLE_CHANGES)
+  # Fields a newer version added are not in an older run's config.json: the
+  # run continues with their values (said once) instead of being refused.
+  added = sorted(set(new) - set(old))
+  if added:
+    say(
+      f'{workdir}/config.json predates the field(s) {", ".join(added[:5])}'
+      f'{" and more" if len(added) > 5 else ""}; resuming with their values '
+      'from this config.'
+    )
+  changed = sorted(
+    k
+    for k in old
+    if old[k] != new.get(k, '(absent)')
+    and k.split('.')[0] not in RESUMABLE_CHANGES
+  )
   if not changed:
     return
   if not saved_rounds(workdir) and not os.path.exists(
-      os.path.join(workdir, 'summary.json')):
-    say(f'{workdir}: an earlier attempt with another config left no '
-        'checkpoint; starting over.')
+    os.path.join(workdir, 'summary.json')
+  ):
+    say(
+      f'{workdir}: an earlier attempt with another config left no '
+      'checkpoint; starting over.'
+    )
     for name in ('partition.png', 'participation.json', 'participation.png'):
       if os.path.exists(os.path.join(workdir, name)):
         os.remove(os.path.join(workdir, name))
     return
-  shown = ', '.join(f'{k} ({old.get(k, "absent")} -> {new.get(k, "absent")})'
-                    for k in changed[:5])
+  shown = ', '.join(
+    f'{k} ({old.get(k, "absent")} -> {new.get(k, "absent")})'
+    for k in changed[:5]
+  )
   more = f' and {len(changed) - 5} more' if len(changed) > 5 else ''
   raise validation.ConfigError(
-      f'{workdir} holds a run with a different config: {shown}{more}. Use a '
-      'new --workdir, or delete this one to start over.')
+    f'{workdir} holds a run with a different config: {shown}{more}. Use a '
+    'new --workdir, or delete this one to start over.'
+  )
 
 
 def check_rounds(workdir, config):
@@ -291,16 +391,18 @@ def check_rounds(workdir, config):
       return summary
     if done is not None and done > config.num_rounds:
       raise validation.ConfigError(
-          f'{workdir} holds a run finished after {done} rounds; '
-          f'--config.num_rounds={config.num_rounds} asks for fewer. Its '
-          'metrics.jsonl has every evaluated round; for a shorter run, use a '
-          'new --workdir.')
+        f'{workdir} holds a run finished after {done} rounds; '
+        f'--config.num_rounds={config.num_rounds} asks for fewer. Its '
+        'metrics.jsonl has every evaluated round; for a shorter run, use a '
+        'new --workdir.'
+      )
   rounds = saved_rounds(workdir)
   if rounds and rounds[-1] > config.num_rounds:
     raise validation.ConfigError(
-        f'{workdir} holds a checkpoint of round {rounds[-1]}, past '
-        f'--config.num_rounds={config.num_rounds}. Ask for at least '
-        f'{rounds[-1]} rounds, or use a new --workdir.')
+      f'{workdir} holds a checkpoint of round {rounds[-1]}, past '
+      f'--config.num_rounds={config.num_rounds}. Ask for at least '
+      f'{rounds[-1]} rounds, or use a new --workdir.'
+    )
   return None
 
 
@@ -334,8 +436,9 @@ def previous_wall_time(checkpoints, start_round, metrics_path):
   with open(metrics_path) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   rows = [r for r in rows if r['round'] <= start_round]
-  return float(rows[-1].get('total_wall_time', rows[-1]['wall_time'])
-               if rows else 0.0)
+  return float(
+    rows[-1].get('total_wall_time', rows[-1]['wall_time']) if rows else 0.0
+  )
 
 
 def truncate_metrics(path, last_round):
@@ -366,8 +469,12 @@ def make_summary_writer(workdir, start_round=0):
 # ---------------------------------------------------------------------------
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *,
-        stop_after_round: Optional[int] = None) -> Dict[str, Any]:
+def run(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  stop_after_round: Optional[int] = None,
+) -> Dict[str, Any]:
   """Trains ``config`` into ``workdir`` and returns the summary dict.
 
   Args:
@@ -381,8 +488,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     stopped early) it has ``stopped_by`` (the signal's name) and no
     summary.json is written.
   """
-  with (executors.matmul_precision(config.precision),
-        faults.StopSignals() as stop, contextlib.ExitStack() as cleanup):
+  with (
+    executors.matmul_precision(config.precision),
+    faults.StopSignals() as stop,
+    contextlib.ExitStack() as cleanup,
+  ):
     return _run(config, workdir, stop_after_round, stop, cleanup)
 
 
@@ -409,43 +519,60 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   clients = make_partition(config, train.labels)
   counts = partition.class_counts(train.labels, clients, train.num_classes)
   if chief:
-    _write_json(os.path.join(workdir, 'partition.json'), {
+    _write_json(
+      os.path.join(workdir, 'partition.json'),
+      {
         **partition.summarize(clients, train.labels),
-        'class_counts': counts.tolist()})
+        'class_counts': counts.tolist(),
+      },
+    )
   if chief and config.plot_partition:
     partition.plot_class_counts(
-        counts, os.path.join(workdir, 'partition.png'),
-        title=f'{ds.name}: {partition_label(config.partition)}')
+      counts,
+      os.path.join(workdir, 'partition.png'),
+      title=f'{ds.name}: {partition_label(config.partition)}',
+    )
 
   active = participation_mask(config, counts)
   # The true p_n (FedAU's known_prob): K / N under the uniform sampler.
-  probs = np.full(config.num_clients,
-                  config.clients_per_round / config.num_clients)
+  probs = np.full(
+    config.num_clients, config.clients_per_round / config.num_clients
+  )
   if active is not None:
     probs, active = active
     if chief:
-      _write_json(os.path.join(workdir, 'participation.json'), {
+      _write_json(
+        os.path.join(workdir, 'participation.json'),
+        {
           'pattern': config.participation.pattern,
           'probabilities': probs.tolist(),
           'participation_rate': active.mean(0).tolist(),
-          'active_per_round': active.sum(1).tolist()})
+          'active_per_round': active.sum(1).tolist(),
+        },
+      )
       participation.plot(
-          active, os.path.join(workdir, 'participation.png'),
-          title=f'{config.participation.pattern} participation')
+        active,
+        os.path.join(workdir, 'participation.png'),
+        title=f'{config.participation.pattern} participation',
+      )
     active = active.astype(bool)
 
   # ----- Model, algorithm, executor. -----
   mean, std = augment.channel_stats(train.images)
   train_preprocess = augment.make_preprocess(mean, std, ds.augmentation)
   eval_preprocess = augment.make_preprocess(mean, std, 'none')
-  model = build_model(config.model, train.num_classes, train.images.shape[1:],
-                      config.precision)
-  variables = model.init(jax.random.key(config.seed),
-                         eval_preprocess(jnp.asarray(train.images[:1]), None))
+  model = build_model(
+    config.model, train.num_classes, train.images.shape[1:], config.precision
+  )
+  variables = model.init(
+    jax.random.key(config.seed),
+    eval_preprocess(jnp.asarray(train.images[:1]), None),
+  )
   algorithm = build_algorithm(config, model, probs)
   spec = build_round_spec(config, algorithm, train_preprocess)
-  choice = executors.choose_executor(config.executor,
-                                     chunk_size=config.chunk_size)
+  choice = executors.choose_executor(
+    config.executor, chunk_size=config.chunk_size
+  )
   mesh = None
   num_devices = 1
   if choice.name != 'host':
@@ -453,51 +580,78 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     num_devices = mesh.size
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
-  evaluator = protocols.make_evaluator(config, model=model,
-                                      preprocess=eval_preprocess, train=train,
-                                      test=test, clients=clients)
+  evaluator = protocols.make_evaluator(
+    config,
+    model=model,
+    preprocess=eval_preprocess,
+    train=train,
+    test=test,
+    clients=clients,
+  )
   lc = config.local
   client_sizes = [len(c) for c in clients]
   num_steps = cohort_lib.num_local_steps(
-      client_sizes, batch_size=lc.batch_size, local_epochs=lc.epochs,
-      local_steps=lc.steps)
+    client_sizes,
+    batch_size=lc.batch_size,
+    local_epochs=lc.epochs,
+    local_steps=lc.steps,
+  )
   num_slots = num_cohort_slots(config, num_devices, active)
-  per_round = (config.clients_per_round if active is None else
-               f'{config.participation.pattern} participation, '
-               f'{active.sum(1).mean():.1f}')
-  say(f'{config.algorithm} on {ds.name}: {config.num_clients} clients, '
-      f'{per_round} per round in {num_slots} slots, {num_steps} '
-      f'local steps of {lc.batch_size}; executor={choice.name} on '
-      f"{num_devices} {jax.default_backend()} device(s); "
-      f"{models.count_params(variables['params']):,} params.")
+  per_round = (
+    config.clients_per_round
+    if active is None
+    else f'{config.participation.pattern} participation, '
+    f'{active.sum(1).mean():.1f}'
+  )
+  say(
+    f'{config.algorithm} on {ds.name}: {config.num_clients} clients, '
+    f'{per_round} per round in {num_slots} slots, {num_steps} '
+    f'local steps of {lc.batch_size}; executor={choice.name} on '
+    f'{num_devices} {jax.default_backend()} device(s); '
+    f'{models.count_params(variables["params"]):,} params.'
+  )
 
   # ----- State: fresh or restored. -----
-  memory_budget = (int(config.memory_budget_gb * 1024 ** 3)
-                   or memory.default_memory_budget())
+  memory_budget = (
+    int(config.memory_budget_gb * 1024**3) or memory.default_memory_budget()
+  )
   memory.check_client_table_fits(
-      memory.client_table_bytes(algorithm, variables, config.num_clients),
-      config.num_clients, memory_budget)
+    memory.client_table_bytes(algorithm, variables, config.num_clients),
+    config.num_clients,
+    memory_budget,
+  )
   server_state, client_table = engine.init_state(
-      algorithm, variables, config.num_clients,
-      key=jax.random.key(config.seed + 1))
+    algorithm,
+    variables,
+    config.num_clients,
+    key=jax.random.key(config.seed + 1),
+  )
   if chief:  # Only now: every check that can fail before training is done.
-    _write_json(os.path.join(workdir, 'config.json'),
-                json.loads(config.to_json_best_effort()))
+    _write_json(
+      os.path.join(workdir, 'config.json'),
+      json.loads(config.to_json_best_effort()),
+    )
   checkpoint_dir = os.path.abspath(os.path.join(workdir, 'checkpoints'))
   if mesh:
     # Before restoring: orbax then reads straight into the mesh's layout.
     server_state, client_table = put((server_state, client_table))
   start_round = 0
   restored_round, restored = faults.restore_newest_readable(
-      checkpoint_dir,
-      {'server_state': server_state, 'client_table': client_table},
-      workdir=workdir, chief=chief, report=say)
+    checkpoint_dir,
+    {'server_state': server_state, 'client_table': client_table},
+    workdir=workdir,
+    chief=chief,
+    report=say,
+  )
   checkpoints = ocp.CheckpointManager(
-      checkpoint_dir,
-      options=ocp.CheckpointManagerOptions(
-          max_to_keep=config.keep_checkpoints, create=True,
-          cleanup_tmp_directories=True),
-      item_handlers=ocp.StandardCheckpointHandler())
+    checkpoint_dir,
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=config.keep_checkpoints,
+      create=True,
+      cleanup_tmp_directories=True,
+    ),
+    item_handlers=ocp.StandardCheckpointHandler(),
+  )
   # On an error too: a save still in flight ends cleanly before the error
   # is reported (no orbax traceback after it, no temporary directory).
   cleanup.callback(close_checkpoints, checkpoints)
@@ -506,33 +660,55 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     server_state = engine.ServerState(*restored['server_state'])
     client_table = restored['client_table']
     say(f'Resuming {workdir} from round {start_round}.')
+
   def cohort_for(round_idx):
     if active is None:
-      ids = cohort_lib.sample_clients(config.seed, round_idx,
-                                      config.num_clients,
-                                      config.clients_per_round)
+      ids = cohort_lib.sample_clients(
+        config.seed, round_idx, config.num_clients, config.clients_per_round
+      )
     else:
       ids = np.flatnonzero(active[round_idx])
     return cohort_lib.make_cohort(
-        ids, clients, num_slots=num_slots, num_steps=num_steps,
-        batch_size=lc.batch_size, local_epochs=lc.epochs,
-        local_steps=lc.steps, seed=config.seed, round_idx=round_idx,
-        labels=train.labels, batches_fn=algorithm.client_batches)
+      ids,
+      clients,
+      num_slots=num_slots,
+      num_steps=num_steps,
+      batch_size=lc.batch_size,
+      local_epochs=lc.epochs,
+      local_steps=lc.steps,
+      seed=config.seed,
+      round_idx=round_idx,
+      labels=train.labels,
+      batches_fn=algorithm.client_batches,
+    )
 
   def memory_model():
     example_shape = cohort_for(start_round).example_idx.shape[1:]
-    return memory.chunk_memory_model(spec, data, server_state, client_table,
-                                     example_shape, unroll=config.unroll)
+    return memory.chunk_memory_model(
+      spec,
+      data,
+      server_state,
+      client_table,
+      example_shape,
+      unroll=config.unroll,
+    )
 
   if choice.fit_to_memory:
-    choice = executors.fit_to_memory(choice, memory_model,
-                                     memory_budget=memory_budget,
-                                     num_slots=num_slots,
-                                     num_devices=num_devices)
+    choice = executors.fit_to_memory(
+      choice,
+      memory_model,
+      memory_budget=memory_budget,
+      num_slots=num_slots,
+      num_devices=num_devices,
+    )
     say(f'Memory: executor={choice.name}; {choice.reason}.')
   round_fn = executors.make_round_fn(
-      spec, data, executor=choice, steps_per_call=config.steps_per_call,
-      unroll=config.unroll)
+    spec,
+    data,
+    executor=choice,
+    steps_per_call=config.steps_per_call,
+    unroll=config.unroll,
+  )
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   writer = None
   if chief:
@@ -546,23 +722,32 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
 
   def diverged(what, done):
     if last_saved is None:
-      kept = ('no checkpoint was saved, so the same --workdir may be rerun '
-              'with the change')
+      kept = (
+        'no checkpoint was saved, so the same --workdir may be rerun '
+        'with the change'
+      )
     else:
-      kept = (f'the last good checkpoint (round {last_saved}) in '
-              f'{workdir}/checkpoints is kept; rerun the change in a new '
-              '--workdir')
+      kept = (
+        f'the last good checkpoint (round {last_saved}) in '
+        f'{workdir}/checkpoints is kept; rerun the change in a new '
+        '--workdir'
+      )
     return FloatingPointError(
-        f'{what} at round {done}. Lower --config.local.learning_rate or set '
-        f'--config.local.grad_clip_norm; {kept}.')
+      f'{what} at round {done}. Lower --config.local.learning_rate or set '
+      f'--config.local.grad_clip_norm; {kept}.'
+    )
 
   def save(round_idx):
     nonlocal last_saved
     if not faults.all_finite((server_state, client_table)):
       raise diverged('The model holds NaN or infinite values', round_idx)
-    checkpoints.save(round_idx, args=ocp.args.StandardSave(
-        {'server_state': server_state, 'client_table': client_table}),
-                     custom_metadata={'total_wall_time': total_time()})
+    checkpoints.save(
+      round_idx,
+      args=ocp.args.StandardSave(
+        {'server_state': server_state, 'client_table': client_table}
+      ),
+      custom_metadata={'total_wall_time': total_time()},
+    )
     last_saved = round_idx
 
   def total_time():
@@ -575,9 +760,14 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   end_round = config.num_rounds
   if stop_after_round is not None:
     end_round = min(end_round, stop_after_round)
-  bar = tqdm.tqdm(range(start_round, end_round), initial=start_round,
-                  total=config.num_rounds, desc=config.algorithm,
-                  disable=not (config.progress and chief), dynamic_ncols=True)
+  bar = tqdm.tqdm(
+    range(start_round, end_round),
+    initial=start_round,
+    total=config.num_rounds,
+    desc=config.algorithm,
+    disable=not (config.progress and chief),
+    dynamic_ncols=True,
+  )
   done = start_round
   cohorts = prefetch(cohort_for, range(start_round, end_round))
   for round_idx in bar:
@@ -586,21 +776,29 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     cohort = next(cohorts)
     cohort = sharding.shard_cohort(cohort, mesh) if mesh else cohort
     server_state, client_table, round_metrics = round_fn(
-        server_state, client_table, cohort)
-    train_sums.append(sharding.local_copy((round_metrics['train_loss_sum'],
-                                         round_metrics['train_examples'])))
+      server_state, client_table, cohort
+    )
+    train_sums.append(
+      sharding.local_copy(
+        (round_metrics['train_loss_sum'], round_metrics['train_examples'])
+      )
+    )
     done = round_idx + 1
     if done % config.eval_every == 0 or done == end_round:
-      loss_sum, examples = np.asarray(jnp.stack(
-          [jnp.stack(s) for s in train_sums])).sum(0)
+      loss_sum, examples = np.asarray(
+        jnp.stack([jnp.stack(s) for s in train_sums])
+      ).sum(0)
       train_sums = []
       train_loss = float(loss_sum / max(examples, 1.0))
       if not math.isfinite(train_loss):
         raise diverged(f'Training loss is {train_loss}', done)
-      last = {'round': done, 'wall_time': time.time() - start_time,
-              'total_wall_time': total_time(), 'train_loss': train_loss,
-              **evaluator.every(*sharding.local_copy((server_state,
-                                                      client_table)))}
+      last = {
+        'round': done,
+        'wall_time': time.time() - start_time,
+        'total_wall_time': total_time(),
+        'train_loss': train_loss,
+        **evaluator.every(*sharding.local_copy((server_state, client_table))),
+      }
       if chief:
         with open(metrics_path, 'a') as f:
           f.write(json.dumps(last) + '\n')
@@ -618,22 +816,32 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   if stopped:
     if last_saved != done and done > start_round:
       save(done)
-    say(f'Stopped by {stopped_by} after round {done}; the checkpoint of '
-        f'round {last_saved} is in {workdir}/checkpoints. Run the same '
-        'command again to resume.' if last_saved else
-        f'Stopped by {stopped_by} before any round; nothing to save.')
+    say(
+      f'Stopped by {stopped_by} after round {done}; the checkpoint of '
+      f'round {last_saved} is in {workdir}/checkpoints. Run the same '
+      'command again to resume.'
+      if last_saved
+      else f'Stopped by {stopped_by} before any round; nothing to save.'
+    )
   checkpoints.wait_until_finished()
   checkpoints.close()
   if writer:
     writer.close()
 
   rounds_completed = done if stopped else max(end_round, start_round)
-  summary = {'rounds_completed': rounds_completed, 'workdir': workdir,
-             'executor': choice.name, 'chunk_size': choice.chunk_size,
-             'backend': jax.default_backend(),
-             'num_steps': num_steps, 'num_slots': num_slots,
-             'wall_time': time.time() - start_time,
-             'total_wall_time': total_time(), **last}
+  summary = {
+    'rounds_completed': rounds_completed,
+    'workdir': workdir,
+    'executor': choice.name,
+    'chunk_size': choice.chunk_size,
+    'backend': jax.default_backend(),
+    'num_steps': num_steps,
+    'num_slots': num_slots,
+    'wall_time': time.time() - start_time,
+    'total_wall_time': total_time(),
+    'headline': evaluator.headline,
+    **last,
+  }
   if stopped:
     summary['stopped_by'] = stopped_by
   if rounds_completed == config.num_rounds:

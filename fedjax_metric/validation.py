@@ -26,8 +26,13 @@ class ConfigError(ValueError):
 
 # Training-split sizes of the built-in datasets, for the cheap partition
 # check (the partition itself needs the labels, i.e. the data).
-TRAIN_SIZES = {'digits': 1438, 'mnist': 60000, 'fashion_mnist': 60000,
-               'cifar10': 50000, 'cifar100': 50000}
+TRAIN_SIZES = {
+  'digits': 1438,
+  'mnist': 60000,
+  'fashion_mnist': 60000,
+  'cifar10': 50000,
+  'cifar100': 50000,
+}
 
 Check = Callable[[Any], Optional[str]]
 
@@ -39,12 +44,19 @@ def _integer(minimum: int = 0) -> Check:
     if value < minimum:
       return f'must be >= {minimum}, got {value}'
     return None
+
   return check
 
 
-def _number(low: float = -math.inf, high: float = math.inf, *,
-            low_open: bool = False, high_open: bool = False) -> Check:
+def _number(
+  low: float = -math.inf,
+  high: float = math.inf,
+  *,
+  low_open: bool = False,
+  high_open: bool = False,
+) -> Check:
   """A finite real in [low, high], either end open on request."""
+
   def check(value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       return f'must be a number, got {value!r}'
@@ -55,6 +67,7 @@ def _number(low: float = -math.inf, high: float = math.inf, *,
     if value > high or (high_open and value == high):
       return f'must be {"<" if high_open else "<="} {high}, got {value}'
     return None
+
   return check
 
 
@@ -67,103 +80,117 @@ def _boolean(value) -> Optional[str]:
 def _one_of(choices) -> Check:
   """``choices``: a tuple, or a function returning one (read at check time,
   so a registry that grows needs no change here)."""
+
   def check(value):
     allowed = tuple(choices() if callable(choices) else choices)
     if value not in allowed:
       return f'must be one of {", ".join(map(repr, allowed))}; got {value!r}'
     return None
+
   return check
 
 
 def _sizes(value) -> Optional[str]:
-  if (not isinstance(value, (tuple, list)) or not value or
-      any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-          for v in value)):
+  if (
+    not isinstance(value, (tuple, list))
+    or not value
+    or any(
+      isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value
+    )
+  ):
     return f'must be a non-empty tuple of positive integers, got {value!r}'
   return None
 
 
 def _made_by(factory: Callable[[Any], Any]) -> Check:
   """A name the library's own constructor accepts (its error lists them)."""
+
   def check(value):
     try:
       factory(value)
     except ValueError as e:
       return f'is not usable: {e}'
     return None
+
   return check
 
 
 RULES: Dict[str, Check] = {
-    'seed': _integer(0),
-    'algorithm': _one_of(lambda: sorted(algorithms.REGISTRY)),
-    'num_rounds': _integer(1),
-    'num_clients': _integer(1),
-    'clients_per_round': _integer(1),
-    'dataset.augmentation': _one_of(augment.AUGMENTATIONS),
-    'partition.method': _one_of(('iid', 'dirichlet', 'shards', 'one_class')),
-    'partition.alpha': _number(0.0, low_open=True),
-    'partition.variant': _one_of(partition.VARIANTS),
-    'partition.min_size': _integer(0),
-    'partition.classes_per_client': _integer(1),
-    'model.name': _one_of(lambda: sorted(models.REGISTRY)),
-    'model.width': _integer(1),
-    'model.embedding_dim': _integer(1),
-    'model.out_dim': _integer(1),
-    'model.widths': _sizes,
-    'model.groups': _integer(1),
-    'model.norm': _one_of(('none', 'batch', 'group')),
-    'model.pool': _one_of(('stride', 'avg', 'max')),
-    'model.conv_impl': _one_of(('xla', 'patches')),
-    'local.epochs': _integer(0),
-    'local.steps': _integer(0),
-    'local.batch_size': _integer(1),
-    'local.optimizer': _made_by(optimizers.make_client_optimizer),
-    'local.learning_rate': _number(0.0, low_open=True),
-    'local.momentum': _number(0.0, 1.0, high_open=True),
-    'local.nesterov': _boolean,
-    'local.weight_decay': _number(0.0),
-    'local.grad_clip_norm': _number(0.0),
-    'local.schedule': _made_by(lambda kind: optimizers.make_round_schedule(
-        1.0, kind=kind)),
-    'local.decay_rate': _number(0.0, low_open=True),
-    'local.warmup_rounds': _integer(0),
-    'local.epoch_decay': _number(0.0, low_open=True),
-    'server.optimizer': _made_by(optimizers.make_server_optimizer),
-    'server.learning_rate': _number(0.0, low_open=True),
-    'server.momentum': _number(0.0, 1.0, high_open=True),
-    'server.b1': _number(0.0, 1.0, high_open=True),
-    'server.b2': _number(0.0, 1.0, high_open=True),
-    'server.eps': _number(0.0),
-    # 'num_batches' is SSD's; each algorithm checks the ones it takes.
-    'server.weighting': _one_of(fedavg.WEIGHTINGS + ('num_batches',)),
-    'participation.pattern': _one_of(participation.PATTERNS),
-    'participation.mean': _number(0.0, 1.0, low_open=True),
-    'participation.floor': _number(0.0, 1.0),
-    'participation.beta': _number(0.0, low_open=True),
-    'participation.normalize': _one_of(participation.NORMALIZATIONS),
-    'participation.markov_rate': _number(0.0, 1.0, low_open=True),
-    'participation.cycle': _integer(1),
-    'precision': _one_of(executors.PRECISIONS),
-    'executor': _one_of(executors.EXECUTORS),
-    'chunk_size': _integer(0),
-    'steps_per_call': _integer(1),
-    'unroll': _integer(1),
-    'num_devices': _integer(0),
-    'memory_budget_gb': _number(0.0),
-    'eval_every': _integer(1),
-    'eval_protocol': _one_of(protocols.PROTOCOLS),
-    'eval_batch_size': _integer(1),
-    'representation_examples': _integer(0),
-    'checkpoint_every': _integer(1),
-    'keep_checkpoints': _integer(1),
-    'plot_partition': _boolean,
-    'progress': _boolean,
+  'seed': _integer(0),
+  'algorithm': _one_of(lambda: sorted(algorithms.REGISTRY)),
+  'num_rounds': _integer(1),
+  'num_clients': _integer(1),
+  'clients_per_round': _integer(1),
+  'dataset.augmentation': _one_of(augment.AUGMENTATIONS),
+  'partition.method': _one_of(
+    ('iid', 'dirichlet', 'shards', 'one_class', 'quantity')
+  ),
+  'partition.size_distribution': _one_of(partition.SIZE_DISTRIBUTIONS),
+  'partition.power_law_exponent': _number(0.0),
+  'partition.alpha': _number(0.0, low_open=True),
+  'partition.variant': _one_of(partition.VARIANTS),
+  'partition.min_size': _integer(0),
+  'partition.classes_per_client': _integer(1),
+  'model.name': _one_of(lambda: sorted(models.REGISTRY)),
+  'model.width': _integer(1),
+  'model.embedding_dim': _integer(1),
+  'model.out_dim': _integer(1),
+  'model.widths': _sizes,
+  'model.groups': _integer(1),
+  'model.norm': _one_of(('none', 'batch', 'group')),
+  'model.pool': _one_of(('stride', 'avg', 'max')),
+  'model.conv_impl': _one_of(('xla', 'patches')),
+  'local.epochs': _integer(0),
+  'local.steps': _integer(0),
+  'local.batch_size': _integer(1),
+  'local.optimizer': _made_by(optimizers.make_client_optimizer),
+  'local.learning_rate': _number(0.0, low_open=True),
+  'local.momentum': _number(0.0, 1.0, high_open=True),
+  'local.nesterov': _boolean,
+  'local.weight_decay': _number(0.0),
+  'local.grad_clip_norm': _number(0.0),
+  'local.schedule': _made_by(
+    lambda kind: optimizers.make_round_schedule(1.0, kind=kind)
+  ),
+  'local.decay_rate': _number(0.0, low_open=True),
+  'local.warmup_rounds': _integer(0),
+  'local.epoch_decay': _number(0.0, low_open=True),
+  'server.optimizer': _made_by(optimizers.make_server_optimizer),
+  'server.learning_rate': _number(0.0, low_open=True),
+  'server.momentum': _number(0.0, 1.0, high_open=True),
+  'server.b1': _number(0.0, 1.0, high_open=True),
+  'server.b2': _number(0.0, 1.0, high_open=True),
+  'server.eps': _number(0.0),
+  # 'num_batches' is SSD's; each algorithm checks the ones it takes.
+  'server.weighting': _one_of(fedavg.WEIGHTINGS + ('num_batches',)),
+  'participation.pattern': _one_of(participation.PATTERNS),
+  'participation.mean': _number(0.0, 1.0, low_open=True),
+  'participation.floor': _number(0.0, 1.0),
+  'participation.beta': _number(0.0, low_open=True),
+  'participation.normalize': _one_of(participation.NORMALIZATIONS),
+  'participation.markov_rate': _number(0.0, 1.0, low_open=True),
+  'participation.cycle': _integer(1),
+  'precision': _one_of(executors.PRECISIONS),
+  'executor': _one_of(executors.EXECUTORS),
+  'chunk_size': _integer(0),
+  'steps_per_call': _integer(1),
+  'unroll': _integer(1),
+  'num_devices': _integer(0),
+  'memory_budget_gb': _number(0.0),
+  'eval_every': _integer(1),
+  'eval_protocol': _one_of(protocols.PROTOCOLS),
+  'eval_batch_size': _integer(1),
+  'representation_examples': _integer(0),
+  'checkpoint_every': _integer(1),
+  'keep_checkpoints': _integer(1),
+  'plot_partition': _boolean,
+  'progress': _boolean,
 }
 
 
-def flatten(tree: Dict[str, Any],
-            prefix: str = '') -> Iterator[Tuple[str, Any]]:
+def flatten(
+  tree: Dict[str, Any], prefix: str = ''
+) -> Iterator[Tuple[str, Any]]:
   """``(dotted path, leaf)`` of a nested dict, in key order."""
   for key in sorted(tree):
     value = tree[key]
@@ -209,13 +236,16 @@ def _check_relations(config) -> None:
   pattern = config.get('participation', {}).get('pattern', 'uniform')
   if pattern == 'uniform' and config.clients_per_round > config.num_clients:
     raise ConfigError(
-        f'--config.clients_per_round={config.clients_per_round} is more than '
-        f'--config.num_clients={config.num_clients}; lower the first or raise '
-        'the second.')
+      f'--config.clients_per_round={config.clients_per_round} is more than '
+      f'--config.num_clients={config.num_clients}; lower the first or raise '
+      'the second.'
+    )
   lc = config.local
   if lc.steps == 0 and lc.epochs < 1:
-    raise ConfigError('--config.local.epochs=0 with --config.local.steps=0 '
-                      'trains nothing; set one of them >= 1.')
+    raise ConfigError(
+      '--config.local.epochs=0 with --config.local.steps=0 '
+      'trains nothing; set one of them >= 1.'
+    )
 
 
 def _check_model(model_config) -> None:
@@ -224,9 +254,11 @@ def _check_model(model_config) -> None:
   try:
     models.build(model_config.name, 10, None, **kwargs)
   except (TypeError, ValueError) as e:
-    raise ConfigError(f'--config.model does not fit model '
-                      f'{model_config.name!r}: {e}. Set the model block to the '
-                      'fields that model declares.') from e
+    raise ConfigError(
+      f'--config.model does not fit model '
+      f'{model_config.name!r}: {e}. Set the model block to the '
+      'fields that model declares.'
+    ) from e
 
 
 def _check_algorithm(config) -> None:
@@ -240,16 +272,22 @@ def _check_algorithm(config) -> None:
   unknown = sorted(set(config.algorithm_kwargs) - known)
   if unknown:
     raise ConfigError(
-        f'--config.algorithm_kwargs has {unknown}, which algorithm '
-        f'{config.algorithm!r} does not take; it takes {sorted(known)}.')
+      f'--config.algorithm_kwargs has {unknown}, which algorithm '
+      f'{config.algorithm!r} does not take; it takes {sorted(known)}.'
+    )
 
 
 def _check_dataset(config) -> None:
   """Files present, and enough training examples for the partition."""
   ds = config.dataset
   if not isinstance(ds.name, str) or not ds.name:
-    raise ConfigError(_fix('dataset.name', 'must name a dataset, one of '
-                           f'{", ".join(sources.DATASETS)} or a TFDS name'))
+    raise ConfigError(
+      _fix(
+        'dataset.name',
+        'must name a dataset, one of '
+        f'{", ".join(sources.DATASETS)} or a TFDS name',
+      )
+    )
   sources.check_available(ds.name, ds.data_dir or None)
   size = TRAIN_SIZES.get(ds.name)
   if size is None:
@@ -257,13 +295,35 @@ def _check_dataset(config) -> None:
   p = config.partition
   need, why = config.num_clients, 'one example per client'
   if p.method == 'dirichlet' and p.variant == 'niid_bench':
-    need, why = config.num_clients * p.min_size, (
-        f'--config.partition.min_size={p.min_size} per client')
+    need, why = (
+      config.num_clients * p.min_size,
+      (f'--config.partition.min_size={p.min_size} per client'),
+    )
   elif p.method == 'shards':
-    need, why = config.num_clients * p.classes_per_client, (
-        f'{p.classes_per_client} shards per client')
+    need, why = (
+      config.num_clients * p.classes_per_client,
+      (f'{p.classes_per_client} shards per client'),
+    )
+  elif p.method == 'quantity':
+    need, why = (
+      config.num_clients * max(p.min_size, 1),
+      (f'--config.partition.min_size={p.min_size} per client'),
+    )
+    if p.size_distribution == 'power_law' and need <= size:
+      smallest = partition.power_law_sizes(
+        size, config.num_clients, p.power_law_exponent
+      )[-1]
+      if smallest < max(p.min_size, 1):
+        raise ConfigError(
+          f'--config.partition.power_law_exponent={p.power_law_exponent} '
+          f'over {config.num_clients} clients leaves the smallest client '
+          f'{smallest} of the {size} {ds.name} examples, below '
+          f'--config.partition.min_size={p.min_size}. Lower the exponent, '
+          'num_clients or min_size.'
+        )
   if need > size:
     raise ConfigError(
-        f'{ds.name} has {size} training examples: too few for '
-        f'--config.num_clients={config.num_clients} with {why}. Lower '
-        '--config.num_clients (or the per-client requirement).')
+      f'{ds.name} has {size} training examples: too few for '
+      f'--config.num_clients={config.num_clients} with {why}. Lower '
+      '--config.num_clients (or the per-client requirement).'
+    )

@@ -29,8 +29,7 @@ import statistics
 import sys
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,85 +37,139 @@ import optax
 
 from fedjax_metric import engine, executors, models
 from fedjax_metric.data import cohort as cohort_lib
-from launch import machine
-from launch import scaling
+from launch import machine, scaling
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
 _STEPS = flags.DEFINE_integer('local_steps', 10, 'Local steps per client.')
 _BATCH = flags.DEFINE_integer('batch_size', 32, 'Batch size.')
 _IMAGE = flags.DEFINE_list('image_shape', ['28', '28', '1'], 'H,W,C.')
-_MODEL = flags.DEFINE_enum('model', 'small_cnn', ['small_cnn', 'fedquad_cnn'],
-                          'Model (fedquad_cnn: 64/128/256 channels, BatchNorm).')
+_MODEL = flags.DEFINE_enum(
+  'model',
+  'small_cnn',
+  ['small_cnn', 'fedquad_cnn'],
+  'Model (fedquad_cnn: 64/128/256 channels, BatchNorm).',
+)
 _POOL = flags.DEFINE_string('pool', 'stride', 'small_cnn pool: stride|avg|max.')
-_EXECUTORS = flags.DEFINE_list('executors', ['host', 'vmap', 'chunked'],
-                               'Executors to time: host, vmap, chunked, '
-                               'sequential; PyTorch: torch (the per-client '
-                               'loop), torch_vmap, torch_vmap_compiled.')
+_EXECUTORS = flags.DEFINE_list(
+  'executors',
+  ['host', 'vmap', 'chunked'],
+  'Executors to time: host, vmap, chunked, '
+  'sequential; PyTorch: torch (the per-client '
+  'loop), torch_vmap, torch_vmap_compiled.',
+)
 _CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
 _UNROLL = flags.DEFINE_boolean(
-    'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).')
+  'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).'
+)
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds after warm-up.')
-_CONV = flags.DEFINE_enum('conv_impl', 'xla', ['xla', 'patches'],
-                          'Convolution form (models.layers.make_conv).')
-_PRECISION = flags.DEFINE_enum('precision', 'default',
-                               ['default', 'highest', 'bf16'],
-                               'Matmul precision (config.precision).')
+_CONV = flags.DEFINE_enum(
+  'conv_impl',
+  'xla',
+  ['xla', 'patches'],
+  'Convolution form (models.layers.make_conv).',
+)
+_PRECISION = flags.DEFINE_enum(
+  'precision',
+  'default',
+  ['default', 'highest', 'bf16'],
+  'Matmul precision (config.precision).',
+)
 _TORCH = flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
 _TORCH_COMPILE = flags.DEFINE_boolean(
-    'torch_compile', True, 'Where torch_vmap is timed, also time '
-    'torch_vmap_compiled (its step in torch.compile).')
+  'torch_compile',
+  True,
+  'Where torch_vmap is timed, also time '
+  'torch_vmap_compiled (its step in torch.compile).',
+)
 _TORCH_THREADS = flags.DEFINE_integer(
-    'torch_threads', None, 'torch.set_num_threads for the PyTorch rows '
-    "(default: torch's own, one per core).")
-_OUT = flags.DEFINE_string('out', None, 'Markdown file (default '
-                           'benchmarks/<backend>.md).')
+  'torch_threads',
+  None,
+  'torch.set_num_threads for the PyTorch rows '
+  "(default: torch's own, one per core).",
+)
+_OUT = flags.DEFINE_string(
+  'out', None, 'Markdown file (default benchmarks/<backend>.md).'
+)
 _POINT = flags.DEFINE_string(
-    'point', None, 'Internal: time one "executor,clients" point (or '
-    '"torch,clients") in this process and print it as JSON.')
+  'point',
+  None,
+  'Internal: time one "executor,clients" point (or '
+  '"torch,clients") in this process and print it as JSON.',
+)
 
 # Executor name -> torch_reference.time_torch_rounds variant.
-TORCH_VARIANTS = {'torch': 'loop', 'torch_vmap': 'vmap',
-                  'torch_vmap_compiled': 'vmap_compiled'}
-TORCH_LABELS = {'torch': 'pytorch loop', 'torch_vmap': 'pytorch vmap',
-                'torch_vmap_compiled': 'pytorch vmap + compile'}
+TORCH_VARIANTS = {
+  'torch': 'loop',
+  'torch_vmap': 'vmap',
+  'torch_vmap_compiled': 'vmap_compiled',
+}
+TORCH_LABELS = {
+  'torch': 'pytorch loop',
+  'torch_vmap': 'pytorch vmap',
+  'torch_vmap_compiled': 'pytorch vmap + compile',
+}
 
 
 def time_jax(executor, num_clients, *, unroll):
   """-> dict(seconds per round, compile seconds, rounds) for one executor."""
   h, w, c = (int(x) for x in _IMAGE.value)
   steps, batch = _STEPS.value, _BATCH.value
-  run = scaling.synthetic_run('fedavg', _MODEL.value, pool=_POOL.value,
-                              image_shape=(h, w, c), num_clients=num_clients,
-                              examples_per_client=steps * batch,
-                              precision=_PRECISION.value,
-                              conv_impl=_CONV.value)
+  run = scaling.synthetic_run(
+    'fedavg',
+    _MODEL.value,
+    pool=_POOL.value,
+    image_shape=(h, w, c),
+    num_clients=num_clients,
+    examples_per_client=steps * batch,
+    precision=_PRECISION.value,
+    conv_impl=_CONV.value,
+  )
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
   flops = client_step_flops(run, batch)
   round_fn = executors.make_round_fn(
-      run.spec, data, executor=executor, chunk_size=_CHUNK.value,
-      steps_per_call=steps, unroll=unroll)
+    run.spec,
+    data,
+    executor=executor,
+    chunk_size=_CHUNK.value,
+    steps_per_call=steps,
+    unroll=unroll,
+  )
   state, table = engine.init_state(run.algorithm, run.variables, num_clients)
   times = []
   for r in range(_ROUNDS.value + 1):
     cohort = cohort_lib.make_cohort(
-        np.arange(num_clients), run.partition, num_slots=num_clients,
-        num_steps=steps, batch_size=batch, local_epochs=1, local_steps=steps,
-        seed=0, round_idx=r)
+      np.arange(num_clients),
+      run.partition,
+      num_slots=num_clients,
+      num_steps=steps,
+      batch_size=batch,
+      local_epochs=1,
+      local_steps=steps,
+      seed=0,
+      round_idx=r,
+    )
     cohort = jax.device_put(cohort)
     start = time.perf_counter()
     state, table, metrics = round_fn(state, table, cohort)
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - start)
   median = statistics.median(times[1:])
-  return {'median': median, 'min': min(times[1:]), 'max': max(times[1:]),
-          'compile': times[0] - median, 'step_flops': flops}
+  return {
+    'median': median,
+    'min': min(times[1:]),
+    'max': max(times[1:]),
+    'compile': times[0] - median,
+    'step_flops': flops,
+  }
 
 
 # Dense tensor-core peaks in TFLOP/s (NVIDIA H100 / H200 SXM datasheets;
 # 'default' is TF32, what XLA uses for float32 matmuls on these GPUs, and
 # 'highest' is plain float32 on the CUDA cores).
-PEAK_TFLOPS = {'H100': {'bf16': 989.4, 'default': 494.7, 'highest': 66.9},
-               'H200': {'bf16': 989.4, 'default': 494.7, 'highest': 66.9}}
+PEAK_TFLOPS = {
+  'H100': {'bf16': 989.4, 'default': 494.7, 'highest': 66.9},
+  'H200': {'bf16': 989.4, 'default': 494.7, 'highest': 66.9},
+}
 
 
 def peak_tflops(device, precision):
@@ -147,16 +200,22 @@ def client_step_flops(run, batch_size):
 
   def step(params, model_state, images, labels, mask):
     def loss(p):
-      outputs, new_state = run.model.apply(p, model_state, images, train=True,
-                                           mask=mask)
+      outputs, new_state = run.model.apply(
+        p, model_state, images, train=True, mask=mask
+      )
       ce = optax.softmax_cross_entropy_with_integer_labels(
-          outputs['logits'].astype(jnp.float32), labels).mean()
+        outputs['logits'].astype(jnp.float32), labels
+      ).mean()
       return ce, new_state
+
     grads, new_state = jax.grad(loss, has_aux=True)(params)
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), new_state
 
-  cost = jax.jit(step).lower(params, model_state, images, labels,
-                             mask).cost_analysis()
+  cost = (
+    jax.jit(step)
+    .lower(params, model_state, images, labels, mask)
+    .cost_analysis()
+  )
   if isinstance(cost, (list, tuple)):  # older jax: one dict per program
     cost = cost[0] if cost else {}
   return float((cost or {}).get('flops', float('nan')))
@@ -176,50 +235,79 @@ def time_torch(name, clients):
     after).
   """
   from launch import torch_reference  # pylint: disable=g-import-not-at-top
+
   h, w, c = (int(x) for x in _IMAGE.value)
   load_before = os.getloadavg()[0]
   device = torch_reference.pick_device(jax.default_backend())
   r = torch_reference.time_torch_rounds(
-      clients_per_round=clients, local_steps=_STEPS.value,
-      batch_size=_BATCH.value, image_shape=(h, w, c), pool=_POOL.value,
-      model=_MODEL.value, num_rounds=_ROUNDS.value, warmup_rounds=1, lr=0.01,
-      variant=TORCH_VARIANTS[name], device=device,
-      num_threads=_TORCH_THREADS.value)
-  return {'median': r['median'], 'min': r['min'],
-          'max': max(r['seconds_per_round']),
-          'compile': r['warmup_seconds'][0] - r['median'],
-          'device_mb': r['peak_device_mb'], 'torch_device': r['device'],
-          'torch_version': r['torch_version'],
-          'num_threads': r['num_threads'],
-          'load': [load_before, os.getloadavg()[0]]}
+    clients_per_round=clients,
+    local_steps=_STEPS.value,
+    batch_size=_BATCH.value,
+    image_shape=(h, w, c),
+    pool=_POOL.value,
+    model=_MODEL.value,
+    num_rounds=_ROUNDS.value,
+    warmup_rounds=1,
+    lr=0.01,
+    variant=TORCH_VARIANTS[name],
+    device=device,
+    num_threads=_TORCH_THREADS.value,
+  )
+  return {
+    'median': r['median'],
+    'min': r['min'],
+    'max': max(r['seconds_per_round']),
+    'compile': r['warmup_seconds'][0] - r['median'],
+    'device_mb': r['peak_device_mb'],
+    'torch_device': r['device'],
+    'torch_version': r['torch_version'],
+    'num_threads': r['num_threads'],
+    'load': [load_before, os.getloadavg()[0]],
+  }
 
 
 def measure_point(point, unroll):
   """Times one point in this process; adds its peak memory."""
   executor, clients = point.split(',')
   if executor in TORCH_VARIANTS:
-    return {**time_torch(executor, int(clients)),
-            'rss_mb': machine.peak_rss_mb()}
+    return {
+      **time_torch(executor, int(clients)),
+      'rss_mb': machine.peak_rss_mb(),
+    }
   else:
     with executors.matmul_precision(_PRECISION.value):
       result = time_jax(executor, int(clients), unroll=unroll)
-  return {**result, 'rss_mb': machine.peak_rss_mb(),
-          'device_mb': machine.peak_device_mb()}
+  return {
+    **result,
+    'rss_mb': machine.peak_rss_mb(),
+    'device_mb': machine.peak_device_mb(),
+  }
 
 
 def measure_in_child(point):
   """Runs `measure_point` in a fresh interpreter: per-point peak memory."""
   args = [f'--point={point}'] + [
-      arg for arg in sys.argv[1:] if not arg.startswith('--point')]
+    arg for arg in sys.argv[1:] if not arg.startswith('--point')
+  ]
   child = machine.run_child('launch.bench', args)
   if child.status != 'ok':
     raise RuntimeError(f'Benchmark point {point} {child.status}: {child.note}')
   return child.result
 
 
-COLUMNS = ['clients/round', 'executor', 's/round (median)', 'min-max',
-           'client-steps/s', 'TFLOP/s (% of peak)', 'compile s', 'peak RSS MB', 'peak device MB',
-           'vs PyTorch loop', 'vs best PyTorch']
+COLUMNS = [
+  'clients/round',
+  'executor',
+  's/round (median)',
+  'min-max',
+  'client-steps/s',
+  'TFLOP/s (% of peak)',
+  'compile s',
+  'peak RSS MB',
+  'peak device MB',
+  'vs PyTorch loop',
+  'vs best PyTorch',
+]
 
 
 def ratio_cell(median, reference):
@@ -243,17 +331,37 @@ def format_row(clients, name, r, loop_median, best_torch, peak=None):
   ``peak``: the device's TFLOP/s at the bench's precision, or None.
   """
   if r.get('failed'):
-    return [clients, name, '-', '-', '-', '-', '-', '-', '-', '-',
-            f'failed: {r["failed"]}']
-  best = (ratio_cell(r['median'], best_torch[1]) + f' ({best_torch[0]})'
-          if best_torch else 'n/a')
-  return [clients, name, f'{r["median"]:.3f}', f'{r["min"]:.3f}-{r["max"]:.3f}',
-          f'{clients * _STEPS.value / r["median"]:.0f}',
-          flops_cell(clients, r, peak),
-          '-' if r['compile'] is None else f'{r["compile"]:.1f}',
-          f'{r["rss_mb"]:.0f}',
-          '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}',
-          ratio_cell(r['median'], loop_median), best]
+    return [
+      clients,
+      name,
+      '-',
+      '-',
+      '-',
+      '-',
+      '-',
+      '-',
+      '-',
+      '-',
+      f'failed: {r["failed"]}',
+    ]
+  best = (
+    ratio_cell(r['median'], best_torch[1]) + f' ({best_torch[0]})'
+    if best_torch
+    else 'n/a'
+  )
+  return [
+    clients,
+    name,
+    f'{r["median"]:.3f}',
+    f'{r["min"]:.3f}-{r["max"]:.3f}',
+    f'{clients * _STEPS.value / r["median"]:.0f}',
+    flops_cell(clients, r, peak),
+    '-' if r['compile'] is None else f'{r["compile"]:.1f}',
+    f'{r["rss_mb"]:.0f}',
+    '-' if r['device_mb'] is None else f'{r["device_mb"]:.0f}',
+    ratio_cell(r['median'], loop_median),
+    best,
+  ]
 
 
 def executor_names():
@@ -262,16 +370,20 @@ def executor_names():
   names = list(_EXECUTORS.value)
   if _TORCH.value and 'torch' not in names:
     names.append('torch')
-  if (_TORCH_COMPILE.value and 'torch_vmap' in names
-      and 'torch_vmap_compiled' not in names):
+  if (
+    _TORCH_COMPILE.value
+    and 'torch_vmap' in names
+    and 'torch_vmap_compiled' not in names
+  ):
     names.append('torch_vmap_compiled')
   return names
 
 
 def torch_note(results, backend):
   """The table's PyTorch line: version, device, threads, what each form is."""
-  done = [r for name, r in results if name in TORCH_VARIANTS
-          and not r.get('failed')]
+  done = [
+    r for name, r in results if name in TORCH_VARIANTS and not r.get('failed')
+  ]
   if not done:
     return None
   first = done[0]
@@ -279,21 +391,29 @@ def torch_note(results, backend):
   loads = [x for r in done for x in r['load']]
   threads = first['num_threads']
   # OpenMP's spin-waiting decides torch's speed on a loaded CPU: say if set.
-  wait_policy = (f', OMP_WAIT_POLICY={os.environ["OMP_WAIT_POLICY"]}'
-                 if os.environ.get('OMP_WAIT_POLICY') else '')
-  why = (' (this torch build sees no CUDA device)'
-         if backend == 'gpu' and device == 'cpu' else '')
-  return (f'PyTorch: torch {first["torch_version"]} on {device}{why}, '
-          f'{threads} CPU thread{"s" if threads > 1 else ""}{wait_policy}; '
-          '1-minute load average '
-          f'{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores '
-          'during these rows. pytorch loop = one client '
-          'after the other (load_state_dict, SGD, FedAvg); pytorch vmap = all '
-          'clients at once with torch.func (vmap(grad(functional_call)) over '
-          'stacked parameters), eager; + compile = that step in torch.compile '
-          '(compile s = warm-up round minus median). Ratios are time ratios '
-          '(below 1: faster than that PyTorch form); "best" is the fastest '
-          'PyTorch form at that cohort size.')
+  wait_policy = (
+    f', OMP_WAIT_POLICY={os.environ["OMP_WAIT_POLICY"]}'
+    if os.environ.get('OMP_WAIT_POLICY')
+    else ''
+  )
+  why = (
+    ' (this torch build sees no CUDA device)'
+    if backend == 'gpu' and device == 'cpu'
+    else ''
+  )
+  return (
+    f'PyTorch: torch {first["torch_version"]} on {device}{why}, '
+    f'{threads} CPU thread{"s" if threads > 1 else ""}{wait_policy}; '
+    '1-minute load average '
+    f'{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores '
+    'during these rows. pytorch loop = one client '
+    'after the other (load_state_dict, SGD, FedAvg); pytorch vmap = all '
+    'clients at once with torch.func (vmap(grad(functional_call)) over '
+    'stacked parameters), eager; + compile = that step in torch.compile '
+    '(compile s = warm-up round minus median). Ratios are time ratios '
+    '(below 1: faster than that PyTorch form); "best" is the fastest '
+    'PyTorch form at that cohort size.'
+  )
 
 
 def model_label():
@@ -333,52 +453,78 @@ def main(argv):
         results[name] = {'failed': str(e)[:300]}
         print(f'{name:>10} C={clients:<5} failed: {e}', flush=True)
         continue
-      print(f'{name:>10} C={clients:<5} {r["median"]:.3f} s/round '
-            f'(min {r["min"]:.3f}, max {r["max"]:.3f}), compile '
-            f'{r["compile"]} s, {clients * _STEPS.value / r["median"]:.0f} '
-            f'client-steps/s, peak RSS {r["rss_mb"]:.0f} MB, device '
-            f'{r["device_mb"]} MB', flush=True)
+      print(
+        f'{name:>10} C={clients:<5} {r["median"]:.3f} s/round '
+        f'(min {r["min"]:.3f}, max {r["max"]:.3f}), compile '
+        f'{r["compile"]} s, {clients * _STEPS.value / r["median"]:.0f} '
+        f'client-steps/s, peak RSS {r["rss_mb"]:.0f} MB, device '
+        f'{r["device_mb"]} MB',
+        flush=True,
+      )
     measured += results.items()
-    torch_done = {name: r['median'] for name, r in results.items()
-                  if name in TORCH_VARIANTS and not r.get('failed')}
+    torch_done = {
+      name: r['median']
+      for name, r in results.items()
+      if name in TORCH_VARIANTS and not r.get('failed')
+    }
     loop_median = torch_done.get('torch')
     best_torch = None
     if torch_done:
       best = min(torch_done, key=torch_done.get)
       best_torch = (TORCH_LABELS[best], torch_done[best])
     for name, r in results.items():
-      rows.append(format_row(clients, TORCH_LABELS.get(name, name), r,
-                             loop_median, best_torch, peak))
+      rows.append(
+        format_row(
+          clients,
+          TORCH_LABELS.get(name, name),
+          r,
+          loop_median,
+          best_torch,
+          peak,
+        )
+      )
 
   notes = [
-      f'Device: {described["device"]} ({backend}); jax {jax.__version__}; '
-      f'median of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. '
-      "Each row ran in its own process: peak RSS is that row's; device MB is "
-      "XLA's peak on device 0 (not reported on CPU, where it is host memory). "
-      "TFLOP/s = clients x local steps x XLA's FLOP count of one client "
-      "step (cost analysis of forward + backward + update) / s per round; "
-      + (f'% of the device\'s dense {_PRECISION.value} peak '
-         f'({peak} TFLOP/s).' if peak else 'no peak tabled for this device.'),
-      f'Command: `python -m launch.bench --model={_MODEL.value} '
-      f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
-      f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
-      f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
-      f'--chunk_size={_CHUNK.value} --precision={_PRECISION.value} '
-      f'--conv_impl={_CONV.value} --torch={_TORCH.value} '
-      f'--torch_compile={_TORCH_COMPILE.value}'
-      + (f' --torch_threads={_TORCH_THREADS.value}'
-         if _TORCH_THREADS.value else '') + '`',
+    f'Device: {described["device"]} ({backend}); jax {jax.__version__}; '
+    f'median of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. '
+    "Each row ran in its own process: peak RSS is that row's; device MB is "
+    "XLA's peak on device 0 (not reported on CPU, where it is host memory). "
+    "TFLOP/s = clients x local steps x XLA's FLOP count of one client "
+    'step (cost analysis of forward + backward + update) / s per round; '
+    + (
+      f"% of the device's dense {_PRECISION.value} peak ({peak} TFLOP/s)."
+      if peak
+      else 'no peak tabled for this device.'
+    ),
+    f'Command: `python -m launch.bench --model={_MODEL.value} '
+    f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
+    f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
+    f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
+    f'--chunk_size={_CHUNK.value} --precision={_PRECISION.value} '
+    f'--conv_impl={_CONV.value} --torch={_TORCH.value} '
+    f'--torch_compile={_TORCH_COMPILE.value}'
+    + (
+      f' --torch_threads={_TORCH_THREADS.value}' if _TORCH_THREADS.value else ''
+    )
+    + '`',
   ]
   pytorch = torch_note(measured, backend)
   if pytorch:
     notes.insert(1, pytorch)
   table = machine.markdown_section(
-      f'{model_label()}, {"x".join(_IMAGE.value)}, {_STEPS.value} local steps '
-      f'of {_BATCH.value}, FedAvg', notes, COLUMNS, rows)
+    f'{model_label()}, {"x".join(_IMAGE.value)}, {_STEPS.value} local steps '
+    f'of {_BATCH.value}, FedAvg',
+    notes,
+    COLUMNS,
+    rows,
+  )
   print(table)
   machine.append_markdown(
-      _OUT.value or os.path.join('benchmarks', f'{backend}.md'), table,
-      title=f'Benchmarks on {backend}', script='launch/bench.py')
+    _OUT.value or os.path.join('benchmarks', f'{backend}.md'),
+    table,
+    title=f'Benchmarks on {backend}',
+    script='launch/bench.py',
+  )
 
 
 if __name__ == '__main__':

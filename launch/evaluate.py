@@ -35,9 +35,7 @@ import json
 import os
 import time
 
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
 import flax.serialization
 import jax
 import ml_collections
@@ -59,8 +57,11 @@ def _merge(target, saved, top=True):
   for key, value in saved.items():
     if top and key in _WHOLE_BLOCKS:
       target[key] = ml_collections.ConfigDict(value)
-    elif (isinstance(value, dict) and key in target
-          and isinstance(target[key], ml_collections.ConfigDict)):
+    elif (
+      isinstance(value, dict)
+      and key in target
+      and isinstance(target[key], ml_collections.ConfigDict)
+    ):
       _merge(target[key], value, top=False)
     else:
       target[key] = value
@@ -71,8 +72,10 @@ def load_config(workdir, overrides=()):
   (``'a.b=value'`` strings) applied."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
-    raise FileNotFoundError(f'{path} not found: is {workdir} a run\'s '
-                            'workdir (python -m launch.main --workdir=...)?')
+    raise FileNotFoundError(
+      f"{path} not found: is {workdir} a run's "
+      'workdir (python -m launch.main --workdir=...)?'
+    )
   with open(path) as f:
     saved = json.load(f)
   config = common.base_config()
@@ -122,41 +125,65 @@ def restore(config, workdir, round_=None):
   clients = train.make_partition(config, train_split.labels)
   mean, std = augment.channel_stats(train_split.images)
   preprocess = augment.make_preprocess(mean, std, 'none')
-  model = train.build_model(config.model, train_split.num_classes,
-                            train_split.images.shape[1:], config.precision)
-  variables = model.init(jax.random.key(config.seed),
-                         preprocess(train_split.images[:1], None))
+  model = train.build_model(
+    config.model,
+    train_split.num_classes,
+    train_split.images.shape[1:],
+    config.precision,
+  )
+  variables = model.init(
+    jax.random.key(config.seed), preprocess(train_split.images[:1], None)
+  )
   # The algorithm's state shapes as train.run made them (FedAU's table
   # depends on the participation probabilities).
-  probs = np.full(config.num_clients,
-                  config.clients_per_round / config.num_clients)
-  counts = partition.class_counts(train_split.labels, clients,
-                                  train_split.num_classes)
+  probs = np.full(
+    config.num_clients, config.clients_per_round / config.num_clients
+  )
+  counts = partition.class_counts(
+    train_split.labels, clients, train_split.num_classes
+  )
   active = train.participation_mask(config, counts)
   if active is not None:
     probs = active[0]
   algorithm = train.build_algorithm(config, model, probs)
   server_state, client_table = engine.init_state(
-      algorithm, variables, config.num_clients,
-      key=jax.random.key(config.seed + 1))
+    algorithm,
+    variables,
+    config.num_clients,
+    key=jax.random.key(config.seed + 1),
+  )
   directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f'No checkpoints in {workdir}: is it a run\'s '
-                            'workdir (python -m launch.main --workdir=...)?')
+    raise FileNotFoundError(
+      f"No checkpoints in {workdir}: is it a run's "
+      'workdir (python -m launch.main --workdir=...)?'
+    )
   manager = ocp.CheckpointManager(directory)
   saved = list(manager.all_steps())
   round_ = manager.latest_step() if round_ is None else round_
   if round_ is None or round_ not in saved:
     manager.close()
-    raise FileNotFoundError(f'No checkpoint of round {round_} in '
-                            f'{directory}; saved rounds: {sorted(saved)}.')
-  restored = manager.restore(round_, args=ocp.args.StandardRestore(
-      {'server_state': server_state, 'client_table': client_table}))
+    raise FileNotFoundError(
+      f'No checkpoint of round {round_} in '
+      f'{directory}; saved rounds: {sorted(saved)}.'
+    )
+  restored = manager.restore(
+    round_,
+    args=ocp.args.StandardRestore(
+      {'server_state': server_state, 'client_table': client_table}
+    ),
+  )
   manager.close()
-  return dict(model=model, preprocess=preprocess, train=train_split,
-              test=test_split, clients=clients,
-              server_state=engine.ServerState(*restored['server_state']),
-              client_table=restored['client_table'], round=int(round_))
+  return dict(
+    model=model,
+    preprocess=preprocess,
+    train=train_split,
+    test=test_split,
+    clients=clients,
+    server_state=engine.ServerState(*restored['server_state']),
+    client_table=restored['client_table'],
+    round=int(round_),
+  )
 
 
 def _flat_arrays(tree, prefix=''):
@@ -182,8 +209,9 @@ def _unflatten(flat):
   return tree
 
 
-def export(directory, variables, config, *, num_classes, input_shape, mean,
-           std, round_):
+def export(
+  directory, variables, config, *, num_classes, input_shape, mean, std, round_
+):
   """Writes the global model as variables.msgpack, variables.npz, model.json.
 
   Args:
@@ -204,16 +232,16 @@ def export(directory, variables, config, *, num_classes, input_shape, mean,
     f.write(flax.serialization.to_bytes(host))
   np.savez(os.path.join(directory, 'variables.npz'), **_flat_arrays(host))
   description = {
-      'model': config.model.to_dict(),
-      'num_classes': int(num_classes),
-      'input_shape': [int(x) for x in input_shape],
-      'input_mean': [float(x) for x in np.ravel(mean)],
-      'input_std': [float(x) for x in np.ravel(std)],
-      'precision': config.precision,
-      'algorithm': config.algorithm,
-      'dataset': config.dataset.name,
-      'round': int(round_),
-      'seed': int(config.seed),
+    'model': config.model.to_dict(),
+    'num_classes': int(num_classes),
+    'input_shape': [int(x) for x in input_shape],
+    'input_mean': [float(x) for x in np.ravel(mean)],
+    'input_std': [float(x) for x in np.ravel(std)],
+    'precision': config.precision,
+    'algorithm': config.algorithm,
+    'dataset': config.dataset.name,
+    'round': int(round_),
+    'seed': int(config.seed),
   }
   with open(os.path.join(directory, 'model.json'), 'w') as f:
     json.dump(description, f, indent=2, sort_keys=True)
@@ -232,22 +260,32 @@ def load_export(directory, *, npz=False):
   with open(os.path.join(directory, 'model.json')) as f:
     description = json.load(f)
   model = train.build_model(
-      ml_collections.ConfigDict(description['model']),
-      description['num_classes'], tuple(description['input_shape']),
-      description.get('precision', 'default'))
+    ml_collections.ConfigDict(description['model']),
+    description['num_classes'],
+    tuple(description['input_shape']),
+    description.get('precision', 'default'),
+  )
   if npz:
     with np.load(os.path.join(directory, 'variables.npz')) as arrays:
       variables = _unflatten({k: arrays[k] for k in arrays.files})
   else:
     with open(os.path.join(directory, 'variables.msgpack'), 'rb') as f:
       variables = flax.serialization.msgpack_restore(f.read())
-  preprocess = augment.make_preprocess(description['input_mean'],
-                                       description['input_std'], 'none')
+  preprocess = augment.make_preprocess(
+    description['input_mean'], description['input_std'], 'none'
+  )
   return model, variables, preprocess, description
 
 
-def evaluate(workdir, *, round_=None, overrides=(), write=True,
-             run_evaluation=True, export_model=True):
+def evaluate(
+  workdir,
+  *,
+  round_=None,
+  overrides=(),
+  write=True,
+  run_evaluation=True,
+  export_model=True,
+):
   """Re-evaluates checkpoint ``round_`` (default the latest) and exports it.
 
   Runs the evaluator's ``every`` and ``final`` on the saved state, under
@@ -263,8 +301,13 @@ def evaluate(workdir, *, round_=None, overrides=(), write=True,
     metrics = {'round': run['round'], 'algorithm': config.algorithm}
     if run_evaluation:
       evaluator = protocols.make_evaluator(
-          config, model=run['model'], preprocess=run['preprocess'],
-          train=run['train'], test=run['test'], clients=run['clients'])
+        config,
+        model=run['model'],
+        preprocess=run['preprocess'],
+        train=run['train'],
+        test=run['test'],
+        clients=run['clients'],
+      )
       start = time.time()
       state = (run['server_state'], run['client_table'])
       metrics.update(evaluator.every(*state))
@@ -275,14 +318,17 @@ def evaluate(workdir, *, round_=None, overrides=(), write=True,
   if export_model and chief:
     mean, std = input_scaling(config, run['train'].images)
     metrics['export_dir'] = export(
-        os.path.join(workdir, 'export', f'round_{run["round"]}'),
-        run['server_state'].variables, config,
-        num_classes=run['train'].num_classes,
-        input_shape=run['train'].images.shape[1:], mean=mean, std=std,
-        round_=run['round'])
+      os.path.join(workdir, 'export', f'round_{run["round"]}'),
+      run['server_state'].variables,
+      config,
+      num_classes=run['train'].num_classes,
+      input_shape=run['train'].images.shape[1:],
+      mean=mean,
+      std=std,
+      round_=run['round'],
+    )
   if write and run_evaluation and chief:
-    name = ('eval.json' if round_ is None else
-            f'eval_{run["round"]}.json')
+    name = 'eval.json' if round_ is None else f'eval_{run["round"]}.json'
     tmp = os.path.join(workdir, name + '.tmp')
     with open(tmp, 'w') as f:
       json.dump(metrics, f, indent=2, sort_keys=True)
@@ -296,16 +342,22 @@ def define_flags():
   Importing the module (the tests) then registers no absl flags, which would
   clash with launch.main's (``--workdir``) in the same process.
   """
-  flags.DEFINE_string('workdir', None, 'A run\'s workdir.')
-  flags.DEFINE_integer('round', None, 'Checkpoint to load: the one saved '
-                       'after this many rounds; default the latest.')
+  flags.DEFINE_string('workdir', None, "A run's workdir.")
+  flags.DEFINE_integer(
+    'round',
+    None,
+    'Checkpoint to load: the one saved '
+    'after this many rounds; default the latest.',
+  )
   flags.DEFINE_multi_string(
-      'set', [], 'Config override for the evaluation, key.path=value.')
-  flags.DEFINE_boolean('evaluate', True,
-                       'Run the evaluation protocol (--noevaluate: export '
-                       'only).')
-  flags.DEFINE_boolean('export', True, 'Export the global model to '
-                       '<workdir>/export/round_<N>/.')
+    'set', [], 'Config override for the evaluation, key.path=value.'
+  )
+  flags.DEFINE_boolean(
+    'evaluate', True, 'Run the evaluation protocol (--noevaluate: export only).'
+  )
+  flags.DEFINE_boolean(
+    'export', True, 'Export the global model to <workdir>/export/round_<N>/.'
+  )
   flags.mark_flags_as_required(['workdir'])
 
 
@@ -315,8 +367,13 @@ def main(argv):
   f = flags.FLAGS
   if not f['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  metrics = evaluate(f.workdir, round_=f['round'].value, overrides=f.set,
-                     run_evaluation=f.evaluate, export_model=f.export)
+  metrics = evaluate(
+    f.workdir,
+    round_=f['round'].value,
+    overrides=f.set,
+    run_evaluation=f.evaluate,
+    export_model=f.export,
+  )
   for name in sorted(metrics):
     print(f'{name}: {metrics[name]}')
 

@@ -28,8 +28,11 @@ def device_name() -> str:
   cpu = platform.processor() or 'cpu'
   try:
     with open('/proc/cpuinfo') as f:
-      cpu = next(line.split(':', 1)[1].strip() for line in f
-                 if line.startswith('model name'))
+      cpu = next(
+        line.split(':', 1)[1].strip()
+        for line in f
+        if line.startswith('model name')
+      )
   except (OSError, StopIteration):
     pass
   return f'{cpu}, {os.cpu_count()} cores'
@@ -43,10 +46,12 @@ def peak_rss_mb() -> float:
 def peak_device_mb() -> Optional[float]:
   """Largest XLA ``peak_bytes_in_use`` over local devices, in MiB; None where
   the backend does not report it (CPU, where device memory is host memory)."""
-  peaks = [(device.memory_stats() or {}).get('peak_bytes_in_use')
-           for device in jax.local_devices()]
+  peaks = [
+    (device.memory_stats() or {}).get('peak_bytes_in_use')
+    for device in jax.local_devices()
+  ]
   peaks = [p for p in peaks if p is not None]
-  return max(peaks) / 2 ** 20 if peaks else None
+  return max(peaks) / 2**20 if peaks else None
 
 
 def append_markdown(path: str, section: str, *, title: str, script: str):
@@ -67,14 +72,16 @@ def print_result(result: Dict[str, Any]):
 
 class ChildResult(NamedTuple):
   """What `run_child` saw: the child's result, or why there is none."""
+
   result: Optional[Dict[str, Any]]
-  status: str          # 'ok' | 'timeout' | 'failed'
+  status: str  # 'ok' | 'timeout' | 'failed'
   note: str
   wall_seconds: float  # the child's whole life, start-up included
 
 
-def run_child(module: str, args: Sequence[str], *,
-              timeout: Optional[float] = None) -> ChildResult:
+def run_child(
+  module: str, args: Sequence[str], *, timeout: Optional[float] = None
+) -> ChildResult:
   """Runs ``python -m module *args`` in a fresh interpreter from the repo root.
 
   One measurement per process gives per-point peak memory (RSS and device)
@@ -83,33 +90,53 @@ def run_child(module: str, args: Sequence[str], *,
   """
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
+    p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p
+  )
   start = time.perf_counter()
   try:
-    proc = subprocess.run([sys.executable, '-m', module, *args], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+      [sys.executable, '-m', module, *args],
+      cwd=REPO_ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      check=False,
+    )
   except subprocess.TimeoutExpired:
-    return ChildResult(None, 'timeout', f'stopped after {timeout:g} s',
-                       time.perf_counter() - start)
+    return ChildResult(
+      None,
+      'timeout',
+      f'stopped after {timeout:g} s',
+      time.perf_counter() - start,
+    )
   wall = time.perf_counter() - start
   result = None
   for line in reversed(proc.stdout.splitlines()):
     if line.startswith(RESULT_PREFIX):
-      result = json.loads(line[len(RESULT_PREFIX):])
+      result = json.loads(line[len(RESULT_PREFIX) :])
       break
   if proc.returncode < 0:
-    return ChildResult(None, 'failed', f'killed by signal {-proc.returncode}'
-                       ' (out of memory?)', wall)
+    return ChildResult(
+      None,
+      'failed',
+      f'killed by signal {-proc.returncode} (out of memory?)',
+      wall,
+    )
   if proc.returncode != 0 or result is None:
     lines = (proc.stderr or proc.stdout).strip().splitlines() or ['no output']
-    return ChildResult(None, 'failed',
-                       f'exit {proc.returncode}: {lines[-1][:200]}', wall)
+    return ChildResult(
+      None, 'failed', f'exit {proc.returncode}: {lines[-1][:200]}', wall
+    )
   return ChildResult(result, 'ok', '', wall)
 
 
-def markdown_section(heading: str, notes: Sequence[str], columns: List[str],
-                     rows: Sequence[Sequence[Any]]) -> str:
+def markdown_section(
+  heading: str,
+  notes: Sequence[str],
+  columns: List[str],
+  rows: Sequence[Sequence[Any]],
+) -> str:
   """A dated markdown section: heading, note lines, then a table.
 
   Args:
@@ -118,11 +145,15 @@ def markdown_section(heading: str, notes: Sequence[str], columns: List[str],
     columns: table column names.
     rows: one sequence of cell values (already formatted) per row.
   """
-  lines = [f'\n## {datetime.date.today()} - {heading}', '', *notes, '',
-           '| ' + ' | '.join(columns) + ' |',
-           '|' + '---|' * len(columns)]
-  lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |'
-            for row in rows]
+  lines = [
+    f'\n## {datetime.date.today()} - {heading}',
+    '',
+    *notes,
+    '',
+    '| ' + ' | '.join(columns) + ' |',
+    '|' + '---|' * len(columns),
+  ]
+  lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows]
   return '\n'.join(lines) + '\n'
 
 

@@ -17,9 +17,7 @@ docs/multihost.md.
 import signal
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
 import jax
 import ml_collections
 from ml_collections import config_flags
@@ -27,32 +25,51 @@ from ml_collections import config_flags
 from fedjax_metric import faults, train
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Path to a config file, e.g. configs/fedavg.py[:runlocal].',
-    lock_config=True)
+  'config',
+  None,
+  'Path to a config file, e.g. configs/fedavg.py[:runlocal].',
+  lock_config=True,
+)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.')
 _COORDINATOR = flags.DEFINE_string(
-    'coordinator_address', None,
-    'host:port of process 0 (multi-process; with --num_processes and '
-    '--process_id).')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None,
-                                      'Processes in a multi-process run.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None,
-                                   'This process, in [0, num_processes).')
+  'coordinator_address',
+  None,
+  'host:port of process 0 (multi-process; with --num_processes and '
+  '--process_id).',
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  'num_processes', None, 'Processes in a multi-process run.'
+)
+_PROCESS_ID = flags.DEFINE_integer(
+  'process_id', None, 'This process, in [0, num_processes).'
+)
 _DISTRIBUTED = flags.DEFINE_bool(
-    'distributed', False,
-    'Multi-process run with the parameters JAX detects (SLURM, Open MPI, '
-    'Cloud TPU, JAX_COORDINATOR_ADDRESS); implied by the three flags above.')
+  'distributed',
+  False,
+  'Multi-process run with the parameters JAX detects (SLURM, Open MPI, '
+  'Cloud TPU, JAX_COORDINATOR_ADDRESS); implied by the three flags above.',
+)
 _CPU_COLLECTIVES = flags.DEFINE_enum(
-    'cpu_collectives', 'gloo', ['gloo', 'mpi'],
-    'Cross-process collectives of the CPU backend in multi-process runs.')
+  'cpu_collectives',
+  'gloo',
+  ['gloo', 'mpi'],
+  'Cross-process collectives of the CPU backend in multi-process runs.',
+)
 _VERBOSE = flags.DEFINE_bool(
-    'verbose', False, 'On an error, print the full traceback too.')
+  'verbose', False, 'On an error, print the full traceback too.'
+)
 flags.mark_flags_as_required(['config', 'workdir'])
 
 # Errors that come from the command (values, files, the workdir), reported
 # as one line. Anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, OSError, ArithmeticError, MemoryError, ImportError,
-               faults.CheckpointError)
+USER_ERRORS = (
+  ValueError,
+  OSError,
+  ArithmeticError,
+  MemoryError,
+  ImportError,
+  faults.CheckpointError,
+)
 
 
 def one_line(message) -> str:
@@ -83,25 +100,32 @@ def distributed_args(coordinator_address, num_processes, process_id):
   Checked here because a mistake otherwise shows up as a hang: processes
   waiting for a peer that will never connect.
   """
-  given = [v is not None for v in (coordinator_address, num_processes,
-                                   process_id)]
+  given = [
+    v is not None for v in (coordinator_address, num_processes, process_id)
+  ]
   if not any(given):
     return None
   if not all(given):
     raise app.UsageError(
-        '--coordinator_address, --num_processes and --process_id go together: '
-        'pass all three, or none (one process, or --distributed).')
+      '--coordinator_address, --num_processes and --process_id go together: '
+      'pass all three, or none (one process, or --distributed).'
+    )
   host, _, port = coordinator_address.rpartition(':')
   if not host or not port.isdigit():
-    raise app.UsageError(f'--coordinator_address={coordinator_address!r} is '
-                         'not host:port.')
+    raise app.UsageError(
+      f'--coordinator_address={coordinator_address!r} is not host:port.'
+    )
   if num_processes < 1:
     raise app.UsageError(f'--num_processes={num_processes} must be >= 1.')
   if not 0 <= process_id < num_processes:
-    raise app.UsageError(f'--process_id={process_id} must be in [0, '
-                         f'{num_processes}).')
-  return dict(coordinator_address=coordinator_address,
-              num_processes=num_processes, process_id=process_id)
+    raise app.UsageError(
+      f'--process_id={process_id} must be in [0, {num_processes}).'
+    )
+  return dict(
+    coordinator_address=coordinator_address,
+    num_processes=num_processes,
+    process_id=process_id,
+  )
 
 
 def main(argv):
@@ -110,13 +134,15 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     # orbax logs every checkpoint step at INFO; --verbosity=0 brings it back.
     logging.set_verbosity(logging.WARNING)
-  kwargs = distributed_args(_COORDINATOR.value, _NUM_PROCESSES.value,
-                            _PROCESS_ID.value)
+  kwargs = distributed_args(
+    _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
+  )
   if kwargs is not None or _DISTRIBUTED.value:
     # Before anything starts the backend: the CPU client takes its collectives
     # when it is created, and initialize() must come first anyway.
-    jax.config.update('jax_cpu_collectives_implementation',
-                      _CPU_COLLECTIVES.value)
+    jax.config.update(
+      'jax_cpu_collectives_implementation', _CPU_COLLECTIVES.value
+    )
     jax.distributed.initialize(**(kwargs or {}))
   config = _CONFIG.value
   if not isinstance(config, ml_collections.ConfigDict) and not _VERBOSE.value:
@@ -131,8 +157,11 @@ def main(argv):
     # A second Ctrl-C: the round in progress was not finished.
     if _VERBOSE.value:
       raise
-    print(f'Interrupted; the last checkpoint in {_WORKDIR.value} is kept. '
-          'Run the same command again to resume.', file=sys.stderr)
+    print(
+      f'Interrupted; the last checkpoint in {_WORKDIR.value} is kept. '
+      'Run the same command again to resume.',
+      file=sys.stderr,
+    )
     sys.exit(128 + signal.SIGINT)
   except USER_ERRORS as e:
     if _VERBOSE.value:
@@ -141,9 +170,13 @@ def main(argv):
   if 'stopped_by' in summary:  # SIGTERM / SIGINT: a checkpoint was saved.
     sys.exit(128 + signal.Signals[summary['stopped_by']])
   if jax.process_index() == 0:
-    print(f"test_accuracy={summary.get('test_accuracy', float('nan')):.4f} "
-          f"after {summary['rounds_completed']} rounds; "
-          f'workdir: {_WORKDIR.value}')
+    # The evaluation protocol's headline metric: test_accuracy, auroc_mean...
+    headline = summary.get('headline', 'test_accuracy')
+    print(
+      f'{headline}={summary.get(headline, float("nan")):.4f} '
+      f'after {summary["rounds_completed"]} rounds; '
+      f'workdir: {_WORKDIR.value}'
+    )
 
 
 if __name__ == '__main__':

@@ -35,11 +35,17 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string('output', 'docs/results/ssl_views.png', 'PNG to write.')
 flags.DEFINE_integer('num_images', 8, 'Rows per panel.')
 flags.DEFINE_integer('seed', 0, 'Seed of the images chosen and the views.')
-flags.DEFINE_enum('order', 'ssd', list(augment.VIEW_ORDERS),
-                  'Augmentation order (and default crop scale).')
-flags.DEFINE_string('fashion_mnist_dir',
-                    sources.DEFAULT_DIRS['fashion_mnist'],
-                    'Fashion-MNIST IDX files; digits are used when absent.')
+flags.DEFINE_enum(
+  'order',
+  'ssd',
+  list(augment.VIEW_ORDERS),
+  'Augmentation order (and default crop scale).',
+)
+flags.DEFINE_string(
+  'fashion_mnist_dir',
+  sources.DEFAULT_DIRS['fashion_mnist'],
+  'Fashion-MNIST IDX files; digits are used when absent.',
+)
 
 
 def grayscale_images(num: int, seed: int, fashion_mnist_dir: str):
@@ -52,13 +58,13 @@ def grayscale_images(num: int, seed: int, fashion_mnist_dir: str):
   except (sources.DatasetNotFoundError, FileNotFoundError, OSError):
     ds = sources.load('digits', 'test')
     name = 'digits (8x8 -> 32x32 bilinear)'
-    upsample = jax.vmap(lambda x: augment.resized_crop(x, 0, 0, 8, 8,
-                                                       (32, 32)))
+    upsample = jax.vmap(lambda x: augment.resized_crop(x, 0, 0, 8, 8, (32, 32)))
     images = np.round(np.asarray(upsample(jnp.asarray(ds.images))) * 255.0)
     images = images.astype(np.uint8)
   # One image per class first, so the rows differ.
-  picks = [rng.choice(np.flatnonzero(ds.labels == c))
-           for c in range(ds.num_classes)]
+  picks = [
+    rng.choice(np.flatnonzero(ds.labels == c)) for c in range(ds.num_classes)
+  ]
   return images[np.array(picks[:num])], name
 
 
@@ -70,8 +76,9 @@ def synthetic_colour_images(num: int, seed: int, size: int = 32):
   for i in range(num):
     hue = rng.uniform()
     background = np.array(colorsys.hsv_to_rgb(hue, 0.5, 0.9))
-    foreground = np.array(colorsys.hsv_to_rgb((hue + rng.uniform(0.3, 0.7))
-                                              % 1.0, 0.9, 0.8))
+    foreground = np.array(
+      colorsys.hsv_to_rgb((hue + rng.uniform(0.3, 0.7)) % 1.0, 0.9, 0.8)
+    )
     angle = rng.uniform(0, 2 * np.pi)
     ramp = 0.6 + 0.4 * (np.cos(angle) * xx + np.sin(angle) * yy + 1) / 2
     image = ramp[..., None] * background
@@ -79,12 +86,13 @@ def synthetic_colour_images(num: int, seed: int, size: int = 32):
     radius = rng.uniform(0.15, 0.3)
     kind = i % 3
     if kind == 0:
-      inside = (yy - cy)**2 + (xx - cx)**2 < radius**2
+      inside = (yy - cy) ** 2 + (xx - cx) ** 2 < radius**2
     elif kind == 1:
       inside = (abs(yy - cy) < radius) & (abs(xx - cx) < radius)
     else:
       inside = (np.sin((xx + yy) * 6 * np.pi) > 0.3) & (
-          (yy - cy)**2 + (xx - cx)**2 < (1.5 * radius)**2)
+        (yy - cy) ** 2 + (xx - cx) ** 2 < (1.5 * radius) ** 2
+      )
     image[inside] = foreground
     images.append(np.round(np.clip(image, 0, 1) * 255))
   return np.stack(images).astype(np.uint8)
@@ -104,8 +112,9 @@ def draw_panel(fig, grid_spec, images, view1, view2, title):
       ax.set_xticks([])
       ax.set_yticks([])
       if row == 0:
-        ax.set_title(f'{title}\n{columns[col]}' if col == 1 else columns[col],
-                     fontsize=9)
+        ax.set_title(
+          f'{title}\n{columns[col]}' if col == 1 else columns[col], fontsize=9
+        )
 
 
 def main(argv):
@@ -120,14 +129,34 @@ def main(argv):
 
   fig = Figure(figsize=(7.2, 1.2 * num + 0.9))
   FigureCanvasAgg(fig)
-  outer = fig.add_gridspec(1, 2, wspace=0.12, left=0.02, right=0.98,
-                           top=1 - 0.75 / (1.2 * num + 0.9), bottom=0.01)
-  draw_panel(fig, outer[0].subgridspec(num, 3, wspace=0.05, hspace=0.08),
-             gray, *gray_views, gray_name)
-  draw_panel(fig, outer[1].subgridspec(num, 3, wspace=0.05, hspace=0.08),
-             colour, *colour_views, 'synthetic colour (32x32)')
-  fig.suptitle(f"Two-view augmentation, order '{FLAGS.order}' (crop, flip, "
-               'colour jitter, grayscale)', fontsize=10)
+  outer = fig.add_gridspec(
+    1,
+    2,
+    wspace=0.12,
+    left=0.02,
+    right=0.98,
+    top=1 - 0.75 / (1.2 * num + 0.9),
+    bottom=0.01,
+  )
+  draw_panel(
+    fig,
+    outer[0].subgridspec(num, 3, wspace=0.05, hspace=0.08),
+    gray,
+    *gray_views,
+    gray_name,
+  )
+  draw_panel(
+    fig,
+    outer[1].subgridspec(num, 3, wspace=0.05, hspace=0.08),
+    colour,
+    *colour_views,
+    'synthetic colour (32x32)',
+  )
+  fig.suptitle(
+    f"Two-view augmentation, order '{FLAGS.order}' (crop, flip, "
+    'colour jitter, grayscale)',
+    fontsize=10,
+  )
   os.makedirs(os.path.dirname(FLAGS.output) or '.', exist_ok=True)
   fig.savefig(FLAGS.output, dpi=110)
   print(f'Wrote {FLAGS.output} ({gray_name}; synthetic colour).')

@@ -67,24 +67,33 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from absl import app
-from absl import flags
+from absl import app, flags
 import jax
 import jax.numpy as jnp
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
 
-from fedjax_metric import algorithms, engine, executors, memory, models
-from fedjax_metric import optimizers, sharding
-from fedjax_metric.data import augment, cohort as cohort_lib
+from fedjax_metric import (
+  algorithms,
+  engine,
+  executors,
+  memory,
+  models,
+  optimizers,
+  sharding,
+)
+from fedjax_metric.data import augment
+from fedjax_metric.data import cohort as cohort_lib
 from launch import machine
 
 NUM_CLASSES = 10
 
+
 @dataclasses.dataclass(frozen=True)
 class Point:
   """One grid point: everything its child process needs to measure it."""
+
   algorithm: str
   clients_per_round: int
   num_clients: int
@@ -110,19 +119,26 @@ class Point:
     return point_of(json.loads(text))
 
 
-def make_grid(clients_per_round: Sequence[int],
-              population_factors: Sequence[int], algorithm_names: Sequence[str],
-              *, max_total_clients: int = 100_000, **work) -> List[Point]:
+def make_grid(
+  clients_per_round: Sequence[int],
+  population_factors: Sequence[int],
+  algorithm_names: Sequence[str],
+  *,
+  max_total_clients: int = 100_000,
+  **work,
+) -> List[Point]:
   """Points ordered by algorithm, then C ascending, then population.
 
   That order lets `run_grid` predict each point's time from a smaller one of
   the same algorithm before running it. ``work`` holds the other Point fields.
   """
-  return [Point(algorithm, c, c * factor, **work)
-          for algorithm in algorithm_names
-          for c in sorted(clients_per_round)
-          for factor in sorted(population_factors)
-          if c * factor <= max_total_clients]
+  return [
+    Point(algorithm, c, c * factor, **work)
+    for algorithm in algorithm_names
+    for c in sorted(clients_per_round)
+    for factor in sorted(population_factors)
+    if c * factor <= max_total_clients
+  ]
 
 
 # ---------------------------------------------------------------------------
@@ -130,9 +146,13 @@ def make_grid(clients_per_round: Sequence[int],
 # ---------------------------------------------------------------------------
 
 
-def synthetic_federation(num_clients: int, examples_per_client: int,
-                         image_shape=(28, 28, 1),
-                         num_classes: int = NUM_CLASSES, seed: int = 0):
+def synthetic_federation(
+  num_clients: int,
+  examples_per_client: int,
+  image_shape=(28, 28, 1),
+  num_classes: int = NUM_CLASSES,
+  seed: int = 0,
+):
   """Random uint8 images and labels, ``examples_per_client`` per client.
 
   Returns ``(images uint8 [N*E, H, W, C], labels int32 [N*E], partition)``
@@ -150,12 +170,15 @@ def synthetic_federation(num_clients: int, examples_per_client: int,
 def check_algorithms(names: Sequence[str]):
   unknown = sorted(set(names) - set(algorithms.REGISTRY))
   if unknown:
-    raise ValueError(f'Unknown algorithm {unknown[0]!r}; registered: '
-                     f'{sorted(algorithms.REGISTRY)}.')
+    raise ValueError(
+      f'Unknown algorithm {unknown[0]!r}; registered: '
+      f'{sorted(algorithms.REGISTRY)}.'
+    )
 
 
 class SyntheticRun(NamedTuple):
   """A synthetic federation and the pieces that train it (bench and scaling)."""
+
   images: np.ndarray
   labels: np.ndarray
   partition: np.ndarray
@@ -165,34 +188,53 @@ class SyntheticRun(NamedTuple):
   model: Any = None  # models.ModelFns (bench counts a client step's FLOPs)
 
 
-def synthetic_run(algorithm_name: str, model_name: str, *, pool: str,
-                  image_shape, num_clients: int, examples_per_client: int,
-                  seed: int = 0, precision: str = 'default',
-                  conv_impl: str = 'xla') -> SyntheticRun:
+def synthetic_run(
+  algorithm_name: str,
+  model_name: str,
+  *,
+  pool: str,
+  image_shape,
+  num_clients: int,
+  examples_per_client: int,
+  seed: int = 0,
+  precision: str = 'default',
+  conv_impl: str = 'xla',
+) -> SyntheticRun:
   """`synthetic_federation` + a model + the algorithm with client SGD 0.01
   and a plain SGD server: what launch/bench.py and this study time.
   ``precision``: as ``config.precision`` (executors.matmul_precision)."""
   images, labels, partition = synthetic_federation(
-      num_clients, examples_per_client, image_shape, seed=seed)
+    num_clients, examples_per_client, image_shape, seed=seed
+  )
   # Only the models with a patches form take conv_impl (xla is the default).
   model_kwargs = {'conv_impl': conv_impl} if conv_impl != 'xla' else {}
   if model_name == 'small_cnn':
     model_kwargs['pool'] = pool
   model = models.build(
-      model_name, NUM_CLASSES, image_shape,
-      compute_dtype=jnp.bfloat16 if precision == 'bf16' else None,
-      **model_kwargs)
+    model_name,
+    NUM_CLASSES,
+    image_shape,
+    compute_dtype=jnp.bfloat16 if precision == 'bf16' else None,
+    **model_kwargs,
+  )
   preprocess = augment.make_preprocess(*augment.channel_stats(images[:1000]))
-  variables = model.init(jax.random.key(seed),
-                         preprocess(jnp.asarray(images[:1]), None))
+  variables = model.init(
+    jax.random.key(seed), preprocess(jnp.asarray(images[:1]), None)
+  )
   server_optimizer = optimizers.make_server_optimizer('sgd')
   algorithm = algorithms.REGISTRY[algorithm_name](
-      model, server_optimizer=server_optimizer)
-  spec = engine.RoundSpec(algorithm, optimizers.make_client_optimizer('sgd'),
-                          optimizers.make_round_schedule(0.01), preprocess,
-                          seed)
-  return SyntheticRun(images, labels, partition, algorithm, spec, variables,
-                      model)
+    model, server_optimizer=server_optimizer
+  )
+  spec = engine.RoundSpec(
+    algorithm,
+    optimizers.make_client_optimizer('sgd'),
+    optimizers.make_round_schedule(0.01),
+    preprocess,
+    seed,
+  )
+  return SyntheticRun(
+    images, labels, partition, algorithm, spec, variables, model
+  )
 
 
 def measure_point(point: Point) -> Dict[str, Any]:
@@ -210,45 +252,71 @@ def measure_point(point: Point) -> Dict[str, Any]:
 def _measure_point(point: Point) -> Dict[str, Any]:
   check_algorithms([point.algorithm])
   backend = jax.default_backend()
-  choice = executors.choose_executor(point.executor,
-                                     chunk_size=point.chunk_size)
+  choice = executors.choose_executor(
+    point.executor, chunk_size=point.chunk_size
+  )
   unroll = point.unroll if point.unroll is not None else backend == 'cpu'
-  images, labels, partition, algorithm, spec, variables, _ = (
-      synthetic_run(point.algorithm, point.model, pool=point.pool,
-                    image_shape=point.image_shape,
-                    num_clients=point.num_clients,
-                    examples_per_client=point.examples_per_client,
-                    seed=point.seed, precision=point.precision,
-                    conv_impl=point.conv_impl))
+  images, labels, partition, algorithm, spec, variables, _ = synthetic_run(
+    point.algorithm,
+    point.model,
+    pool=point.pool,
+    image_shape=point.image_shape,
+    num_clients=point.num_clients,
+    examples_per_client=point.examples_per_client,
+    seed=point.seed,
+    precision=point.precision,
+    conv_impl=point.conv_impl,
+  )
   # As train.run: the single-program executors shard the cohort over a mesh.
   mesh = sharding.make_mesh() if choice.name != 'host' else None
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
-  place_cohort = ((lambda c: sharding.shard_cohort(c, mesh)) if mesh
-                  else (lambda c: c))
-  num_slots = (mesh.size * math.ceil(point.clients_per_round / mesh.size)
-               if mesh else point.clients_per_round)
+  place_cohort = (
+    (lambda c: sharding.shard_cohort(c, mesh)) if mesh else (lambda c: c)
+  )
+  num_slots = (
+    mesh.size * math.ceil(point.clients_per_round / mesh.size)
+    if mesh
+    else point.clients_per_round
+  )
   data = put(engine.DeviceData(images, labels))
   state, table = put(engine.init_state(algorithm, variables, point.num_clients))
   client_table_mb = memory.tree_bytes(table) / 2**20
 
   def cohort_for(round_idx):
-    ids = cohort_lib.sample_clients(point.seed, round_idx, point.num_clients,
-                                    point.clients_per_round)
+    ids = cohort_lib.sample_clients(
+      point.seed, round_idx, point.num_clients, point.clients_per_round
+    )
     return cohort_lib.make_cohort(
-        ids, partition, num_slots=num_slots, num_steps=point.local_steps,
-        batch_size=point.batch_size, local_epochs=1,
-        local_steps=point.local_steps, seed=point.seed, round_idx=round_idx,
-        labels=labels, batches_fn=algorithm.client_batches)
+      ids,
+      partition,
+      num_slots=num_slots,
+      num_steps=point.local_steps,
+      batch_size=point.batch_size,
+      local_epochs=1,
+      local_steps=point.local_steps,
+      seed=point.seed,
+      round_idx=round_idx,
+      labels=labels,
+      batches_fn=algorithm.client_batches,
+    )
 
   choice = executors.fit_to_memory(
-      choice, lambda: memory.chunk_memory_model(
-          spec, data, state, table, cohort_for(0).example_idx.shape[1:],
-          unroll=unroll),
-      memory_budget=memory.default_memory_budget(), num_slots=num_slots,
-      num_devices=mesh.size if mesh else 1)
+    choice,
+    lambda: memory.chunk_memory_model(
+      spec,
+      data,
+      state,
+      table,
+      cohort_for(0).example_idx.shape[1:],
+      unroll=unroll,
+    ),
+    memory_budget=memory.default_memory_budget(),
+    num_slots=num_slots,
+    num_devices=mesh.size if mesh else 1,
+  )
   round_fn = executors.make_round_fn(
-      spec, data, executor=choice, steps_per_call=point.local_steps,
-      unroll=unroll)
+    spec, data, executor=choice, steps_per_call=point.local_steps, unroll=unroll
+  )
 
   round_times, cohort_times = [], []
   for round_idx in range(point.rounds + 1):
@@ -260,23 +328,30 @@ def _measure_point(point: Point) -> Dict[str, Any]:
     round_times.append(time.perf_counter() - start)
   seconds = statistics.median(round_times[1:])
   return {
-      **dataclasses.asdict(point),
-      'executor': choice.name, 'chunk_used': choice.chunk_size,
-      'unroll': unroll, 'status': 'ok', 'note': '',
-      'backend': backend, 'device': machine.device_name(),
-      'jax_version': jax.__version__,
-      'seconds_per_round': seconds,
-      'seconds_min': min(round_times[1:]), 'seconds_max': max(round_times[1:]),
-      'cohort_seconds': statistics.median(cohort_times[1:]),
-      'compile_seconds': max(round_times[0] - seconds, 0.0),
-      'client_steps_per_second':
-          point.clients_per_round * point.local_steps / seconds,
-      'peak_rss_mb': machine.peak_rss_mb(),
-      'peak_device_mb': machine.peak_device_mb(),
-      'data_mb': (images.nbytes + labels.nbytes) / 2**20,
-      'client_table_mb': client_table_mb,
-      'train_loss': float(metrics['train_loss_sum'] /
-                          max(float(metrics['train_examples']), 1.0)),
+    **dataclasses.asdict(point),
+    'executor': choice.name,
+    'chunk_used': choice.chunk_size,
+    'unroll': unroll,
+    'status': 'ok',
+    'note': '',
+    'backend': backend,
+    'device': machine.device_name(),
+    'jax_version': jax.__version__,
+    'seconds_per_round': seconds,
+    'seconds_min': min(round_times[1:]),
+    'seconds_max': max(round_times[1:]),
+    'cohort_seconds': statistics.median(cohort_times[1:]),
+    'compile_seconds': max(round_times[0] - seconds, 0.0),
+    'client_steps_per_second': point.clients_per_round
+    * point.local_steps
+    / seconds,
+    'peak_rss_mb': machine.peak_rss_mb(),
+    'peak_device_mb': machine.peak_device_mb(),
+    'data_mb': (images.nbytes + labels.nbytes) / 2**20,
+    'client_table_mb': client_table_mb,
+    'train_loss': float(
+      metrics['train_loss_sum'] / max(float(metrics['train_examples']), 1.0)
+    ),
   }
 
 
@@ -290,33 +365,41 @@ def not_measured(point: Point, status: str, note: str) -> Dict[str, Any]:
   return {**dataclasses.asdict(point), 'status': status, 'note': note}
 
 
-def measure_in_subprocess(point: Point, *,
-                          timeout: Optional[float] = None) -> Dict[str, Any]:
+def measure_in_subprocess(
+  point: Point, *, timeout: Optional[float] = None
+) -> Dict[str, Any]:
   """`measure_point` in a fresh Python process: per-point peak memory.
 
   Adds ``wall_seconds`` (the child's whole life, start-up included).
   """
-  child = machine.run_child('launch.scaling', [f'--point={point.to_json()}'],
-                            timeout=timeout)
+  child = machine.run_child(
+    'launch.scaling', [f'--point={point.to_json()}'], timeout=timeout
+  )
   if child.status == 'timeout':
-    return not_measured(point, 'timeout',
-                        f'stopped after --max_seconds={timeout:g} s')
+    return not_measured(
+      point, 'timeout', f'stopped after --max_seconds={timeout:g} s'
+    )
   if child.status != 'ok':
     return not_measured(point, child.status, child.note)
   return {**child.result, 'wall_seconds': child.wall_seconds}
 
 
-def predict_wall_seconds(point: Point,
-                         finished: Sequence[Dict[str, Any]]) -> Optional[float]:
+def predict_wall_seconds(
+  point: Point, finished: Sequence[Dict[str, Any]]
+) -> Optional[float]:
   """Wall time of ``point`` from the largest smaller finished point like it.
 
   Round time is scaled linearly in C (the host executor and the host-side
   cohort are linear; a GPU is at most that); start-up and compile are not.
   """
-  like = [r for r in finished
-          if r['status'] == 'ok' and r['algorithm'] == point.algorithm
-          and r['clients_per_round'] <= point.clients_per_round
-          and 'wall_seconds' in r]
+  like = [
+    r
+    for r in finished
+    if r['status'] == 'ok'
+    and r['algorithm'] == point.algorithm
+    and r['clients_per_round'] <= point.clients_per_round
+    and 'wall_seconds' in r
+  ]
   if not like:
     return None
   ref = max(like, key=lambda r: (r['clients_per_round'], r['num_clients']))
@@ -326,9 +409,13 @@ def predict_wall_seconds(point: Point,
   return fixed + (point.rounds + 1) * ref['seconds_per_round'] * ratio
 
 
-def run_grid(points: Sequence[Point], *, max_seconds: float = 0.0,
-             isolate: bool = True,
-             log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
+def run_grid(
+  points: Sequence[Point],
+  *,
+  max_seconds: float = 0.0,
+  isolate: bool = True,
+  log: Callable[[str], None] = print,
+) -> List[Dict[str, Any]]:
   """Measures every point (each in its own process unless ``isolate=False``).
 
   ``max_seconds > 0`` skips points predicted to take longer and stops those
@@ -336,12 +423,17 @@ def run_grid(points: Sequence[Point], *, max_seconds: float = 0.0,
   """
   results = []
   for point in points:
-    name = (f'{point.algorithm:>8} C={point.clients_per_round:<6} '
-            f'N={point.num_clients:<7}')
+    name = (
+      f'{point.algorithm:>8} C={point.clients_per_round:<6} '
+      f'N={point.num_clients:<7}'
+    )
     predicted = predict_wall_seconds(point, results)
     if max_seconds > 0 and predicted is not None and predicted > max_seconds:
-      result = not_measured(point, 'skipped', f'predicted {predicted:.0f} s > '
-                            f'--max_seconds={max_seconds:g}')
+      result = not_measured(
+        point,
+        'skipped',
+        f'predicted {predicted:.0f} s > --max_seconds={max_seconds:g}',
+      )
     elif isolate:
       result = measure_in_subprocess(point, timeout=max_seconds or None)
     else:
@@ -351,10 +443,12 @@ def run_grid(points: Sequence[Point], *, max_seconds: float = 0.0,
     result['isolated'] = isolate
     results.append(result)
     if result['status'] == 'ok':
-      log(f'{name} {result["seconds_per_round"]:8.3f} s/round (cohort '
-          f'{result["cohort_seconds"]:.3f} s, compile '
-          f'{result["compile_seconds"]:.1f} s), peak RSS '
-          f'{result["peak_rss_mb"]:.0f} MB')
+      log(
+        f'{name} {result["seconds_per_round"]:8.3f} s/round (cohort '
+        f'{result["cohort_seconds"]:.3f} s, compile '
+        f'{result["compile_seconds"]:.1f} s), peak RSS '
+        f'{result["peak_rss_mb"]:.0f} MB'
+      )
     else:
       log(f'{name} {result["status"]}: {result["note"]}')
   return results
@@ -364,10 +458,21 @@ def run_grid(points: Sequence[Point], *, max_seconds: float = 0.0,
 # Outputs: JSON, markdown, plot.
 # ---------------------------------------------------------------------------
 
-COLUMNS = ['algorithm', 'clients/round', 'total clients', 's/round (median)',
-           'min-max', 'cohort s', 'compile s', 'client-steps/s',
-           'peak RSS MB', 'peak device MB', 'data MB', 'client table MB',
-           'note']
+COLUMNS = [
+  'algorithm',
+  'clients/round',
+  'total clients',
+  's/round (median)',
+  'min-max',
+  'cohort s',
+  'compile s',
+  'client-steps/s',
+  'peak RSS MB',
+  'peak device MB',
+  'data MB',
+  'client table MB',
+  'note',
+]
 
 
 def _number(value, digits):
@@ -376,47 +481,63 @@ def _number(value, digits):
 
 def format_row(result: Dict[str, Any]) -> List[str]:
   """One table row's cells; a point that was not measured keeps its note."""
-  head = [result['algorithm'], result['clients_per_round'],
-          result['num_clients']]
+  head = [
+    result['algorithm'],
+    result['clients_per_round'],
+    result['num_clients'],
+  ]
   if result['status'] != 'ok':
     return head + ['-'] * 9 + [f'{result["status"]}: {result["note"]}']
   return head + [
-      f'{result["seconds_per_round"]:.3f}',
-      f'{result["seconds_min"]:.3f}-{result["seconds_max"]:.3f}',
-      f'{result["cohort_seconds"]:.3f}', f'{result["compile_seconds"]:.1f}',
-      f'{result["client_steps_per_second"]:.0f}',
-      f'{result["peak_rss_mb"]:.0f}', _number(result['peak_device_mb'], 0),
-      f'{result["data_mb"]:.1f}', f'{result["client_table_mb"]:.1f}',
-      result['note']]
+    f'{result["seconds_per_round"]:.3f}',
+    f'{result["seconds_min"]:.3f}-{result["seconds_max"]:.3f}',
+    f'{result["cohort_seconds"]:.3f}',
+    f'{result["compile_seconds"]:.1f}',
+    f'{result["client_steps_per_second"]:.0f}',
+    f'{result["peak_rss_mb"]:.0f}',
+    _number(result['peak_device_mb'], 0),
+    f'{result["data_mb"]:.1f}',
+    f'{result["client_table_mb"]:.1f}',
+    result['note'],
+  ]
 
 
 def describe_work(point: Point) -> str:
   steps = 'step' if point.local_steps == 1 else 'steps'
   pool = f' ({point.pool})' if point.model == 'small_cnn' else ''
-  return (f'{point.model}{pool}, {"x".join(map(str, point.image_shape))}, '
-          f'{point.local_steps} local {steps} of {point.batch_size}, '
-          f'{point.examples_per_client} synthetic examples per client')
+  return (
+    f'{point.model}{pool}, {"x".join(map(str, point.image_shape))}, '
+    f'{point.local_steps} local {steps} of {point.batch_size}, '
+    f'{point.examples_per_client} synthetic examples per client'
+  )
 
 
-def format_section(results: Sequence[Dict[str, Any]], *, device: str,
-                   backend: str, command: str) -> str:
+def format_section(
+  results: Sequence[Dict[str, Any]], *, device: str, backend: str, command: str
+) -> str:
   """A dated markdown section: settings, device, command, one row per point."""
   first = results[0]
   measured = [r for r in results if r['status'] == 'ok']
   executor = measured[0]['executor'] if measured else first['executor']
   jax_version = measured[0]['jax_version'] if measured else '?'
-  isolation = ('each point in its own process' if first.get('isolated', True)
-               else 'all points in one process (peak RSS is cumulative)')
+  isolation = (
+    'each point in its own process'
+    if first.get('isolated', True)
+    else 'all points in one process (peak RSS is cumulative)'
+  )
   notes = [
-      f'Device: {device} ({backend}); jax {jax_version}; executor '
-      f'{executor}; median of {first["rounds"]} rounds after 1 warm-up, each '
-      'round timed with its host-side cohort building ("cohort s"); '
-      f'{isolation}.',
-      f'Command: `{command}`',
+    f'Device: {device} ({backend}); jax {jax_version}; executor '
+    f'{executor}; median of {first["rounds"]} rounds after 1 warm-up, each '
+    'round timed with its host-side cohort building ("cohort s"); '
+    f'{isolation}.',
+    f'Command: `{command}`',
   ]
   return machine.markdown_section(
-      f'scaling: {describe_work(point_of(first))}', notes, COLUMNS,
-      [format_row(r) for r in results])
+    f'scaling: {describe_work(point_of(first))}',
+    notes,
+    COLUMNS,
+    [format_row(r) for r in results],
+  )
 
 
 def point_of(result: Dict[str, Any]) -> Point:
@@ -429,8 +550,9 @@ def point_of(result: Dict[str, Any]) -> Point:
 
 
 def append_section(path: str, section: str, backend: str):
-  machine.append_markdown(path, section, title=f'Scaling on {backend}',
-                          script='launch/scaling.py')
+  machine.append_markdown(
+    path, section, title=f'Scaling on {backend}', script='launch/scaling.py'
+  )
 
 
 def write_json(path: str, results: Sequence[Dict[str, Any]]):
@@ -439,8 +561,12 @@ def write_json(path: str, results: Sequence[Dict[str, Any]]):
     json.dump(list(results), f, indent=1)
 
 
-def plot_scaling(results: Sequence[Dict[str, Any]], path: Optional[str] = None,
-                 *, title: str = ''):
+def plot_scaling(
+  results: Sequence[Dict[str, Any]],
+  path: Optional[str] = None,
+  *,
+  title: str = '',
+):
   """Two log-log panels against clients per round: s/round and peak memory.
 
   One line per (algorithm, population factor N / C); peak device memory, where
@@ -452,27 +578,54 @@ def plot_scaling(results: Sequence[Dict[str, Any]], path: Optional[str] = None,
   FigureCanvasAgg(fig)
   time_ax, memory_ax = fig.subplots(1, 2)
   markers = dict(zip(sorted({r['algorithm'] for r in measured}), 'osD^v<>'))
-  lines = sorted({(r['algorithm'], r['num_clients'] // r['clients_per_round'])
-                  for r in measured})
+  lines = sorted(
+    {
+      (r['algorithm'], r['num_clients'] // r['clients_per_round'])
+      for r in measured
+    }
+  )
   colors = [f'C{i}' for i in range(10)]
   for i, (algorithm, factor) in enumerate(lines):
-    rows = sorted((r for r in measured if r['algorithm'] == algorithm and
-                   r['num_clients'] // r['clients_per_round'] == factor),
-                  key=lambda r: r['clients_per_round'])
+    rows = sorted(
+      (
+        r
+        for r in measured
+        if r['algorithm'] == algorithm
+        and r['num_clients'] // r['clients_per_round'] == factor
+      ),
+      key=lambda r: r['clients_per_round'],
+    )
     x = [r['clients_per_round'] for r in rows]
     population = 'N = C' if factor == 1 else f'N = {factor} C'
     style = dict(marker=markers[algorithm], color=colors[i % len(colors)])
-    time_ax.plot(x, [r['seconds_per_round'] for r in rows],
-                 label=f'{algorithm}, {population}', **style)
-    memory_ax.plot(x, [r['peak_rss_mb'] for r in rows],
-                   label=f'{algorithm}, {population}: host RSS', **style)
-    device = [(xi, r['peak_device_mb']) for xi, r in zip(x, rows)
-              if r.get('peak_device_mb') is not None]
+    time_ax.plot(
+      x,
+      [r['seconds_per_round'] for r in rows],
+      label=f'{algorithm}, {population}',
+      **style,
+    )
+    memory_ax.plot(
+      x,
+      [r['peak_rss_mb'] for r in rows],
+      label=f'{algorithm}, {population}: host RSS',
+      **style,
+    )
+    device = [
+      (xi, r['peak_device_mb'])
+      for xi, r in zip(x, rows)
+      if r.get('peak_device_mb') is not None
+    ]
     if device:
-      memory_ax.plot(*zip(*device), linestyle='--',
-                     label=f'{algorithm}, {population}: device', **style)
-  for ax, ylabel in ((time_ax, 'seconds per round (median)'),
-                     (memory_ax, 'peak memory (MB)')):
+      memory_ax.plot(
+        *zip(*device),
+        linestyle='--',
+        label=f'{algorithm}, {population}: device',
+        **style,
+      )
+  for ax, ylabel in (
+    (time_ax, 'seconds per round (median)'),
+    (memory_ax, 'peak memory (MB)'),
+  ):
     ax.set_xscale('log')
     ax.set_yscale('log')
     ax.set_xlabel('clients per round C')
@@ -491,8 +644,9 @@ def plot_scaling(results: Sequence[Dict[str, Any]], path: Optional[str] = None,
   return fig
 
 
-def plot_title(results: Sequence[Dict[str, Any]], device: str,
-               backend: str) -> str:
+def plot_title(
+  results: Sequence[Dict[str, Any]], device: str, backend: str
+) -> str:
   measured = [r for r in results if r['status'] == 'ok'] or list(results)
   executor = measured[0].get('executor', '?')
   work = describe_work(point_of(measured[0]))
@@ -500,21 +654,31 @@ def plot_title(results: Sequence[Dict[str, Any]], device: str,
 
 
 def default_paths(backend: str) -> Dict[str, str]:
-  return {'results': os.path.join('benchmarks', f'scaling_{backend}.json'),
-          'table': os.path.join('benchmarks', f'scaling_{backend}.md'),
-          'plot': os.path.join('docs', 'results', f'scaling_{backend}.png')}
+  return {
+    'results': os.path.join('benchmarks', f'scaling_{backend}.json'),
+    'table': os.path.join('benchmarks', f'scaling_{backend}.md'),
+    'plot': os.path.join('docs', 'results', f'scaling_{backend}.png'),
+  }
 
 
-def save_outputs(results: Sequence[Dict[str, Any]], *, device: str,
-                 backend: str, command: str, results_path: str,
-                 table_path: str, plot_path: str) -> str:
+def save_outputs(
+  results: Sequence[Dict[str, Any]],
+  *,
+  device: str,
+  backend: str,
+  command: str,
+  results_path: str,
+  table_path: str,
+  plot_path: str,
+) -> str:
   """Writes the JSON, appends the markdown section, draws the PNG.
 
   Returns the markdown section.
   """
   write_json(results_path, results)
-  section = format_section(results, device=device, backend=backend,
-                           command=command)
+  section = format_section(
+    results, device=device, backend=backend, command=command
+  )
   append_section(table_path, section, backend)
   plot_scaling(results, plot_path, title=plot_title(results, device, backend))
   return section
@@ -531,46 +695,85 @@ def define_flags():
   Importing the module (the tests, the notebook) then registers no absl flags,
   which could clash with other launch/ modules' in the same process.
   """
-  flags.DEFINE_list('clients_per_round', ['10', '100', '1000', '10000'],
-                    'Cohort sizes C.')
-  flags.DEFINE_list('population_factors', ['1', '10'],
-                    'Total clients N = C x factor, one point per factor.')
-  flags.DEFINE_integer('max_total_clients', 100_000,
-                       'Points with more total clients are left out.')
-  flags.DEFINE_list('algorithms', ['fedavg', 'fedquad'],
-                    'Names in fedjax_metric.algorithms.REGISTRY.')
-  flags.DEFINE_string('executor', 'auto',
-                      'host | vmap | chunked | sequential | auto (host on '
-                      'CPU, vmap elsewhere: executors.choose_executor).')
-  flags.DEFINE_string('model', Point.model,
-                      'Model name; --pool applies to small_cnn only.')
+  flags.DEFINE_list(
+    'clients_per_round', ['10', '100', '1000', '10000'], 'Cohort sizes C.'
+  )
+  flags.DEFINE_list(
+    'population_factors',
+    ['1', '10'],
+    'Total clients N = C x factor, one point per factor.',
+  )
+  flags.DEFINE_integer(
+    'max_total_clients', 100_000, 'Points with more total clients are left out.'
+  )
+  flags.DEFINE_list(
+    'algorithms',
+    ['fedavg', 'fedquad'],
+    'Names in fedjax_metric.algorithms.REGISTRY.',
+  )
+  flags.DEFINE_string(
+    'executor',
+    'auto',
+    'host | vmap | chunked | sequential | auto (host on '
+    'CPU, vmap elsewhere: executors.choose_executor).',
+  )
+  flags.DEFINE_string(
+    'model', Point.model, 'Model name; --pool applies to small_cnn only.'
+  )
   flags.DEFINE_string('pool', Point.pool, 'small_cnn pool: stride|avg|max.')
-  flags.DEFINE_list('image_shape', [str(x) for x in Point.image_shape],
-                    'H,W,C of the synthetic images.')
-  flags.DEFINE_integer('local_steps', Point.local_steps,
-                       'Local steps per client.')
+  flags.DEFINE_list(
+    'image_shape',
+    [str(x) for x in Point.image_shape],
+    'H,W,C of the synthetic images.',
+  )
+  flags.DEFINE_integer(
+    'local_steps', Point.local_steps, 'Local steps per client.'
+  )
   flags.DEFINE_integer('batch_size', Point.batch_size, 'Batch size.')
-  flags.DEFINE_integer('examples_per_client', Point.examples_per_client,
-                       'Synthetic examples each client holds.')
+  flags.DEFINE_integer(
+    'examples_per_client',
+    Point.examples_per_client,
+    'Synthetic examples each client holds.',
+  )
   flags.DEFINE_integer('rounds', Point.rounds, 'Timed rounds after warm-up.')
-  flags.DEFINE_integer('chunk_size', Point.chunk_size,
-                       'Slots per chunk (chunked).')
-  flags.DEFINE_enum('precision', Point.precision, ['default', 'highest', 'bf16'],
-                    'Matmul precision (config.precision).')
-  flags.DEFINE_enum('conv_impl', Point.conv_impl, ['xla', 'patches'],
-                    'Convolution form (models.layers.make_conv).')
-  flags.DEFINE_boolean('unroll', None,
-                       'Unroll local steps in vmap/chunked (default: on CPU).')
-  flags.DEFINE_float('max_seconds', 1800.0,
-                     'Wall-time budget of one grid point; 0 = none.')
-  flags.DEFINE_string('results', None, 'JSON results (default '
-                      'benchmarks/scaling_<backend>.json).')
-  flags.DEFINE_string('table', None, 'Markdown file appended to (default '
-                      'benchmarks/scaling_<backend>.md).')
-  flags.DEFINE_string('plot', None,
-                      'PNG (default docs/results/scaling_<backend>.png).')
-  flags.DEFINE_string('point', None, 'Internal: measure this JSON-encoded '
-                      'Point in this process and print its result line.')
+  flags.DEFINE_integer(
+    'chunk_size', Point.chunk_size, 'Slots per chunk (chunked).'
+  )
+  flags.DEFINE_enum(
+    'precision',
+    Point.precision,
+    ['default', 'highest', 'bf16'],
+    'Matmul precision (config.precision).',
+  )
+  flags.DEFINE_enum(
+    'conv_impl',
+    Point.conv_impl,
+    ['xla', 'patches'],
+    'Convolution form (models.layers.make_conv).',
+  )
+  flags.DEFINE_boolean(
+    'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).'
+  )
+  flags.DEFINE_float(
+    'max_seconds', 1800.0, 'Wall-time budget of one grid point; 0 = none.'
+  )
+  flags.DEFINE_string(
+    'results', None, 'JSON results (default benchmarks/scaling_<backend>.json).'
+  )
+  flags.DEFINE_string(
+    'table',
+    None,
+    'Markdown file appended to (default benchmarks/scaling_<backend>.md).',
+  )
+  flags.DEFINE_string(
+    'plot', None, 'PNG (default docs/results/scaling_<backend>.png).'
+  )
+  flags.DEFINE_string(
+    'point',
+    None,
+    'Internal: measure this JSON-encoded '
+    'Point in this process and print its result line.',
+  )
 
 
 def main(argv):
@@ -584,27 +787,44 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   points = make_grid(
-      [int(c) for c in f.clients_per_round],
-      [int(x) for x in f.population_factors], f.algorithms,
-      max_total_clients=f.max_total_clients, local_steps=f.local_steps,
-      batch_size=f.batch_size, examples_per_client=f.examples_per_client,
-      rounds=f.rounds, executor=f.executor, model=f.model, pool=f.pool,
-      image_shape=tuple(int(x) for x in f.image_shape),
-      chunk_size=f.chunk_size, unroll=f.unroll, precision=f.precision,
-      conv_impl=f.conv_impl)
+    [int(c) for c in f.clients_per_round],
+    [int(x) for x in f.population_factors],
+    f.algorithms,
+    max_total_clients=f.max_total_clients,
+    local_steps=f.local_steps,
+    batch_size=f.batch_size,
+    examples_per_client=f.examples_per_client,
+    rounds=f.rounds,
+    executor=f.executor,
+    model=f.model,
+    pool=f.pool,
+    image_shape=tuple(int(x) for x in f.image_shape),
+    chunk_size=f.chunk_size,
+    unroll=f.unroll,
+    precision=f.precision,
+    conv_impl=f.conv_impl,
+  )
   described = machine.describe_backend()
   backend, device = described['backend'], described['device']
-  print(f'{len(points)} points on {device} ({backend}); each in its own '
-        f'process, at most {f.max_seconds:g} s each.', flush=True)
-  results = run_grid(points, max_seconds=f.max_seconds,
-                     log=lambda line: print(line, flush=True))
+  print(
+    f'{len(points)} points on {device} ({backend}); each in its own '
+    f'process, at most {f.max_seconds:g} s each.',
+    flush=True,
+  )
+  results = run_grid(
+    points, max_seconds=f.max_seconds, log=lambda line: print(line, flush=True)
+  )
   paths = default_paths(backend)
   command = ' '.join(['python -m launch.scaling', *sys.argv[1:]])
   section = save_outputs(
-      results, device=device, backend=backend, command=command,
-      results_path=f.results or paths['results'],
-      table_path=f.table or paths['table'],
-      plot_path=f.plot or paths['plot'])
+    results,
+    device=device,
+    backend=backend,
+    command=command,
+    results_path=f.results or paths['results'],
+    table_path=f.table or paths['table'],
+    plot_path=f.plot or paths['plot'],
+  )
   print(section)
 
 

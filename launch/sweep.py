@@ -60,10 +60,19 @@ POINT_FILE = 'sweep_point.json'
 LOG_FILE = 'sweep.log'
 # Config keys that change how a run executes or logs, not what it computes:
 # runs that differ only in these (and the seed) share a table cell.
-EXECUTION_KEYS = ('seed', 'progress', 'checkpoint_every', 'keep_checkpoints',
-                  'plot_partition', 'executor', 'chunk_size',
-                  'steps_per_call', 'unroll', 'num_devices',
-                  'memory_budget_gb')
+EXECUTION_KEYS = (
+  'seed',
+  'progress',
+  'checkpoint_every',
+  'keep_checkpoints',
+  'plot_partition',
+  'executor',
+  'chunk_size',
+  'steps_per_call',
+  'unroll',
+  'num_devices',
+  'memory_budget_gb',
+)
 # Keys whose change between a run and its resumption train.run accepts.
 RESUMABLE_KEYS = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
 
@@ -96,13 +105,15 @@ def split_top_level(text: str, sep: str) -> List[str]:
 def parse_assignments(text: str) -> List[tuple]:
   """``'a.b=1,2;seed=0'`` -> ``[('a.b', ['1', '2']), ('seed', ['0'])]``."""
   out = []
-  for item in filter(None, (s.strip() for s in split_top_level(text or '',
-                                                               ';'))):
+  for item in filter(
+    None, (s.strip() for s in split_top_level(text or '', ';'))
+  ):
     key, eq, values = item.partition('=')
     key = key.strip()
     if not eq or not key or not values.strip():
-      raise ValueError(f'Bad grid item {item!r}: write key=v1,v2 (items '
-                       'separated by ";").')
+      raise ValueError(
+        f'Bad grid item {item!r}: write key=v1,v2 (items separated by ";").'
+      )
     if key in [k for k, _ in out]:
       raise ValueError(f'Key {key!r} appears twice in {text!r}.')
     out.append((key, [v.strip() for v in split_top_level(values, ',')]))
@@ -112,18 +123,22 @@ def parse_assignments(text: str) -> List[tuple]:
 def grid_points(grid: Sequence[tuple]) -> List[Dict[str, str]]:
   """The cartesian product of a parsed grid, the last key varying fastest."""
   keys = [k for k, _ in grid]
-  return [dict(zip(keys, combo, strict=True))
-          for combo in itertools.product(*[v for _, v in grid])]
+  return [
+    dict(zip(keys, combo, strict=True))
+    for combo in itertools.product(*[v for _, v in grid])
+  ]
 
 
 def load_config(spec: str):
   """``'configs/x.py[:arg]'`` -> the config file's ``get_config(arg)``."""
   path, _, arg = spec.partition(':')
   if not os.path.exists(path):
-    raise FileNotFoundError(f'Config file {path!r} not found (run from the '
-                            'repository root).')
+    raise FileNotFoundError(
+      f'Config file {path!r} not found (run from the repository root).'
+    )
   module_spec = importlib.util.spec_from_file_location(
-      'sweep_config_' + re.sub(r'\W', '_', path), path)
+    'sweep_config_' + re.sub(r'\W', '_', path), path
+  )
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   return module.get_config(arg or None)
@@ -187,20 +202,20 @@ def workdir_for(root: str, spec: str, overrides: Dict[str, str]) -> str:
 
 
 class Point(NamedTuple):
-  spec: str                  # 'configs/x.py[:arg]'
+  spec: str  # 'configs/x.py[:arg]'
   overrides: Dict[str, str]  # --set then --grid values
   workdir: str
 
 
-def make_points(root: str, specs: Sequence[str], fixed: Dict[str, str],
-                grid: Sequence[tuple]) -> List[Point]:
+def make_points(
+  root: str, specs: Sequence[str], fixed: Dict[str, str], grid: Sequence[tuple]
+) -> List[Point]:
   """Every (config, grid point) with its workdir; --set applies to all."""
   points = []
   for spec in specs:
     for values in grid_points(grid) or [{}]:
       overrides = {**fixed, **values}
-      points.append(Point(spec, overrides,
-                          workdir_for(root, spec, overrides)))
+      points.append(Point(spec, overrides, workdir_for(root, spec, overrides)))
   return points
 
 
@@ -236,8 +251,11 @@ def point_status(point: Point, config=None) -> str:
   if differs - set(RESUMABLE_KEYS):
     return 'conflict'
   summary = _read_json(os.path.join(point.workdir, 'summary.json'))
-  if (summary is not None and 'num_rounds' not in differs
-      and summary.get('rounds_completed') == wanted['num_rounds']):
+  if (
+    summary is not None
+    and 'num_rounds' not in differs
+    and summary.get('rounds_completed') == wanted['num_rounds']
+  ):
     return 'done'
   return 'todo'
 
@@ -250,17 +268,18 @@ def point_status(point: Point, config=None) -> str:
 def write_point_file(point: Point) -> None:
   os.makedirs(point.workdir, exist_ok=True)
   with open(os.path.join(point.workdir, POINT_FILE), 'w') as f:
-    json.dump({'config': point.spec, 'overrides': point.overrides}, f,
-              indent=2)
+    json.dump({'config': point.spec, 'overrides': point.overrides}, f, indent=2)
 
 
 def run_point(workdir: str) -> Dict[str, Any]:
   """Trains the point stored in ``workdir`` (this process); the summary."""
   from fedjax_metric import train  # pylint: disable=g-import-not-at-top
+
   stored = _read_json(os.path.join(workdir, POINT_FILE))
   if stored is None:
-    raise FileNotFoundError(f'{workdir}/{POINT_FILE} not found: not a sweep '
-                            'point.')
+    raise FileNotFoundError(
+      f'{workdir}/{POINT_FILE} not found: not a sweep point.'
+    )
   config = resolve(stored['config'], stored['overrides'])
   config.progress = False  # A log file, not a terminal.
   return train.run(config, workdir)
@@ -268,13 +287,16 @@ def run_point(workdir: str) -> Dict[str, Any]:
 
 def point_command(workdir: str) -> List[str]:
   """The child process that trains one point."""
-  return [sys.executable, '-m', 'launch.sweep', 'point',
-          f'--workdir={workdir}']
+  return [sys.executable, '-m', 'launch.sweep', 'point', f'--workdir={workdir}']
 
 
-def run_points(points: Sequence[Point], *, parallel: int = 1,
-               command: Callable[[str], List[str]] = point_command,
-               say: Callable[[str], None] = print) -> Dict[str, str]:
+def run_points(
+  points: Sequence[Point],
+  *,
+  parallel: int = 1,
+  command: Callable[[str], List[str]] = point_command,
+  say: Callable[[str], None] = print,
+) -> Dict[str, str]:
   """Runs the unfinished points, ``parallel`` processes at a time.
 
   Returns ``{workdir: outcome}`` with outcome 'skipped' (already finished),
@@ -290,12 +312,16 @@ def run_points(points: Sequence[Point], *, parallel: int = 1,
       outcomes[point.workdir] = 'skipped'
     elif status == 'conflict':
       outcomes[point.workdir] = 'conflict'
-      say(f'CONFLICT {point.workdir}: it holds a run with another config; '
-          'use another --root or delete it.')
+      say(
+        f'CONFLICT {point.workdir}: it holds a run with another config; '
+        'use another --root or delete it.'
+      )
     else:
       todo.append(point)
-  say(f'{len(points)} points: {len(points) - len(todo)} finished or in '
-      f'conflict, {len(todo)} to run, {parallel} at a time.')
+  say(
+    f'{len(points)} points: {len(points) - len(todo)} finished or in '
+    f'conflict, {len(todo)} to run, {parallel} at a time.'
+  )
   running = {}  # Popen -> (point, start time, log file)
   queue = collections.deque(todo)
   finished = 0
@@ -304,8 +330,9 @@ def run_points(points: Sequence[Point], *, parallel: int = 1,
       point = queue.popleft()
       write_point_file(point)
       log = open(os.path.join(point.workdir, LOG_FILE), 'a')
-      process = subprocess.Popen(command(point.workdir), stdout=log,
-                                 stderr=subprocess.STDOUT)
+      process = subprocess.Popen(
+        command(point.workdir), stdout=log, stderr=subprocess.STDOUT
+      )
       running[process] = (point, time.time(), log)
       say(f'start {point.workdir}')
     for process in list(running):
@@ -318,14 +345,21 @@ def run_points(points: Sequence[Point], *, parallel: int = 1,
       if process.returncode == 0:
         outcomes[point.workdir] = 'done'
         summary = _read_json(os.path.join(point.workdir, 'summary.json')) or {}
-        shown = {k: round(v, 4) for k, v in summary.items()
-                 if k.startswith('test_') and 'accuracy' in k}
-        say(f'[{finished}/{len(todo)}] done in {seconds:.0f} s '
-            f'{point.workdir} {shown}')
+        shown = {
+          k: round(v, 4)
+          for k, v in summary.items()
+          if k.startswith('test_') and 'accuracy' in k
+        }
+        say(
+          f'[{finished}/{len(todo)}] done in {seconds:.0f} s '
+          f'{point.workdir} {shown}'
+        )
       else:
         outcomes[point.workdir] = f'failed (rc={process.returncode})'
-        say(f'[{finished}/{len(todo)}] FAILED rc={process.returncode} '
-            f'{point.workdir}; see {LOG_FILE} there.')
+        say(
+          f'[{finished}/{len(todo)}] FAILED rc={process.returncode} '
+          f'{point.workdir}; see {LOG_FILE} there.'
+        )
     if running:
       time.sleep(0.2)
   return outcomes
@@ -350,14 +384,15 @@ def flatten(tree: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
 
 class Run(NamedTuple):
   workdir: str
-  config: Dict[str, Any]         # flattened config.json
+  config: Dict[str, Any]  # flattened config.json
   evaluations: List[Dict[str, Any]]  # metrics.jsonl rows, by round
   summary: Optional[Dict[str, Any]]
 
   @property
   def finished(self) -> bool:
-    return (self.summary is not None and self.summary.get('rounds_completed')
-            == self.config.get('num_rounds'))
+    return self.summary is not None and self.summary.get(
+      'rounds_completed'
+    ) == self.config.get('num_rounds')
 
 
 def read_run(workdir: str) -> Run:
@@ -370,12 +405,17 @@ def read_run(workdir: str) -> Run:
     with open(path) as f:
       rows = [json.loads(line) for line in f if line.strip()]
   rows.sort(key=lambda r: r['round'])
-  return Run(workdir, flatten(config), rows,
-             _read_json(os.path.join(workdir, 'summary.json')))
+  return Run(
+    workdir,
+    flatten(config),
+    rows,
+    _read_json(os.path.join(workdir, 'summary.json')),
+  )
 
 
-def find_runs(roots: Sequence[str], *, include_unfinished: bool = False
-              ) -> List[Run]:
+def find_runs(
+  roots: Sequence[str], *, include_unfinished: bool = False
+) -> List[Run]:
   """Every workdir (a directory holding config.json) under the roots.
 
   Only finished runs, unless ``include_unfinished`` (then also runs with at
@@ -423,7 +463,7 @@ def series(run: Run, metric: str, *, ema_decay: float = 0.9):
   summary.json (end-of-run evaluations such as a linear probe) is one point
   at the last round.
   """
-  base = metric[:-len('_ema')] if metric.endswith('_ema') else metric
+  base = metric[: -len('_ema')] if metric.endswith('_ema') else metric
   rows = [r for r in run.evaluations if base in r]
   if rows:
     rounds = np.asarray([r['round'] for r in rows])
@@ -446,14 +486,15 @@ def pick(rounds: np.ndarray, values: np.ndarray, at: str) -> float:
     return float(np.max(values))
   kind, _, number = at.partition(':')
   if kind == 'last' and number.isdigit() and int(number) > 0:
-    return float(np.mean(values[-int(number):]))
+    return float(np.mean(values[-int(number) :]))
   if kind == 'round' and number.isdigit():
     hit = np.flatnonzero(rounds == int(number))
     if not len(hit):
-      raise KeyError(f'No evaluation at round {number} (evaluated: '
-                     f'{rounds.tolist()}).')
+      raise KeyError(
+        f'No evaluation at round {number} (evaluated: {rounds.tolist()}).'
+      )
     return float(values[hit[0]])
-  raise ValueError(f"--at must be final, best, last:K or round:R; got {at!r}.")
+  raise ValueError(f'--at must be final, best, last:K or round:R; got {at!r}.')
 
 
 # ---------------------------------------------------------------------------
@@ -492,8 +533,9 @@ class Cell(NamedTuple):
     return float(np.std(self.values, ddof=1)) if self.n > 1 else math.nan
 
 
-def group_runs(runs: Sequence[Run], rows: Sequence[str], cols: Sequence[str]
-               ) -> Dict[tuple, List[Run]]:
+def group_runs(
+  runs: Sequence[Run], rows: Sequence[str], cols: Sequence[str]
+) -> Dict[tuple, List[Run]]:
   """``{(row label, col label): runs}``; a group's runs may differ in seed
   (and execution keys) only, and no seed may repeat."""
   groups = collections.defaultdict(list)
@@ -506,13 +548,15 @@ def group_runs(runs: Sequence[Run], rows: Sequence[str], cols: Sequence[str]
       differs = sorted(differing_keys(first, other.config) - ignored)
       if differs:
         raise ValueError(
-            f'Cell {key} mixes runs that differ in {differs} '
-            f'({members[0].workdir} vs {other.workdir}): add those keys to '
-            '--rows/--cols or select with --where.')
+          f'Cell {key} mixes runs that differ in {differs} '
+          f'({members[0].workdir} vs {other.workdir}): add those keys to '
+          '--rows/--cols or select with --where.'
+        )
     seeds = [m.config.get('seed') for m in members]
     if len(set(seeds)) != len(seeds):
-      raise ValueError(f'Cell {key} holds the same seed twice: '
-                       f'{[m.workdir for m in members]}.')
+      raise ValueError(
+        f'Cell {key} holds the same seed twice: {[m.workdir for m in members]}.'
+      )
   return dict(groups)
 
 
@@ -529,13 +573,20 @@ def _ordered(labels, order: Sequence[str]) -> List[str]:
 
 class Table(NamedTuple):
   row_labels: List[str]
-  columns: List[tuple]               # (col label, metric)
+  columns: List[tuple]  # (col label, metric)
   cells: Dict[tuple, Optional[Cell]]  # (row label, col label, metric) -> Cell
 
 
-def build_table(runs: Sequence[Run], *, rows: Sequence[str],
-                cols: Sequence[str], metrics: Sequence[str], at: str,
-                ema_decay: float = 0.9, order: Sequence[str] = ()) -> Table:
+def build_table(
+  runs: Sequence[Run],
+  *,
+  rows: Sequence[str],
+  cols: Sequence[str],
+  metrics: Sequence[str],
+  at: str,
+  ema_decay: float = 0.9,
+  order: Sequence[str] = (),
+) -> Table:
   """Aggregates runs into cells of ``pick(series(run, metric), at)``."""
   groups = group_runs(runs, rows, cols)
   row_labels = _ordered({r for r, _ in groups}, order)
@@ -545,10 +596,12 @@ def build_table(runs: Sequence[Run], *, rows: Sequence[str],
   for row in row_labels:
     for col, metric in columns:
       members = groups.get((row, col), [])
-      values = [pick(*series(r, metric, ema_decay=ema_decay), at)
-                for r in members]
-      cells[(row, col, metric)] = (Cell(values, [r.workdir for r in members])
-                                   if members else None)
+      values = [
+        pick(*series(r, metric, ema_decay=ema_decay), at) for r in members
+      ]
+      cells[(row, col, metric)] = (
+        Cell(values, [r.workdir for r in members]) if members else None
+      )
   return Table(row_labels, columns, cells)
 
 
@@ -565,9 +618,14 @@ def _display(text: str, rename: Dict[str, str]) -> str:
   return rename.get(text, text)
 
 
-def format_markdown(table: Table, *, rename: Dict[str, str] = None,
-                    digits: int = 2, scale: Optional[float] = None,
-                    row_header: str = '') -> str:
+def format_markdown(
+  table: Table,
+  *,
+  rename: Dict[str, str] = None,
+  digits: int = 2,
+  scale: Optional[float] = None,
+  row_header: str = '',
+) -> str:
   """The table as GitHub markdown; cells ``mean ± std (n=...)``."""
   rename = rename or {}
   several = len({m for _, m in table.columns}) > 1
@@ -576,18 +634,23 @@ def format_markdown(table: Table, *, rename: Dict[str, str] = None,
     name = '' if col == 'all' else _display(col, rename)
     shown = _display(metric, rename)
     headers.append(f'{name} {shown}'.strip() if several else name or shown)
-  lines = ['| ' + ' | '.join(headers) + ' |',
-           '|' + '---|' * len(headers)]
+  lines = ['| ' + ' | '.join(headers) + ' |', '|' + '---|' * len(headers)]
   for row in table.row_labels:
-    cells = [_format_cell(table.cells[(row, col, metric)],
-                          default_scale(metric) if scale is None else scale,
-                          digits) for col, metric in table.columns]
+    cells = [
+      _format_cell(
+        table.cells[(row, col, metric)],
+        default_scale(metric) if scale is None else scale,
+        digits,
+      )
+      for col, metric in table.columns
+    ]
     lines.append('| ' + ' | '.join([_display(row, rename)] + cells) + ' |')
   return '\n'.join(lines) + '\n'
 
 
-def format_csv(table: Table, *, rename: Dict[str, str] = None,
-               scale: Optional[float] = None) -> str:
+def format_csv(
+  table: Table, *, rename: Dict[str, str] = None, scale: Optional[float] = None
+) -> str:
   """One CSV line per (row, column, metric): mean, std, n."""
   rename = rename or {}
   out = io.StringIO()
@@ -599,8 +662,16 @@ def format_csv(table: Table, *, rename: Dict[str, str] = None,
       if cell is None:
         continue
       s = default_scale(metric) if scale is None else scale
-      writer.writerow([_display(row, rename), _display(col, rename), metric,
-                       f'{cell.mean * s:.6g}', f'{cell.std * s:.6g}', cell.n])
+      writer.writerow(
+        [
+          _display(row, rename),
+          _display(col, rename),
+          metric,
+          f'{cell.mean * s:.6g}',
+          f'{cell.std * s:.6g}',
+          cell.n,
+        ]
+      )
   return out.getvalue()
 
 
@@ -613,21 +684,31 @@ def mean_curve(members: Sequence[Run], metric: str, *, ema_decay: float = 0.9):
   """(rounds, mean, std, n) over the runs, on the rounds all of them have."""
   curves = [series(r, metric, ema_decay=ema_decay) for r in members]
   common = sorted(set.intersection(*[set(r.tolist()) for r, _ in curves]))
-  stack = np.stack([[v[list(r).index(x)] for x in common]
-                    for r, v in curves])
-  std = (np.std(stack, axis=0, ddof=1) if len(members) > 1
-         else np.zeros(len(common)))
+  stack = np.stack([[v[list(r).index(x)] for x in common] for r, v in curves])
+  std = (
+    np.std(stack, axis=0, ddof=1) if len(members) > 1 else np.zeros(len(common))
+  )
   return np.asarray(common), stack.mean(axis=0), std, len(members)
 
 
-def plot_curves(runs: Sequence[Run], out: str, *, rows: Sequence[str],
-                cols: Sequence[str], metric: str, ema_decay: float = 0.9,
-                rename: Dict[str, str] = None, order: Sequence[str] = (),
-                scale: Optional[float] = None, title: str = '') -> str:
+def plot_curves(
+  runs: Sequence[Run],
+  out: str,
+  *,
+  rows: Sequence[str],
+  cols: Sequence[str],
+  metric: str,
+  ema_decay: float = 0.9,
+  rename: Dict[str, str] = None,
+  order: Sequence[str] = (),
+  scale: Optional[float] = None,
+  title: str = '',
+) -> str:
   """One panel per column label, one line per row label: the mean over
   seeds with a shaded band of +-1 standard deviation. Returns ``out``."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
   rename = rename or {}
   scale = default_scale(metric) if scale is None else scale
   groups = group_runs(runs, rows, cols)
@@ -636,18 +717,26 @@ def plot_curves(runs: Sequence[Run], out: str, *, rows: Sequence[str],
   col_labels = _ordered({c for _, c in groups}, order)
   row_labels = _ordered({r for r, _ in groups}, order)
   fig = Figure(figsize=(max(4.6 * len(col_labels), 7.0), 4.0), dpi=110)
-  axes = [fig.add_subplot(1, len(col_labels), i + 1)
-          for i in range(len(col_labels))]
+  axes = [
+    fig.add_subplot(1, len(col_labels), i + 1) for i in range(len(col_labels))
+  ]
   for ax, col in zip(axes, col_labels, strict=True):
     for row in row_labels:
       members = groups.get((row, col))
       if not members:
         continue
       rounds, mean, std, n = mean_curve(members, metric, ema_decay=ema_decay)
-      line, = ax.plot(rounds, mean * scale,
-                      label=f'{_display(row, rename)} (n={n})')
-      ax.fill_between(rounds, (mean - std) * scale, (mean + std) * scale,
-                      color=line.get_color(), alpha=0.2, linewidth=0)
+      (line,) = ax.plot(
+        rounds, mean * scale, label=f'{_display(row, rename)} (n={n})'
+      )
+      ax.fill_between(
+        rounds,
+        (mean - std) * scale,
+        (mean + std) * scale,
+        color=line.get_color(),
+        alpha=0.2,
+        linewidth=0,
+      )
     ax.set_title(_display(col, rename))
     ax.set_xlabel('round')
     ax.grid(True, alpha=0.3)
@@ -675,47 +764,68 @@ def define_flags():
   both modules are imported in one process (absl DuplicateFlagError).
   """
   flags.DEFINE_multi_string(
-      'root', None, 'run: where the workdirs go; table/plot: directories '
-      'searched for workdirs (repeatable).')
+    'root',
+    None,
+    'run: where the workdirs go; table/plot: directories '
+    'searched for workdirs (repeatable).',
+  )
   flags.DEFINE_multi_string(
-      'config', [], 'run: a config file with its argument, e.g. '
-      'configs/fedquad.py:alpha=0.3 (repeatable).')
+    'config',
+    [],
+    'run: a config file with its argument, e.g. '
+    'configs/fedquad.py:alpha=0.3 (repeatable).',
+  )
   flags.DEFINE_string(
-      'set', '', "run: overrides for every point, 'key=value;key=value'.")
+    'set', '', "run: overrides for every point, 'key=value;key=value'."
+  )
   flags.DEFINE_string(
-      'grid', '', "run: 'key=v1,v2;key2=v3,v4': every combination is a "
-      'point (last key fastest).')
+    'grid',
+    '',
+    "run: 'key=v1,v2;key2=v3,v4': every combination is a "
+    'point (last key fastest).',
+  )
   flags.DEFINE_integer('parallel', 1, 'run: points at once.')
   flags.DEFINE_bool('dry_run', False, 'run: list the points only.')
   flags.DEFINE_string('workdir', None, 'point: the workdir to train.')
   flags.DEFINE_list(
-      'rows', ['algorithm'], 'table/plot: config keys naming a row (plot: '
-      'a line).')
+    'rows',
+    ['algorithm'],
+    'table/plot: config keys naming a row (plot: a line).',
+  )
   flags.DEFINE_list(
-      'cols', [], 'table/plot: config keys naming a column (plot: a panel).')
+    'cols', [], 'table/plot: config keys naming a column (plot: a panel).'
+  )
   flags.DEFINE_list(
-      'metric', ['test_accuracy'], 'table: metrics (plot: the first); '
-      '<name>_ema is the EMA of <name>.')
+    'metric',
+    ['test_accuracy'],
+    'table: metrics (plot: the first); <name>_ema is the EMA of <name>.',
+  )
   flags.DEFINE_string('at', 'final', 'table: final | best | last:K | round:R.')
   flags.DEFINE_float('ema_decay', 0.9, 'Decay of *_ema metrics.')
   flags.DEFINE_string(
-      'where', '', "table/plot: keep runs with these config values, "
-      "'key=value;key=value'.")
+    'where',
+    '',
+    "table/plot: keep runs with these config values, 'key=value;key=value'.",
+  )
   flags.DEFINE_string(
-      'rename', '', "table/plot: 'label=shown;...'; also orders rows and "
-      'columns.')
-  flags.DEFINE_enum('format', 'markdown', ['markdown', 'csv'],
-                    'table: output format.')
+    'rename', '', "table/plot: 'label=shown;...'; also orders rows and columns."
+  )
+  flags.DEFINE_enum(
+    'format', 'markdown', ['markdown', 'csv'], 'table: output format.'
+  )
   flags.DEFINE_integer('digits', 2, 'table: decimals.')
-  flags.DEFINE_string('row_header', 'run',
-                      "table: the first column's header.")
+  flags.DEFINE_string('row_header', 'run', "table: the first column's header.")
   flags.DEFINE_float(
-      'scale', None, 'table/plot: multiply values (default 100 for '
-      '*accuracy* metrics, else 1).')
+    'scale',
+    None,
+    'table/plot: multiply values (default 100 for *accuracy* metrics, else 1).',
+  )
   flags.DEFINE_string('out', None, 'table: also write here; plot: PNG.')
   flags.DEFINE_bool(
-      'include_unfinished', False, 'table/plot: also runs without a final '
-      'summary.json.')
+    'include_unfinished',
+    False,
+    'table/plot: also runs without a final summary.json.',
+  )
   flags.DEFINE_string('title', '', 'plot: figure title.')
 
 
@@ -733,9 +843,11 @@ def _selected_runs() -> List[Run]:
   if not FLAGS.root:
     raise app.UsageError('--root is required.')
   where = {k: v[0] for k, v in parse_assignments(FLAGS.where)}
-  runs = [r for r in find_runs(FLAGS.root,
-                               include_unfinished=FLAGS.include_unfinished)
-          if matches(r, where)]
+  runs = [
+    r
+    for r in find_runs(FLAGS.root, include_unfinished=FLAGS.include_unfinished)
+    if matches(r, where)
+  ]
   if not runs:
     raise app.UsageError(f'No finished runs under {FLAGS.root} match.')
   return runs
@@ -743,8 +855,10 @@ def _selected_runs() -> List[Run]:
 
 def main(argv):
   if len(argv) != 2 or argv[1] not in ('run', 'point', 'table', 'plot'):
-    raise app.UsageError('Usage: python -m launch.sweep run|point|table|plot '
-                         '[flags]; see the module docstring.')
+    raise app.UsageError(
+      'Usage: python -m launch.sweep run|point|table|plot '
+      '[flags]; see the module docstring.'
+    )
   command = argv[1]
   if command == 'point':
     if not FLAGS.workdir:
@@ -757,8 +871,9 @@ def main(argv):
     if not FLAGS.root or len(FLAGS.root) != 1 or not FLAGS.config:
       raise app.UsageError('run needs one --root and at least one --config.')
     fixed = {k: v[0] for k, v in parse_assignments(FLAGS.set)}
-    points = make_points(FLAGS.root[0], FLAGS.config, fixed,
-                         parse_assignments(FLAGS.grid))
+    points = make_points(
+      FLAGS.root[0], FLAGS.config, fixed, parse_assignments(FLAGS.grid)
+    )
     if FLAGS.dry_run:
       for p in points:
         print(point_status(p), p.workdir)
@@ -771,13 +886,26 @@ def main(argv):
   rename = _rename_map(FLAGS.rename)
   runs = _selected_runs()
   if command == 'table':
-    table = build_table(runs, rows=FLAGS.rows, cols=FLAGS.cols,
-                        metrics=FLAGS.metric, at=FLAGS.at,
-                        ema_decay=FLAGS.ema_decay, order=list(rename))
-    text = (format_markdown(table, rename=rename, digits=FLAGS.digits,
-                            scale=FLAGS.scale, row_header=FLAGS.row_header)
-            if FLAGS.format == 'markdown'
-            else format_csv(table, rename=rename, scale=FLAGS.scale))
+    table = build_table(
+      runs,
+      rows=FLAGS.rows,
+      cols=FLAGS.cols,
+      metrics=FLAGS.metric,
+      at=FLAGS.at,
+      ema_decay=FLAGS.ema_decay,
+      order=list(rename),
+    )
+    text = (
+      format_markdown(
+        table,
+        rename=rename,
+        digits=FLAGS.digits,
+        scale=FLAGS.scale,
+        row_header=FLAGS.row_header,
+      )
+      if FLAGS.format == 'markdown'
+      else format_csv(table, rename=rename, scale=FLAGS.scale)
+    )
     print(text, end='')
     if FLAGS.out:
       with open(FLAGS.out, 'w') as f:
@@ -785,10 +913,18 @@ def main(argv):
     return
   if not FLAGS.out:
     raise app.UsageError('plot needs --out=path.png.')
-  plot_curves(runs, FLAGS.out, rows=FLAGS.rows, cols=FLAGS.cols,
-              metric=FLAGS.metric[0], ema_decay=FLAGS.ema_decay,
-              rename=rename, order=list(rename), scale=FLAGS.scale,
-              title=FLAGS.title)
+  plot_curves(
+    runs,
+    FLAGS.out,
+    rows=FLAGS.rows,
+    cols=FLAGS.cols,
+    metric=FLAGS.metric[0],
+    ema_decay=FLAGS.ema_decay,
+    rename=rename,
+    order=list(rename),
+    scale=FLAGS.scale,
+    title=FLAGS.title,
+  )
   print(f'wrote {FLAGS.out}')
 
 

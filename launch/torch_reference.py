@@ -77,9 +77,16 @@ class TorchSmallCNN(nn.Module):
     pool: 'stride', 'avg' or 'max'.
   """
 
-  def __init__(self, *, in_channels: int, image_size: Sequence[int],
-               num_classes: int = 10, width: int = 32,
-               embedding_dim: int = 128, pool: str = 'stride'):
+  def __init__(
+    self,
+    *,
+    in_channels: int,
+    image_size: Sequence[int],
+    num_classes: int = 10,
+    width: int = 32,
+    embedding_dim: int = 128,
+    pool: str = 'stride',
+  ):
     """Builds the layers.
 
     Args:
@@ -123,9 +130,15 @@ class TorchSmallCNN(nn.Module):
     return self.fc2(x)
 
 
-def make_torch_small_cnn(*, in_channels: int, image_size, num_classes: int = 10,
-                         width: int = 32, embedding_dim: int = 128,
-                         pool: str = 'stride') -> nn.Module:
+def make_torch_small_cnn(
+  *,
+  in_channels: int,
+  image_size,
+  num_classes: int = 10,
+  width: int = 32,
+  embedding_dim: int = 128,
+  pool: str = 'stride',
+) -> nn.Module:
   """Returns the PyTorch twin of the JAX ``SmallCNN`` (norm='none').
 
   Args:
@@ -141,9 +154,14 @@ def make_torch_small_cnn(*, in_channels: int, image_size, num_classes: int = 10,
   """
   if isinstance(image_size, int):
     image_size = (image_size, image_size)
-  return TorchSmallCNN(in_channels=in_channels, image_size=tuple(image_size),
-                       num_classes=num_classes, width=width,
-                       embedding_dim=embedding_dim, pool=pool)
+  return TorchSmallCNN(
+    in_channels=in_channels,
+    image_size=tuple(image_size),
+    num_classes=num_classes,
+    width=width,
+    embedding_dim=embedding_dim,
+    pool=pool,
+  )
 
 
 class TorchFedQuadCNN(nn.Module):
@@ -151,9 +169,14 @@ class TorchFedQuadCNN(nn.Module):
   (max-pool, max-pool, global average pool) -> Linear(128) -> Linear(classes).
   """
 
-  def __init__(self, *, in_channels: int, num_classes: int = 10,
-               widths: Sequence[int] = (64, 128, 256),
-               embedding_dim: int = 128):
+  def __init__(
+    self,
+    *,
+    in_channels: int,
+    num_classes: int = 10,
+    widths: Sequence[int] = (64, 128, 256),
+    embedding_dim: int = 128,
+  ):
     """Builds the layers.
 
     Args:
@@ -165,8 +188,9 @@ class TorchFedQuadCNN(nn.Module):
     super().__init__()
     channels = [in_channels, *widths]
     self.convs = nn.ModuleList(
-        nn.Conv2d(a, b, 3, padding=1)
-        for a, b in zip(channels[:-1], channels[1:], strict=True))
+      nn.Conv2d(a, b, 3, padding=1)
+      for a, b in zip(channels[:-1], channels[1:], strict=True)
+    )
     self.norms = nn.ModuleList(nn.BatchNorm2d(b) for b in widths)
     self.fc1 = nn.Linear(widths[-1], embedding_dim)
     self.fc2 = nn.Linear(embedding_dim, num_classes)
@@ -180,8 +204,9 @@ class TorchFedQuadCNN(nn.Module):
     return self.fc2(self.fc1(x))
 
 
-def make_torch_model(model: str, *, in_channels: int, image_size,
-                     pool: str = 'stride') -> nn.Module:
+def make_torch_model(
+  model: str, *, in_channels: int, image_size, pool: str = 'stride'
+) -> nn.Module:
   """The PyTorch twin of a JAX model, 10 classes.
 
   Args:
@@ -197,8 +222,9 @@ def make_torch_model(model: str, *, in_channels: int, image_size,
     ValueError: on an unknown ``model``.
   """
   if model == 'small_cnn':
-    return make_torch_small_cnn(in_channels=in_channels, image_size=image_size,
-                                pool=pool)
+    return make_torch_small_cnn(
+      in_channels=in_channels, image_size=image_size, pool=pool
+    )
   if model == 'fedquad_cnn':
     return TorchFedQuadCNN(in_channels=in_channels)
   raise ValueError(f"model must be 'small_cnn' or 'fedquad_cnn', got {model!r}")
@@ -226,10 +252,15 @@ def synchronize(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
-def draw_batch_indices(num_examples: int, clients: int, steps: int,
-                       batch_size: int, *,
-                       generator: Optional[torch.Generator] = None,
-                       device=None) -> torch.Tensor:
+def draw_batch_indices(
+  num_examples: int,
+  clients: int,
+  steps: int,
+  batch_size: int,
+  *,
+  generator: Optional[torch.Generator] = None,
+  device=None,
+) -> torch.Tensor:
   """Uniform example indices of one round, laid out [clients, steps, batch].
 
   Draws them with one ``torch.randint`` per (client, step) in client-major
@@ -247,17 +278,28 @@ def draw_batch_indices(num_examples: int, clients: int, steps: int,
   Returns:
     int64 [clients, steps, batch_size] in [0, N).
   """
-  draws = [torch.randint(num_examples, (batch_size,), generator=generator,
-                         device=device)
-           for _ in range(clients * steps)]
+  draws = [
+    torch.randint(
+      num_examples, (batch_size,), generator=generator, device=device
+    )
+    for _ in range(clients * steps)
+  ]
   return torch.stack(draws).reshape(clients, steps, batch_size)
 
 
-def fedavg_round(global_model: nn.Module, client_model: nn.Module,
-                 images: torch.Tensor, labels: torch.Tensor, *,
-                 clients_per_round: int, local_steps: int, batch_size: int,
-                 lr: float, generator: Optional[torch.Generator] = None,
-                 batch_indices: Optional[torch.Tensor] = None) -> None:
+def fedavg_round(
+  global_model: nn.Module,
+  client_model: nn.Module,
+  images: torch.Tensor,
+  labels: torch.Tensor,
+  *,
+  clients_per_round: int,
+  local_steps: int,
+  batch_size: int,
+  lr: float,
+  generator: Optional[torch.Generator] = None,
+  batch_indices: Optional[torch.Tensor] = None,
+) -> None:
   """Runs one FL round in place on ``global_model``, one client at a time.
 
   FedAvg (McMahan et al., 'Communication-Efficient Learning of Deep Networks
@@ -291,8 +333,9 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
       instead of drawing them (as `draw_batch_indices` draws them).
   """
   num_examples = images.shape[0]
-  global_state = {k: v.detach().clone() for k, v in
-                  global_model.state_dict().items()}
+  global_state = {
+    k: v.detach().clone() for k, v in global_model.state_dict().items()
+  }
   delta_sum = {k: torch.zeros_like(v) for k, v in global_state.items()}
   weight = 1.0 / clients_per_round
   client_model.train()
@@ -301,8 +344,9 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
     optimizer = torch.optim.SGD(client_model.parameters(), lr=lr)
     for step in range(local_steps):
       if batch_indices is None:
-        idx = torch.randint(num_examples, (batch_size,), generator=generator,
-                            device=images.device)
+        idx = torch.randint(
+          num_examples, (batch_size,), generator=generator, device=images.device
+        )
       else:
         idx = batch_indices[client, step]
       x, y = images[idx], labels[idx]
@@ -316,16 +360,25 @@ def fedavg_round(global_model: nn.Module, client_model: nn.Module,
           delta_sum[k].add_(v - global_state[k], alpha=weight)
   with torch.no_grad():
     global_model.load_state_dict(
-        {k: global_state[k] + delta_sum[k] for k in global_state})
+      {k: global_state[k] + delta_sum[k] for k in global_state}
+    )
 
 
-SgdStep = Callable[[Dict[str, torch.Tensor], Dict[str, torch.Tensor],
-                    torch.Tensor, torch.Tensor, torch.Tensor],
-                   Dict[str, torch.Tensor]]
+SgdStep = Callable[
+  [
+    Dict[str, torch.Tensor],
+    Dict[str, torch.Tensor],
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+  ],
+  Dict[str, torch.Tensor],
+]
 
 
-def make_vmap_sgd_step(model: nn.Module, *, lr: float,
-                       compile_step: bool = False) -> SgdStep:
+def make_vmap_sgd_step(
+  model: nn.Module, *, lr: float, compile_step: bool = False
+) -> SgdStep:
   """One SGD step of every client at once, vectorised with ``torch.func``.
 
   The step maps stacked client parameters theta [K, ...] to
@@ -366,9 +419,14 @@ def make_vmap_sgd_step(model: nn.Module, *, lr: float,
   return torch.compile(step) if compile_step else step
 
 
-def fedavg_round_vmap(global_model: nn.Module, images: torch.Tensor,
-                      labels: torch.Tensor, batch_indices: torch.Tensor, *,
-                      sgd_step: SgdStep) -> None:
+def fedavg_round_vmap(
+  global_model: nn.Module,
+  images: torch.Tensor,
+  labels: torch.Tensor,
+  batch_indices: torch.Tensor,
+  *,
+  sgd_step: SgdStep,
+) -> None:
   """Runs one FedAvg round in place, all clients side by side.
 
   The same round as `fedavg_round` (McMahan et al., 'Communication-Efficient
@@ -417,20 +475,35 @@ def make_data(num_examples: int, image_shape, *, device, seed: int = 0):
   """
   height, width, channels = image_shape
   generator = torch.Generator().manual_seed(seed)
-  images = torch.randn(num_examples, channels, height, width,
-                       generator=generator, dtype=torch.float32)
-  labels = torch.randint(10, (num_examples,), generator=generator,
-                         dtype=torch.int64)
+  images = torch.randn(
+    num_examples,
+    channels,
+    height,
+    width,
+    generator=generator,
+    dtype=torch.float32,
+  )
+  labels = torch.randint(
+    10, (num_examples,), generator=generator, dtype=torch.int64
+  )
   return images.to(device), labels.to(device)
 
 
-def time_torch_rounds(*, clients_per_round: int, local_steps: int,
-                      batch_size: int, image_shape=(28, 28, 1),
-                      pool: str = 'stride', model: str = 'small_cnn',
-                      num_rounds: int = 5,
-                      warmup_rounds: int = 1, num_threads: Optional[int] = None,
-                      lr: float = 0.01, variant: str = 'loop',
-                      device=None) -> Dict:
+def time_torch_rounds(
+  *,
+  clients_per_round: int,
+  local_steps: int,
+  batch_size: int,
+  image_shape=(28, 28, 1),
+  pool: str = 'stride',
+  model: str = 'small_cnn',
+  num_rounds: int = 5,
+  warmup_rounds: int = 1,
+  num_threads: Optional[int] = None,
+  lr: float = 0.01,
+  variant: str = 'loop',
+  device=None,
+) -> Dict:
   """Times a PyTorch FedAvg round on random data.
 
   Args:
@@ -471,27 +544,42 @@ def time_torch_rounds(*, clients_per_round: int, local_steps: int,
   num_examples = max(1024, 4 * batch_size)
   images, labels = make_data(num_examples, image_shape, device=device)
   generator = torch.Generator(device=device).manual_seed(0)
-  make = lambda: make_torch_model(model, in_channels=channels,
-                                  image_size=(height, width),
-                                  pool=pool).to(device).train()
+  make = lambda: (
+    make_torch_model(
+      model, in_channels=channels, image_size=(height, width), pool=pool
+    )
+    .to(device)
+    .train()
+  )
   global_model = make()
   if variant == 'loop':
     client_model = make()
 
     def one_round():
-      fedavg_round(global_model, client_model, images, labels,
-                   clients_per_round=clients_per_round,
-                   local_steps=local_steps, batch_size=batch_size, lr=lr,
-                   generator=generator)
+      fedavg_round(
+        global_model,
+        client_model,
+        images,
+        labels,
+        clients_per_round=clients_per_round,
+        local_steps=local_steps,
+        batch_size=batch_size,
+        lr=lr,
+        generator=generator,
+      )
   else:
-    sgd_step = make_vmap_sgd_step(global_model, lr=lr,
-                                  compile_step=variant == 'vmap_compiled')
+    sgd_step = make_vmap_sgd_step(
+      global_model, lr=lr, compile_step=variant == 'vmap_compiled'
+    )
 
     def one_round():
       # One draw per round, as a user of the vectorised round would write it.
-      idx = torch.randint(num_examples,
-                          (clients_per_round, local_steps, batch_size),
-                          generator=generator, device=device)
+      idx = torch.randint(
+        num_examples,
+        (clients_per_round, local_steps, batch_size),
+        generator=generator,
+        device=device,
+      )
       fedavg_round_vmap(global_model, images, labels, idx, sgd_step=sgd_step)
 
   def timed_round():
@@ -505,17 +593,20 @@ def time_torch_rounds(*, clients_per_round: int, local_steps: int,
   seconds = [timed_round() for _ in range(num_rounds)]
   median = statistics.median(seconds)
   return {
-      'seconds_per_round': seconds,
-      'warmup_seconds': warmup,
-      'median': median,
-      'min': min(seconds),
-      'client_steps_per_second': clients_per_round * local_steps / median,
-      'torch_version': torch.__version__,
-      'num_threads': torch.get_num_threads(),
-      'device': str(device),
-      'variant': variant,
-      'peak_device_mb': (torch.cuda.max_memory_allocated(device) / 2**20
-                         if device.type == 'cuda' else None),
+    'seconds_per_round': seconds,
+    'warmup_seconds': warmup,
+    'median': median,
+    'min': min(seconds),
+    'client_steps_per_second': clients_per_round * local_steps / median,
+    'torch_version': torch.__version__,
+    'num_threads': torch.get_num_threads(),
+    'device': str(device),
+    'variant': variant,
+    'peak_device_mb': (
+      torch.cuda.max_memory_allocated(device) / 2**20
+      if device.type == 'cuda'
+      else None
+    ),
   }
 
 
@@ -528,8 +619,9 @@ def main(argv=None):
   parser.add_argument('--image_size', type=int, default=28)
   parser.add_argument('--channels', type=int, default=1)
   parser.add_argument('--pool', choices=POOLS, default='stride')
-  parser.add_argument('--model', choices=('small_cnn', 'fedquad_cnn'),
-                      default='small_cnn')
+  parser.add_argument(
+    '--model', choices=('small_cnn', 'fedquad_cnn'), default='small_cnn'
+  )
   parser.add_argument('--variant', choices=VARIANTS, default='loop')
   parser.add_argument('--device', default='cpu', help="'cpu' or 'cuda'")
   parser.add_argument('--rounds', type=int, default=5)
@@ -538,12 +630,19 @@ def main(argv=None):
   parser.add_argument('--lr', type=float, default=0.01)
   args = parser.parse_args(argv)
   result = time_torch_rounds(
-      clients_per_round=args.clients_per_round, local_steps=args.local_steps,
-      batch_size=args.batch_size,
-      image_shape=(args.image_size, args.image_size, args.channels),
-      pool=args.pool, model=args.model, num_rounds=args.rounds,
-      warmup_rounds=args.warmup_rounds, num_threads=args.num_threads,
-      lr=args.lr, variant=args.variant, device=args.device)
+    clients_per_round=args.clients_per_round,
+    local_steps=args.local_steps,
+    batch_size=args.batch_size,
+    image_shape=(args.image_size, args.image_size, args.channels),
+    pool=args.pool,
+    model=args.model,
+    num_rounds=args.rounds,
+    warmup_rounds=args.warmup_rounds,
+    num_threads=args.num_threads,
+    lr=args.lr,
+    variant=args.variant,
+    device=args.device,
+  )
   print(json.dumps(result, indent=2))
 
 

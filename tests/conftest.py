@@ -17,9 +17,9 @@ subprocess the same settings through `JAX_ENV`.
 import jax
 
 JAX_ENV = {
-    'JAX_NUM_CPU_DEVICES': '4',
-    'JAX_DEFAULT_MATMUL_PRECISION': 'highest',
-    'JAX_DISABLE_MOST_OPTIMIZATIONS': 'true',
+  'JAX_NUM_CPU_DEVICES': '4',
+  'JAX_DEFAULT_MATMUL_PRECISION': 'highest',
+  'JAX_DISABLE_MOST_OPTIMIZATIONS': 'true',
 }
 
 jax.config.update('jax_num_cpu_devices', 4)

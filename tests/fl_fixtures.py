@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric import engine, models, optimizers
-from fedjax_metric.data import augment, cohort as cohort_lib
+from fedjax_metric.data import augment
+from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.models import layers
 
 NUM_CLASSES = 3
@@ -14,6 +15,7 @@ NUM_CLASSES = 3
 
 class Linear(nn.Module):
   """Softmax regression on flattened images: a model with a hand gradient."""
+
   num_classes: int = NUM_CLASSES
 
   @nn.compact
@@ -27,6 +29,7 @@ class Linear(nn.Module):
 class AllOutputs(nn.Module):
   """Every output any algorithm reads, from a tiny conv net with BatchNorm:
   logits, embedding (post-ReLU), projection, two feature levels."""
+
   num_classes: int = NUM_CLASSES
 
   @nn.compact
@@ -37,10 +40,12 @@ class AllOutputs(nn.Module):
     x = nn.relu(x).reshape(images.shape[0], -1)
     pre = nn.Dense(8)(x)
     embedding = nn.relu(pre)
-    return {'logits': nn.Dense(self.num_classes)(embedding),
-            'embedding': embedding,
-            'projection': nn.Dense(8)(embedding),
-            'features': [level_0, pre]}
+    return {
+      'logits': nn.Dense(self.num_classes)(embedding),
+      'embedding': embedding,
+      'projection': nn.Dense(8)(embedding),
+      'features': [level_0, pre],
+    }
 
 
 def make_data(num_examples=60, shape=(6, 6, 1), seed=0):
@@ -55,21 +60,36 @@ def identity_preprocess():
   return augment.make_preprocess(np.zeros(1), np.ones(1))
 
 
-def make_spec(algorithm, *, lr=0.1, optimizer='sgd', momentum=0.0, seed=0,
-              **optimizer_kwargs):
+def make_spec(
+  algorithm,
+  *,
+  lr=0.1,
+  optimizer='sgd',
+  momentum=0.0,
+  seed=0,
+  **optimizer_kwargs,
+):
   return engine.RoundSpec(
-      algorithm,
-      optimizers.make_client_optimizer(optimizer, momentum=momentum,
-                                       **optimizer_kwargs),
-      optimizers.make_round_schedule(lr), identity_preprocess(), seed)
+    algorithm,
+    optimizers.make_client_optimizer(
+      optimizer, momentum=momentum, **optimizer_kwargs
+    ),
+    optimizers.make_round_schedule(lr),
+    identity_preprocess(),
+    seed,
+  )
 
 
 INPUT_SHAPE = (1, 6, 6, 1)  # make_data's images
 
 
 def cnn(norm='none'):
-  return models.make_model_fns(models.small_cnn.SmallCNN(
-      num_classes=NUM_CLASSES, width=4, embedding_dim=8, norm=norm), INPUT_SHAPE)
+  return models.make_model_fns(
+    models.small_cnn.SmallCNN(
+      num_classes=NUM_CLASSES, width=4, embedding_dim=8, norm=norm
+    ),
+    INPUT_SHAPE,
+  )
 
 
 def all_outputs():
@@ -81,19 +101,37 @@ def linear():
 
 
 def init_variables(model, images, seed=0):
-  return model.init(jax.random.key(seed),
-                    identity_preprocess()(jnp.asarray(images[:2]), None))
+  return model.init(
+    jax.random.key(seed), identity_preprocess()(jnp.asarray(images[:2]), None)
+  )
 
 
-def cohort(partition, client_ids, *, num_slots, batch_size=8, epochs=1,
-           steps=0, round_idx=0, num_steps=None):
+def cohort(
+  partition,
+  client_ids,
+  *,
+  num_slots,
+  batch_size=8,
+  epochs=1,
+  steps=0,
+  round_idx=0,
+  num_steps=None,
+):
   sizes = [len(p) for p in partition]
   s = num_steps or cohort_lib.num_local_steps(
-      sizes, batch_size=batch_size, local_epochs=epochs, local_steps=steps)
+    sizes, batch_size=batch_size, local_epochs=epochs, local_steps=steps
+  )
   return cohort_lib.make_cohort(
-      np.asarray(client_ids), partition, num_slots=num_slots, num_steps=s,
-      batch_size=batch_size, local_epochs=epochs, local_steps=steps, seed=0,
-      round_idx=round_idx)
+    np.asarray(client_ids),
+    partition,
+    num_slots=num_slots,
+    num_steps=s,
+    batch_size=batch_size,
+    local_epochs=epochs,
+    local_steps=steps,
+    seed=0,
+    round_idx=round_idx,
+  )
 
 
 def executor_tolerance():
@@ -108,5 +146,7 @@ def executor_tolerance():
 
 
 def max_abs_diff(a, b):
-  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(
+    float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )

@@ -1,6 +1,7 @@
 """Engine properties: executors agree, one compile, padding is inert, sharding
 is transparent, and one FedAvg step equals a hand-derived SGD step."""
 
+import fl_fixtures as fx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,30 +10,45 @@ import pytest
 from fedjax_metric import engine, executors, optimizers, sharding
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.data import partition as partition_lib
-import fl_fixtures as fx
 
 SGD_SERVER = optimizers.make_server_optimizer('sgd')
 
 
 def federation(model_fn=fx.cnn, num_clients=6, alpha=0.5, norm='none'):
   images, labels = fx.make_data(72)
-  parts = partition_lib.dirichlet(labels, num_clients, alpha, seed=1,
-                                  variant='per_class')
+  parts = partition_lib.dirichlet(
+    labels, num_clients, alpha, seed=1, variant='per_class'
+  )
   model = model_fn(norm) if model_fn is fx.cnn else model_fn()
   alg = fedavg.make(model, server_optimizer=SGD_SERVER)
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   return model, alg, data, parts, fx.init_variables(model, images)
 
 
-def run_rounds(executor, alg, data, parts, variables, cohorts, *, mesh=None,
-               chunk_size=0, spec=None, steps_per_call=2):
+def run_rounds(
+  executor,
+  alg,
+  data,
+  parts,
+  variables,
+  cohorts,
+  *,
+  mesh=None,
+  chunk_size=0,
+  spec=None,
+  steps_per_call=2,
+):
   spec = spec or fx.make_spec(alg, momentum=0.9)
   state, table = engine.init_state(alg, variables, len(parts))
   if mesh is not None:
     state, table, data = sharding.replicate((state, table, data), mesh)
-  round_fn = executors.make_round_fn(spec, data, executor=executor,
-                                     chunk_size=chunk_size,
-                                     steps_per_call=steps_per_call)
+  round_fn = executors.make_round_fn(
+    spec,
+    data,
+    executor=executor,
+    chunk_size=chunk_size,
+    steps_per_call=steps_per_call,
+  )
   for c in cohorts:
     c = sharding.shard_cohort(c, mesh) if mesh is not None else c
     state, table, metrics = round_fn(state, table, c)
@@ -42,46 +58,64 @@ def run_rounds(executor, alg, data, parts, variables, cohorts, *, mesh=None,
 @pytest.mark.parametrize('norm', ['none', 'batch'])
 def test_executors_agree(norm):
   _, alg, data, parts, variables = federation(norm=norm)
-  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
-             for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])]
+  cohorts = [
+    fx.cohort(parts, ids, num_slots=4, round_idx=r)
+    for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])
+  ]
   results = {}
   # host with 2 steps per call runs blocks; with 100 it fuses each client.
   for name, executor, chunk, per_call in [
-      ('vmap', 'vmap', 0, 2), ('sequential', 'sequential', 0, 2),
-      ('chunked', 'chunked', 2, 2), ('host', 'host', 0, 2),
-      ('host fused', 'host', 0, 100)]:
-    state, metrics, _ = run_rounds(executor, alg, data, parts, variables,
-                                   cohorts, chunk_size=chunk,
-                                   steps_per_call=per_call)
+    ('vmap', 'vmap', 0, 2),
+    ('sequential', 'sequential', 0, 2),
+    ('chunked', 'chunked', 2, 2),
+    ('host', 'host', 0, 2),
+    ('host fused', 'host', 0, 100),
+  ]:
+    state, metrics, _ = run_rounds(
+      executor,
+      alg,
+      data,
+      parts,
+      variables,
+      cohorts,
+      chunk_size=chunk,
+      steps_per_call=per_call,
+    )
     results[name] = (state.variables, metrics)
   reference, ref_metrics = results['vmap']
   assert fx.max_abs_diff(reference, variables) > 1e-3  # Training moved it.
   for executor, (result, metrics) in results.items():
     assert fx.max_abs_diff(reference, result) < 1e-5, executor
-    np.testing.assert_allclose(metrics['train_loss_sum'],
-                               ref_metrics['train_loss_sum'], rtol=1e-5)
+    np.testing.assert_allclose(
+      metrics['train_loss_sum'], ref_metrics['train_loss_sum'], rtol=1e-5
+    )
 
 
 def test_single_program_compiles_once():
   _, alg, data, parts, variables = federation()
   # Different real cohort sizes and different clients (sizes) every round.
-  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=5)
-             for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])]
+  cohorts = [
+    fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=5)
+    for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])
+  ]
   _, _, round_fn = run_rounds('vmap', alg, data, parts, variables, cohorts)
   assert round_fn.jitted._cache_size() == 1
 
 
 def test_host_loop_compiles_once():
   _, alg, data, parts, variables = federation()
-  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=6)
-             for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])]
+  cohorts = [
+    fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=6)
+    for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])
+  ]
   _, _, round_fn = run_rounds('host', alg, data, parts, variables, cohorts)
   for name, fn in round_fn.fns._asdict().items():
     # 6 steps in blocks of 2: the fused one-block path is never taken.
     assert fn._cache_size() == (0 if name == 'whole_client' else 1), name
   # All 6 steps in one block: one fused call per client, compiled once.
-  _, _, round_fn = run_rounds('host', alg, data, parts, variables, cohorts,
-                              steps_per_call=6)
+  _, _, round_fn = run_rounds(
+    'host', alg, data, parts, variables, cohorts, steps_per_call=6
+  )
   assert round_fn.fns.whole_client._cache_size() == 1
   assert round_fn.fns.steps._cache_size() == 0
 
@@ -107,8 +141,9 @@ def test_padded_examples_and_steps_change_nothing(norm):
   loose = fx.cohort(parts, [0], num_slots=1, batch_size=16, num_steps=3)
   loose.example_idx[0][~loose.example_mask[0]] = 50  # Junk, masked.
   # Same example order in the real rows.
-  np.testing.assert_array_equal(np.sort(loose.example_idx[0, 0, :10]),
-                                np.sort(tight.example_idx[0, 0]))
+  np.testing.assert_array_equal(
+    np.sort(loose.example_idx[0, 0, :10]), np.sort(tight.example_idx[0, 0])
+  )
   loose.example_idx[0, 0, :10] = tight.example_idx[0, 0]
   a, _, _ = run_rounds('vmap', alg, data, parts, variables, [tight])
   b, _, _ = run_rounds('vmap', alg, data, parts, variables, [loose])
@@ -119,20 +154,42 @@ def test_sharded_over_four_devices_equals_one_device():
   # Simulated CPU devices (conftest.py), also on a machine with one GPU.
   assert len(jax.devices('cpu')) >= 4, 'conftest sets 4 simulated CPU devices'
   _, alg, data, parts, variables = federation()
-  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
-             for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])]
-  one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
-                         mesh=sharding.make_mesh(1, backend='cpu'))
+  cohorts = [
+    fx.cohort(parts, ids, num_slots=4, round_idx=r)
+    for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])
+  ]
+  one, _, _ = run_rounds(
+    'vmap',
+    alg,
+    data,
+    parts,
+    variables,
+    cohorts,
+    mesh=sharding.make_mesh(1, backend='cpu'),
+  )
   mesh4 = sharding.make_mesh(4, backend='cpu')
   four, _, round_fn = run_rounds(
-      'vmap', alg, sharding.replicate(data, mesh4), parts, variables, cohorts,
-      mesh=mesh4)
-  assert len(four.variables['params']['Dense_0']['kernel'].sharding.device_set) == 4
+    'vmap',
+    alg,
+    sharding.replicate(data, mesh4),
+    parts,
+    variables,
+    cohorts,
+    mesh=mesh4,
+  )
+  assert (
+    len(four.variables['params']['Dense_0']['kernel'].sharding.device_set) == 4
+  )
   assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
-  hlo = round_fn.jitted.lower(
+  hlo = (
+    round_fn.jitted.lower(
       *sharding.replicate(engine.init_state(alg, variables, 6), mesh4),
-      sharding.shard_cohort(cohorts[0], mesh4), sharding.replicate(data, mesh4)
-  ).compile().as_text()
+      sharding.shard_cohort(cohorts[0], mesh4),
+      sharding.replicate(data, mesh4),
+    )
+    .compile()
+    .as_text()
+  )
   assert 'all-reduce' in hlo  # The weighted sum became a cross-device reduce.
 
 
@@ -140,14 +197,30 @@ def test_chunked_sharded_over_four_devices_equals_vmap_on_one():
   """Chunks interleave slots (j, j + m, ...), so a sharded clients axis keeps
   every device busy in every chunk; the result must not depend on it."""
   _, alg, data, parts, variables = federation()
-  cohorts = [fx.cohort(parts, ids, num_slots=8, round_idx=r)
-             for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5, 0, 2]])]
-  one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts,
-                         mesh=sharding.make_mesh(1, backend='cpu'))
+  cohorts = [
+    fx.cohort(parts, ids, num_slots=8, round_idx=r)
+    for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5, 0, 2]])
+  ]
+  one, _, _ = run_rounds(
+    'vmap',
+    alg,
+    data,
+    parts,
+    variables,
+    cohorts,
+    mesh=sharding.make_mesh(1, backend='cpu'),
+  )
   mesh4 = sharding.make_mesh(4, backend='cpu')
   four, _, round_fn = run_rounds(
-      'chunked', alg, sharding.replicate(data, mesh4), parts, variables, cohorts,
-      mesh=mesh4, chunk_size=4)
+    'chunked',
+    alg,
+    sharding.replicate(data, mesh4),
+    parts,
+    variables,
+    cohorts,
+    mesh=mesh4,
+    chunk_size=4,
+  )
   assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
   assert round_fn.jitted._cache_size() == 1
 
@@ -157,14 +230,16 @@ def test_chunk_size_that_does_not_divide_the_cohort(chunk_size):
   _, alg, data, parts, variables = federation()
   cohorts = [fx.cohort(parts, [0, 2, 5, 1], num_slots=4)]
   a, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts)
-  b, _, _ = run_rounds('chunked', alg, data, parts, variables, cohorts,
-                       chunk_size=chunk_size)
+  b, _, _ = run_rounds(
+    'chunked', alg, data, parts, variables, cohorts, chunk_size=chunk_size
+  )
   assert fx.max_abs_diff(a.variables, b.variables) < 1e-5
 
 
-@pytest.mark.parametrize('executor,chunk_size',
-                         [('vmap', 0), ('sequential', 0), ('chunked', 2),
-                          ('host', 0)])
+@pytest.mark.parametrize(
+  'executor,chunk_size',
+  [('vmap', 0), ('sequential', 0), ('chunked', 2), ('host', 0)],
+)
 def test_no_implicit_transfer_inside_a_round(executor, chunk_size):
   """Under ``transfer_guard('disallow')`` only explicit ``device_put`` may move
   data: the cohort's index arrays. The host executor reads the masks on the
@@ -172,10 +247,13 @@ def test_no_implicit_transfer_inside_a_round(executor, chunk_size):
   _, alg, data, parts, variables = federation(norm='batch')
   spec = fx.make_spec(alg, momentum=0.9)
   state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(spec, data, executor=executor,
-                                  chunk_size=chunk_size, steps_per_call=2)
-  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r)
-             for r, ids in enumerate([[0, 2, 5], [1, 3, 4]])]
+  round_fn = executors.make_round_fn(
+    spec, data, executor=executor, chunk_size=chunk_size, steps_per_call=2
+  )
+  cohorts = [
+    fx.cohort(parts, ids, num_slots=4, round_idx=r)
+    for r, ids in enumerate([[0, 2, 5], [1, 3, 4]])
+  ]
   state, table, _ = round_fn(state, table, cohorts[0])  # Compiles.
   cohort = cohorts[1] if executor == 'host' else jax.device_put(cohorts[1])
   with jax.transfer_guard('disallow'):
@@ -208,8 +286,9 @@ def test_local_epoch_decay_scales_each_epochs_steps(executor):
   c = fx.cohort(parts, [0], num_slots=1, batch_size=8, epochs=2, num_steps=4)
   assert c.example_mask[0].sum(1).tolist() == [8, 4, 8, 4]
   spec = fx.make_spec(alg, lr=0.3)._replace(local_epoch_decay=0.5)
-  state, _, _ = run_rounds(executor, alg, data, parts, variables, [c],
-                           spec=spec, chunk_size=1)
+  state, _, _ = run_rounds(
+    executor, alg, data, parts, variables, [c], spec=spec, chunk_size=1
+  )
 
   w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
   b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
@@ -231,8 +310,9 @@ def test_one_client_one_step_is_one_sgd_step(executor):
   images, labels, alg, variables, data = softmax_regression()
   parts = [np.arange(8), np.arange(8, 60)]
   c = fx.cohort(parts, [0], num_slots=1, batch_size=8, num_steps=1)
-  state, _, _ = run_rounds(executor, alg, data, parts, variables, [c],
-                           spec=fx.make_spec(alg, lr=0.3))
+  state, _, _ = run_rounds(
+    executor, alg, data, parts, variables, [c], spec=fx.make_spec(alg, lr=0.3)
+  )
 
   w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
   b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
@@ -260,8 +340,9 @@ def test_aggregation_weights_by_client_size():
   for weighting, weights in [('num_examples', (4, 12)), ('uniform', (1, 1))]:
     alg = fedavg.make(model, server_optimizer=SGD_SERVER, weighting=weighting)
     c = fx.cohort(parts, [0, 1], num_slots=2, batch_size=12, num_steps=1)
-    state, _, _ = run_rounds('vmap', alg, data, parts, variables, [c],
-                             spec=fx.make_spec(alg, lr=0.5))
+    state, _, _ = run_rounds(
+      'vmap', alg, data, parts, variables, [c], spec=fx.make_spec(alg, lr=0.5)
+    )
     local = []
     for slot, n in enumerate((4, 12)):
       idx = c.example_idx[slot, 0, :n]
@@ -269,8 +350,12 @@ def test_aggregation_weights_by_client_size():
       err = softmax(x @ w + b) - np.eye(fx.NUM_CLASSES)[labels[idx]]
       local.append(w - 0.5 * x.T @ err / n)
     expected = (weights[0] * local[0] + weights[1] * local[1]) / sum(weights)
-    np.testing.assert_allclose(state.variables['params']['Dense_0']['kernel'],
-                               expected, atol=1e-5, err_msg=weighting)
+    np.testing.assert_allclose(
+      state.variables['params']['Dense_0']['kernel'],
+      expected,
+      atol=1e-5,
+      err_msg=weighting,
+    )
 
 
 def test_client_table_gather_and_scatter_drop_padding():
@@ -300,9 +385,14 @@ def counting_algorithm(model):
   def init_client(variables, key):
     del variables, key
     zero = jnp.zeros((), jnp.int32)
-    return {'sampled': zero, 'steps': zero, 'slot': zero - 1,
-            'ctx_steps': jnp.zeros((), jnp.float32),
-            'examples': jnp.zeros((), jnp.float32), 'label_sum': zero}
+    return {
+      'sampled': zero,
+      'steps': zero,
+      'slot': zero - 1,
+      'ctx_steps': jnp.zeros((), jnp.float32),
+      'examples': jnp.zeros((), jnp.float32),
+      'label_sum': zero,
+    }
 
   def init_server(variables, num_clients, key):
     state = base.init_server(variables, num_clients, key)
@@ -312,10 +402,15 @@ def counting_algorithm(model):
     variables, _ = base.client_begin(ctx)
     # Sum of the labels of the round's real examples, through scan_batches.
     label_sum = ctx.scan_batches(
-        lambda total, batch: total + jnp.sum(
-            jnp.where(batch.mask, batch.labels, 0)), jnp.zeros((), jnp.int32))
-    return variables, {'steps': jnp.zeros((), jnp.int32),
-                       'label_sum': label_sum}
+      lambda total, batch: (
+        total + jnp.sum(jnp.where(batch.mask, batch.labels, 0))
+      ),
+      jnp.zeros((), jnp.int32),
+    )
+    return variables, {
+      'steps': jnp.zeros((), jnp.int32),
+      'label_sum': label_sum,
+    }
 
   def client_step_end(ctx, params, model_state):
     del params, model_state
@@ -324,22 +419,34 @@ def counting_algorithm(model):
   def client_final(ctx, end_variables):
     update, weight, _ = base.client_final(ctx, end_variables)
     row = ctx.client_row
-    return update, weight, {'sampled': row['sampled'] + 1,
-                            'steps': row['steps'] + ctx.local_state['steps'],
-                            'slot': ctx.slot, 'ctx_steps': ctx.num_steps,
-                            'examples': ctx.num_examples,
-                            'label_sum': ctx.local_state['label_sum']}
+    return (
+      update,
+      weight,
+      {
+        'sampled': row['sampled'] + 1,
+        'steps': row['steps'] + ctx.local_state['steps'],
+        'slot': ctx.slot,
+        'ctx_steps': ctx.num_steps,
+        'examples': ctx.num_examples,
+        'label_sum': ctx.local_state['label_sum'],
+      },
+    )
 
   def server_update(server_state, aggregate, client_table):
     state = base.server_update(server_state, aggregate, client_table)
     seen = state.extra.at[aggregate.client_ids].add(
-        aggregate.slot_mask.astype(jnp.int32), mode='drop')
+      aggregate.slot_mask.astype(jnp.int32), mode='drop'
+    )
     return state._replace(extra=seen)
 
   return base._replace(
-      init_client=init_client, init_server=init_server,
-      client_begin=client_begin, client_step_end=client_step_end,
-      client_final=client_final, server_update=server_update)
+    init_client=init_client,
+    init_server=init_server,
+    client_begin=client_begin,
+    client_step_end=client_step_end,
+    client_final=client_final,
+    server_update=server_update,
+  )
 
 
 @pytest.mark.parametrize('executor', ['vmap', 'host', 'chunked'])
@@ -348,11 +455,14 @@ def test_client_table_step_hook_and_server_extra(executor):
   labels = np.asarray(data.labels)
   alg = counting_algorithm(model)
   rounds = [[0, 2, 5], [2, 3], [5, 2, 1, 0]]
-  cohorts = [fx.cohort(parts, ids, num_slots=4, round_idx=r, batch_size=4)
-             for r, ids in enumerate(rounds)]
+  cohorts = [
+    fx.cohort(parts, ids, num_slots=4, round_idx=r, batch_size=4)
+    for r, ids in enumerate(rounds)
+  ]
   state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(fx.make_spec(alg), data, executor=executor,
-                                  chunk_size=2, steps_per_call=3)
+  round_fn = executors.make_round_fn(
+    fx.make_spec(alg), data, executor=executor, chunk_size=2, steps_per_call=3
+  )
   for c in cohorts:
     state, table, _ = round_fn(state, table, c)
   sampled = np.bincount(np.concatenate(rounds), minlength=len(parts))
@@ -368,7 +478,8 @@ def test_client_table_step_hook_and_server_extra(executor):
   for slot in np.flatnonzero(last.slot_mask):
     client = last.client_ids[slot]
     assert int(table['slot'][client]) == slot
-    assert float(table['ctx_steps'][client]) == last.example_mask[slot].any(
-        -1).sum()
+    assert (
+      float(table['ctx_steps'][client]) == last.example_mask[slot].any(-1).sum()
+    )
     assert float(table['examples'][client]) == len(parts[client])
     assert int(table['label_sum'][client]) == labels[parts[client]].sum()

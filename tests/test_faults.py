@@ -15,22 +15,24 @@ import subprocess
 import sys
 import time
 
+import conftest
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import test_train
+from test_train import final_params, jax_leaves, read_metrics
 
 from fedjax_metric import event_log, faults, train, validation
 from fedjax_metric.data import sources
 
-import conftest
-import test_train
-from test_train import final_params, jax_leaves, read_metrics
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # No partition plot: matplotlib would add a second to every run.
-RUNLOCAL = ['--config=configs/fedavg.py:runlocal', '--config.progress=False',
-            '--config.plot_partition=False']
+RUNLOCAL = [
+  '--config=configs/fedavg.py:runlocal',
+  '--config.progress=False',
+  '--config.plot_partition=False',
+]
 
 
 def load_config(name):
@@ -49,17 +51,31 @@ def launch(workdir, *flags, cache, pause=None):
   """`python -m launch.main` in the background; ``pause``: the round after
   which it waits for a signal (marker file faults.PAUSE_MARKER)."""
   # conftest's JAX settings: results are compared with in-process runs.
-  env = dict(os.environ, **conftest.JAX_ENV, JAX_COMPILATION_CACHE_DIR=cache,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  env = dict(
+    os.environ,
+    **conftest.JAX_ENV,
+    JAX_COMPILATION_CACHE_DIR=cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
+  )
   env.pop(faults.PAUSE_ENV_VAR, None)
   if pause is not None:
     env[faults.PAUSE_ENV_VAR] = str(pause)
   return subprocess.Popen(
-      [sys.executable, '-m', 'launch.main', *RUNLOCAL, *flags,
-       f'--workdir={workdir}'],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True)
+    [
+      sys.executable,
+      '-m',
+      'launch.main',
+      *RUNLOCAL,
+      *flags,
+      f'--workdir={workdir}',
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
 
 
 def wait_for_pause(process, workdir, timeout=300):
@@ -67,8 +83,9 @@ def wait_for_pause(process, workdir, timeout=300):
   deadline = time.time() + timeout
   while not os.path.exists(marker):
     if process.poll() is not None:
-      pytest.fail(f'exited {process.returncode} before pausing: '
-                  f'{process.communicate()}')
+      pytest.fail(
+        f'exited {process.returncode} before pausing: {process.communicate()}'
+      )
     assert time.time() < deadline, 'no pause'
     time.sleep(0.05)
   os.remove(marker)
@@ -85,8 +102,9 @@ def run_cli(*flags, workdir, cache):
 
 def logged_rounds(workdir, tag='test_accuracy'):
   """Steps of ``tag`` over every event file, sorted, duplicates kept."""
-  return sorted(step for _, step, t, _ in event_log.scalars(workdir)
-                if t == tag)
+  return sorted(
+    step for _, step, t, _ in event_log.scalars(workdir) if t == tag
+  )
 
 
 def checkpoint_dirs(workdir):
@@ -114,7 +132,8 @@ def straight(tmp_path_factory):
 
 
 def test_signals_kill_and_a_truncated_checkpoint_resume_to_the_same_run(
-    tmp_path, jax_cache, capsys, straight):
+  tmp_path, jax_cache, capsys, straight
+):
   """4 rounds, no scheduled checkpoint before the end: SIGTERM after round
   1, SIGINT after round 2 (each saves one), kill -9 after round 3 (loses
   round 3, whose events and metrics were flushed); then round 2's array data
@@ -153,8 +172,9 @@ def test_signals_kill_and_a_truncated_checkpoint_resume_to_the_same_run(
   moved = glob.glob(os.path.join(workdir, faults.UNREADABLE_DIR, '2.*'))
   assert len(moved) == 1
   assert summary['rounds_completed'] == 4
-  for x, y in zip(jax_leaves(final_params(straight[0])),
-                  jax_leaves(final_params(workdir))):
+  for x, y in zip(
+    jax_leaves(final_params(straight[0])), jax_leaves(final_params(workdir))
+  ):
     np.testing.assert_array_equal(x, y)
   rows = read_metrics(workdir)
   assert [r['round'] for r in rows] == [1, 2, 3, 4]
@@ -177,16 +197,24 @@ def test_signals_kill_and_a_truncated_checkpoint_resume_to_the_same_run(
 # evaluated (every 4) -- FedRCL's eval_every > checkpoint_every. Only the
 # server step differs from RUNLOCAL: the clients' programs come from the
 # compilation cache.
-DIVERGING = {'num_rounds': 4, 'eval_every': 4, 'checkpoint_every': 1,
-             'keep_checkpoints': 5, 'server.learning_rate': 1e38}
+DIVERGING = {
+  'num_rounds': 4,
+  'eval_every': 4,
+  'checkpoint_every': 1,
+  'keep_checkpoints': 5,
+  'server.learning_rate': 1e38,
+}
 
 
 def test_nan_is_never_checkpointed_and_the_error_is_one_line(
-    tmp_path, jax_cache):
+  tmp_path, jax_cache
+):
   workdir = str(tmp_path / 'run')
   code, out, err = run_cli(
-      *[f'--config.{k}={v}' for k, v in DIVERGING.items()],
-      workdir=workdir, cache=jax_cache)
+    *[f'--config.{k}={v}' for k, v in DIVERGING.items()],
+    workdir=workdir,
+    cache=jax_cache,
+  )
   assert code == 1, (out, err)
   lines = [line for line in err.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith('error: '), err
@@ -203,15 +231,25 @@ def test_nan_is_never_checkpointed_and_the_error_is_one_line(
   # A NaN checkpoint of round 2, as the code before this check saved them
   # (eval_every > checkpoint_every): a rerun must not resume from it.
   poisoned = jax.tree.map(
-      lambda x: np.full_like(x, np.nan) if np.issubdtype(
-          np.asarray(x).dtype, np.floating) else x, state)
+    lambda x: (
+      np.full_like(x, np.nan)
+      if np.issubdtype(np.asarray(x).dtype, np.floating)
+      else x
+    ),
+    state,
+  )
   with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.join(workdir, 'checkpoints', '2', 'default'),
-                      poisoned)
+    checkpointer.save(
+      os.path.join(workdir, 'checkpoints', '2', 'default'), poisoned
+    )
   said = []
   step, restored = faults.restore_newest_readable(
-      os.path.join(workdir, 'checkpoints'), state, workdir=workdir,
-      chief=True, report=said.append)
+    os.path.join(workdir, 'checkpoints'),
+    state,
+    workdir=workdir,
+    chief=True,
+    report=said.append,
+  )
   assert step == 1 and faults.all_finite(restored)
   assert 'round 2: FloatingPointError: it holds NaN' in said[0]
   assert checkpoint_dirs(workdir) == ['1']
@@ -224,8 +262,11 @@ def test_nan_is_never_checkpointed_and_the_error_is_one_line(
 
 
 def truncate_array_data(step_dir):
-  files = [f for f in glob.glob(os.path.join(step_dir, '**', 'd', '*'),
-                                recursive=True) if os.path.isfile(f)]
+  files = [
+    f
+    for f in glob.glob(os.path.join(step_dir, '**', 'd', '*'), recursive=True)
+    if os.path.isfile(f)
+  ]
   biggest = max(files, key=os.path.getsize)
   with open(biggest, 'r+b') as f:
     f.truncate(os.path.getsize(biggest) // 2)
@@ -277,20 +318,23 @@ def test_a_checkpoint_missing_its_item_is_skipped(two_checkpoints, tmp_path):
   remove_item(os.path.join(directory, '2'))
   said = []
   step, _ = faults.restore_newest_readable(
-      directory, template, workdir=workdir, chief=True, report=said.append)
+    directory, template, workdir=workdir, chief=True, report=said.append
+  )
   assert step == 1 and 'round 2: ' in said[0]
   assert checkpoint_dirs(workdir) == ['1']
 
 
 def test_no_readable_checkpoint_is_a_clear_error_that_moves_nothing(
-    two_checkpoints, tmp_path):
+  two_checkpoints, tmp_path
+):
   config, original = two_checkpoints
   workdir = str(tmp_path / 'run')
   shutil.copytree(original, workdir)
   for step in ('1', '2'):
     truncate_array_data(os.path.join(workdir, 'checkpoints', step))
-  with pytest.raises(faults.CheckpointError,
-                     match='round 2: .*round 1: .*Delete that directory'):
+  with pytest.raises(
+    faults.CheckpointError, match='round 2: .*round 1: .*Delete that directory'
+  ):
     train.run(config, workdir)
   assert checkpoint_dirs(workdir) == ['1', '2']
 
@@ -301,13 +345,16 @@ def test_no_readable_checkpoint_is_a_clear_error_that_moves_nothing(
 
 
 def test_a_finished_workdir_refuses_another_config_by_dotted_path(
-    straight, tmp_path):
+  straight, tmp_path
+):
   workdir, summary = straight
   for split in ('train', 't10k'):  # Present (empty: they are never read).
     for kind in ('images-idx3', 'labels-idx1'):
       (tmp_path / f'{split}-{kind}-ubyte').touch()
-  before = {n: open(os.path.join(workdir, n), 'rb').read()
-            for n in ('config.json', 'summary.json', 'metrics.jsonl')}
+  before = {
+    n: open(os.path.join(workdir, n), 'rb').read()
+    for n in ('config.json', 'summary.json', 'metrics.jsonl')
+  }
 
   def refused(change, *patterns):
     other = four_rounds()
@@ -319,15 +366,25 @@ def test_a_finished_workdir_refuses_another_config_by_dotted_path(
     return str(info.value)
 
   refused(lambda c: setattr(c, 'seed', 3), 'seed (0 -> 3)')
-  message = refused(lambda c: setattr(c.local, 'learning_rate', 0.5),
-                    'local.learning_rate (0.05 -> 0.5)')
+  message = refused(
+    lambda c: setattr(c.local, 'learning_rate', 0.5),
+    'local.learning_rate (0.05 -> 0.5)',
+  )
   assert 'local (' not in message
-  refused(lambda c: (setattr(c, 'algorithm', 'fedprox'),
-                     setattr(c.dataset, 'name', 'mnist'),
-                     setattr(c.dataset, 'data_dir', str(tmp_path))),
-          "algorithm (fedavg -> fedprox)", 'dataset.name (digits -> mnist)')
-  refused(lambda c: setattr(c, 'num_rounds', 1),
-          'finished after 4 rounds', 'num_rounds=1 asks for fewer')
+  refused(
+    lambda c: (
+      setattr(c, 'algorithm', 'fedprox'),
+      setattr(c.dataset, 'name', 'mnist'),
+      setattr(c.dataset, 'data_dir', str(tmp_path)),
+    ),
+    'algorithm (fedavg -> fedprox)',
+    'dataset.name (digits -> mnist)',
+  )
+  refused(
+    lambda c: setattr(c, 'num_rounds', 1),
+    'finished after 4 rounds',
+    'num_rounds=1 asks for fewer',
+  )
   for name, data in before.items():
     assert open(os.path.join(workdir, name), 'rb').read() == data, name
   # The same config still returns the finished summary.
@@ -336,9 +393,12 @@ def test_a_finished_workdir_refuses_another_config_by_dotted_path(
 
 def test_cli_refusal_is_one_line_without_a_nan_result(straight, jax_cache):
   workdir, _ = straight
-  code, out, err = run_cli('--config.num_rounds=1',
-                           '--config.checkpoint_every=100', workdir=workdir,
-                           cache=jax_cache)
+  code, out, err = run_cli(
+    '--config.num_rounds=1',
+    '--config.checkpoint_every=100',
+    workdir=workdir,
+    cache=jax_cache,
+  )
   assert code == 1
   assert 'nan' not in out + err and 'Traceback' not in err
   assert err.strip().startswith('error: ')
@@ -360,15 +420,29 @@ def test_failed_starts_write_nothing(tmp_path):
     with pytest.raises(error, match=match):
       train.run(config, workdir, stop_after_round=1)
 
-  attempt(lambda c: (setattr(c.dataset, 'name', 'mnist'),
-                     setattr(c.dataset, 'data_dir', str(tmp_path / 'no'))),
-          sources.DatasetNotFoundError, 'train-images')
-  attempt(lambda c: setattr(c, 'executor', 'vmapp'), validation.ConfigError,
-          'executor')
-  attempt(lambda c: setattr(c.local, 'learning_rate', -0.1),
-          validation.ConfigError, 'local.learning_rate')
-  attempt(lambda c: setattr(c, 'clients_per_round', 9),
-          validation.ConfigError, 'clients_per_round=9')
+  attempt(
+    lambda c: (
+      setattr(c.dataset, 'name', 'mnist'),
+      setattr(c.dataset, 'data_dir', str(tmp_path / 'no')),
+    ),
+    sources.DatasetNotFoundError,
+    'train-images',
+  )
+  attempt(
+    lambda c: setattr(c, 'executor', 'vmapp'),
+    validation.ConfigError,
+    'executor',
+  )
+  attempt(
+    lambda c: setattr(c.local, 'learning_rate', -0.1),
+    validation.ConfigError,
+    'local.learning_rate',
+  )
+  attempt(
+    lambda c: setattr(c, 'clients_per_round', 9),
+    validation.ConfigError,
+    'clients_per_round=9',
+  )
   assert not os.path.exists(workdir)  # Refused before anything was written.
 
 
@@ -384,10 +458,13 @@ def _set(path, value):
     for p in parents:
       node = node[p]
     node[leaf] = value
+
   return change
 
 
-@pytest.mark.parametrize('change, match', [
+@pytest.mark.parametrize(
+  'change, match',
+  [
     (_set('clients_per_round', 5), 'clients_per_round=5 is more than'),
     (_set('num_clients', 5000), 'digits has 1438 training examples'),
     (_set('local.momentum', 1.5), r'local.momentum must be < 1.0'),
@@ -395,7 +472,7 @@ def _set(path, value):
     (_set('local.optimizer', 'sgdd'), "local.optimizer is not usable.*'adam'"),
     (_set('server.optimizer', 'adm'), 'server.optimizer'),
     (_set('local.schedule', 'cosin'), 'local.schedule'),
-    (_set('partition.method', 'dirichet'), "partition.method must be one of"),
+    (_set('partition.method', 'dirichet'), 'partition.method must be one of'),
     (_set('model.name', 'resnet19'), "model.name must be one of .*'resnet18'"),
     (_set('algorithm', 'fedavgm'), "algorithm must be one of .*'fedprox'"),
     (_set('num_rounds', 0), 'num_rounds must be >= 1'),
@@ -403,14 +480,18 @@ def _set(path, value):
     (_set('local.steps', 0), 'trains nothing'),
     (_set('dataset.name', 'fashion-mnist'), "Did you mean 'fashion_mnist'"),
     (_set('dataset.name', 'cifar_10'), "Did you mean 'cifar10'"),
-])
+  ],
+)
 def test_bad_values_are_refused_with_the_field_named(change, match):
   config = load_config('fedavg')
   change(config)
   if match == 'trains nothing':
     config.local.epochs = 0
-  error = (sources.DatasetNotFoundError if 'Did you mean' in match else
-           validation.ConfigError)
+  error = (
+    sources.DatasetNotFoundError
+    if 'Did you mean' in match
+    else validation.ConfigError
+  )
   with pytest.raises(error, match=match):
     validation.validate(config)
 
@@ -440,9 +521,11 @@ def test_a_field_without_a_rule_is_not_range_checked():
 
 
 def _config_names():
-  return sorted(os.path.basename(p)[:-3]
-                for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
-                if not os.path.basename(p).startswith(('_', 'common')))
+  return sorted(
+    os.path.basename(p)[:-3]
+    for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
+    if not os.path.basename(p).startswith(('_', 'common'))
+  )
 
 
 def _supervised_config_names():
@@ -450,14 +533,18 @@ def _supervised_config_names():
   dataset; the one-class, participation and unsupervised families take their
   own arguments (each config's docstring lists them)."""
   import importlib  # pylint: disable=g-import-not-at-top
-  return [n for n in _config_names()
-          if 'central' in (importlib.import_module(f'configs.{n}').__doc__
-                           or '')]
+
+  return [
+    n
+    for n in _config_names()
+    if 'central' in (importlib.import_module(f'configs.{n}').__doc__ or '')
+  ]
 
 
 @pytest.mark.parametrize('name', _config_names())
 def test_every_config_rejects_an_unknown_argument_naming_the_known(name):
   import importlib  # pylint: disable=g-import-not-at-top
+
   module = importlib.import_module(f'configs.{name}')
   with pytest.raises(ValueError, match="Unknown config argument 'no_such'"):
     module.get_config('runlocal,no_such=1')
@@ -466,6 +553,7 @@ def test_every_config_rejects_an_unknown_argument_naming_the_known(name):
 @pytest.mark.parametrize('name', _supervised_config_names())
 def test_every_config_takes_central_model_and_dataset(name):
   import importlib  # pylint: disable=g-import-not-at-top
+
   module = importlib.import_module(f'configs.{name}')
   config = module.get_config('runlocal,central,model=small_cnn')
   assert (config.num_clients, config.clients_per_round) == (1, 1)
@@ -478,13 +566,16 @@ def test_every_config_takes_central_model_and_dataset(name):
 
 
 def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(
-    tmp_path, jax_cache):
+  tmp_path, jax_cache
+):
   workdir = str(tmp_path / 'run')
   typo = '--config.dataset.name=fashion-mnist'
   code, out, err = run_cli(typo, workdir=workdir, cache=jax_cache)
   assert code == 1 and not out
-  assert err.strip().splitlines() == [
-      err.strip()] and "Did you mean 'fashion_mnist'" in err
+  assert (
+    err.strip().splitlines() == [err.strip()]
+    and "Did you mean 'fashion_mnist'" in err
+  )
   assert not os.path.exists(workdir)
   code, _, err = run_cli(typo, '--verbose', workdir=workdir, cache=jax_cache)
   assert code == 1 and 'Traceback' in err and 'check_available' in err

@@ -1,21 +1,28 @@
 """Memory: the client table is sized before it exists, and the chunked
 executor's chunk size comes from a per-device budget."""
 
+import fl_fixtures as fx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from fedjax_metric import algorithms, engine, executors, memory, models
-from fedjax_metric import optimizers, train
-from fedjax_metric.data import cohort as cohort_lib
-from fedjax_metric.algorithms import fedavg, moon
-from fedjax_metric.data import partition as partition_lib
-import fl_fixtures as fx
 from test_train import load_config
 
+from fedjax_metric import (
+  algorithms,
+  engine,
+  executors,
+  memory,
+  models,
+  optimizers,
+  train,
+)
+from fedjax_metric.algorithms import fedavg, moon
+from fedjax_metric.data import cohort as cohort_lib
+from fedjax_metric.data import partition as partition_lib
+
 SGD_SERVER = optimizers.make_server_optimizer('sgd')
-MIB = 1024 ** 2
+MIB = 1024**2
 
 
 def test_choose_chunk_size_by_hand():
@@ -43,23 +50,32 @@ def test_chunk_memory_model_predicts_a_larger_chunk():
   spec = fx.make_spec(alg)
   state, table = engine.init_state(alg, fx.init_variables(model, images), 6)
   example_shape = (5, 8)
-  fixed, per_slot = memory.chunk_memory_model(spec, data, state, table,
-                                              example_shape)
+  fixed, per_slot = memory.chunk_memory_model(
+    spec, data, state, table, example_shape
+  )
   # Arguments alone (data, state) are a floor for the fixed part.
   assert fixed >= memory.tree_bytes((data, state)) - 64
   assert per_slot > 0
   cohort = fx.cohort(parts, list(range(6)), num_slots=6, num_steps=5)
-  analysis = executors.make_single_program_round_fn(
-      spec, data, chunk_size=6).jitted.lower(
-          state, table, cohort, data).compile().memory_analysis()
-  actual = (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes +
-            analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+  analysis = (
+    executors.make_single_program_round_fn(spec, data, chunk_size=6)
+    .jitted.lower(state, table, cohort, data)
+    .compile()
+    .memory_analysis()
+  )
+  actual = (
+    analysis.argument_size_in_bytes
+    + analysis.temp_size_in_bytes
+    + analysis.output_size_in_bytes
+    - analysis.alias_size_in_bytes
+  )
   np.testing.assert_allclose(actual, fixed + 6 * per_slot, rtol=0.15)
 
 
 def abstract_variables(model, shape):
-  return jax.eval_shape(model.init, jax.random.key(0),
-                        jnp.zeros((1, *shape), jnp.float32))
+  return jax.eval_shape(
+    model.init, jax.random.key(0), jnp.zeros((1, *shape), jnp.float32)
+  )
 
 
 def test_moon_table_at_10000_clients_is_sized_without_allocating():
@@ -72,8 +88,10 @@ def test_moon_table_at_10000_clients_is_sized_without_allocating():
   assert 40e6 < row < 50e6  # 11.2M float32 parameters (+ BN statistics).
   with pytest.raises(memory.MemoryBudgetError) as error:
     memory.check_client_table_fits(
-        memory.client_table_bytes(alg, variables, 10_000), 10_000,
-        memory.default_memory_budget())
+      memory.client_table_bytes(alg, variables, 10_000),
+      10_000,
+      memory.default_memory_budget(),
+    )
   message = str(error.value)
   assert '10,000 clients' in message and 'num_clients' in message
   assert 'memory_budget_gb' in message
@@ -104,8 +122,10 @@ def test_stateless_algorithms_need_no_table():
   images, _ = fx.make_data(8)
   model = fx.cnn()
   alg = fedavg.make(model, server_optimizer=SGD_SERVER)
-  assert memory.client_table_bytes(alg, fx.init_variables(model, images),
-                                   10_000) == 0
+  assert (
+    memory.client_table_bytes(alg, fx.init_variables(model, images), 10_000)
+    == 0
+  )
 
 
 def test_train_picks_the_chunk_size_from_the_budget(tmp_path):
@@ -115,8 +135,9 @@ def test_train_picks_the_chunk_size_from_the_budget(tmp_path):
   config.chunk_size = 0
   roomy = train.run(config, str(tmp_path / 'roomy'))
   assert roomy['executor'] == 'chunked'
-  assert roomy['chunk_size'] == train.num_cohort_slots(config,
-                                                       jax.device_count())
+  assert roomy['chunk_size'] == train.num_cohort_slots(
+    config, jax.device_count()
+  )
 
 
 def test_train_fails_clearly_when_one_client_cannot_fit(tmp_path):
@@ -141,21 +162,33 @@ def test_auto_falls_back_to_chunks_that_fit_for_fedquad():
   spec = fx.make_spec(alg)
   variables = fx.init_variables(model, images)
   cohort = cohort_lib.make_cohort(
-      np.arange(8), parts, num_slots=8, num_steps=2, batch_size=4,
-      local_epochs=1, local_steps=2, seed=0, round_idx=0, labels=labels,
-      batches_fn=alg.client_batches)
+    np.arange(8),
+    parts,
+    num_slots=8,
+    num_steps=2,
+    batch_size=4,
+    local_epochs=1,
+    local_steps=2,
+    seed=0,
+    round_idx=0,
+    labels=labels,
+    batches_fn=alg.client_batches,
+  )
   assert cohort.example_idx.shape[2] == 16  # 4 groups of B = 4.
   state, table = engine.init_state(alg, variables, 8)
-  fixed, per_slot = memory.chunk_memory_model(spec, data, state, table,
-                                              cohort.example_idx.shape[1:])
+  fixed, per_slot = memory.chunk_memory_model(
+    spec, data, state, table, cohort.example_idx.shape[1:]
+  )
   auto = executors.choose_executor('auto', backend='gpu', process_count=1)
   assert auto.name == 'vmap' and auto.fit_to_memory
   model_fn = lambda: (fixed, per_slot)
-  roomy = executors.fit_to_memory(auto, model_fn, num_slots=8,
-                                  memory_budget=fixed + 100 * per_slot)
+  roomy = executors.fit_to_memory(
+    auto, model_fn, num_slots=8, memory_budget=fixed + 100 * per_slot
+  )
   assert (roomy.name, roomy.chunk_size) == ('vmap', 0)
-  tight = executors.fit_to_memory(auto, model_fn, num_slots=8,
-                                  memory_budget=fixed + 3 * per_slot + 1)
+  tight = executors.fit_to_memory(
+    auto, model_fn, num_slots=8, memory_budget=fixed + 3 * per_slot + 1
+  )
   assert (tight.name, tight.chunk_size) == ('chunked', 3)
   results = []
   for choice in (roomy, tight):

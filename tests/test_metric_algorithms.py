@@ -4,6 +4,7 @@ The softmax-regression fixture's embedding is its flattened input, so each
 client loss can be re-derived in NumPy from the images alone.
 """
 
+import fl_fixtures as fx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +14,6 @@ from fedjax_metric import algorithms, engine, executors, optimizers
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import partition as partition_lib
 from fedjax_metric.models import split_variables
-import fl_fixtures as fx
 
 SERVER = optimizers.make_server_optimizer('sgd')
 
@@ -24,34 +24,61 @@ def build(name, model, **kwargs):
 
 def federation(num_examples=96, num_clients=4):
   images, labels = fx.make_data(num_examples)
-  parts = partition_lib.dirichlet(labels, num_clients, 1.0, seed=2,
-                                  variant='per_class')
+  parts = partition_lib.dirichlet(
+    labels, num_clients, 1.0, seed=2, variant='per_class'
+  )
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   return images, labels, parts, data
 
 
 def cohorts(alg, parts, labels, rounds, *, batch_size=8):
   sizes = [len(p) for p in parts]
-  s = cohort_lib.num_local_steps(sizes, batch_size=batch_size, local_epochs=1,
-                                 local_steps=0)
-  return [cohort_lib.make_cohort(
-      np.asarray(ids), parts, num_slots=4, num_steps=s, batch_size=batch_size,
-      local_epochs=1, local_steps=0, seed=0, round_idx=r, labels=labels,
-      batches_fn=alg.client_batches) for r, ids in enumerate(rounds)]
+  s = cohort_lib.num_local_steps(
+    sizes, batch_size=batch_size, local_epochs=1, local_steps=0
+  )
+  return [
+    cohort_lib.make_cohort(
+      np.asarray(ids),
+      parts,
+      num_slots=4,
+      num_steps=s,
+      batch_size=batch_size,
+      local_epochs=1,
+      local_steps=0,
+      seed=0,
+      round_idx=r,
+      labels=labels,
+      batches_fn=alg.client_batches,
+    )
+    for r, ids in enumerate(rounds)
+  ]
 
 
-def one_step_loss(alg, variables, images, labels, idx, mask, round_idx=0,
-                  client_row=()):
+def one_step_loss(
+  alg, variables, images, labels, idx, mask, round_idx=0, client_row=()
+):
   params, model_state = split_variables(variables)
   preprocess = fx.identity_preprocess()
-  batch = engine.Batch(preprocess(jnp.asarray(images[idx]), None),
-                       jnp.asarray(labels[idx]), jnp.asarray(mask),
-                       jnp.asarray(images[idx]))
+  batch = engine.Batch(
+    preprocess(jnp.asarray(images[idx]), None),
+    jnp.asarray(labels[idx]),
+    jnp.asarray(mask),
+    jnp.asarray(images[idx]),
+  )
   state = engine.ServerState(variables, (), jnp.asarray(round_idx), ())
   ctx = engine.ClientContext(
-      state, client_row, (), client_id=jnp.asarray(0), slot=jnp.asarray(0),
-      key=jax.random.key(0), step=jnp.asarray(0), learning_rate=0.1,
-      num_steps=1.0, num_examples=float(len(idx)), scan_batches=None)
+    state,
+    client_row,
+    (),
+    client_id=jnp.asarray(0),
+    slot=jnp.asarray(0),
+    key=jax.random.key(0),
+    step=jnp.asarray(0),
+    learning_rate=0.1,
+    num_steps=1.0,
+    num_examples=float(len(idx)),
+    scan_batches=None,
+  )
   loss, _ = alg.client_loss(params, model_state, batch, ctx)
   return float(loss)
 
@@ -76,19 +103,28 @@ def test_fedquad_loss_is_ce_plus_beta_quad_on_sampled_quadruplets(squared):
   kwargs = {} if squared is None else {'squared': squared}
   for name, beta in [('fedquad', 0.5), ('quadrupletfl', 0.3)]:
     alg = build(name, model, beta=beta, **kwargs)
-    idx, mask = alg.client_batches(parts[0], labels, np.random.default_rng(1),
-                                   num_steps=3, batch_size=4, local_epochs=1,
-                                   local_steps=3)
+    idx, mask = alg.client_batches(
+      parts[0],
+      labels,
+      np.random.default_rng(1),
+      num_steps=3,
+      batch_size=4,
+      local_epochs=1,
+      local_steps=3,
+    )
     got = one_step_loss(alg, variables, images, labels, idx[0], mask[0])
     x = images[idx[0]].reshape(16, -1).astype(np.float64) / 255.0
     a, p, n1, n2 = x[:4], x[4:8], x[8:12], x[12:]
     power = 1.0 if squared else 0.5
     d = lambda u, v: ((u - v) ** 2).sum(1) ** power
     second = d(a, n2) if name == 'fedquad' else d(n1, n2)
-    quad = (np.maximum(d(a, p) - d(a, n1) + 1.0, 0)
-            + np.maximum(d(a, p) - second + 0.5, 0))
+    quad = np.maximum(d(a, p) - d(a, n1) + 1.0, 0) + np.maximum(
+      d(a, p) - second + 0.5, 0
+    )
     valid = mask[0, 4:8]
-    expected = numpy_ce(variables, a, labels[idx[0, :4]]) + beta * quad[valid].mean()
+    expected = (
+      numpy_ce(variables, a, labels[idx[0, :4]]) + beta * quad[valid].mean()
+    )
     np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=name)
 
 
@@ -105,11 +141,15 @@ def test_moon_loss_round_zero_and_later():
   ce = numpy_ce(variables, x, labels[idx])
   row = model.init(jax.random.key(5))
   np.testing.assert_allclose(
-      one_step_loss(alg, variables, images, labels, idx, mask, 0, row), ce,
-      rtol=1e-5)
+    one_step_loss(alg, variables, images, labels, idx, mask, 0, row),
+    ce,
+    rtol=1e-5,
+  )
   np.testing.assert_allclose(
-      one_step_loss(alg, variables, images, labels, idx, mask, 3, row),
-      ce + 2.0 * np.log(2.0), rtol=1e-5)
+    one_step_loss(alg, variables, images, labels, idx, mask, 3, row),
+    ce + 2.0 * np.log(2.0),
+    rtol=1e-5,
+  )
 
 
 def test_moon_table_holds_random_inits_then_local_models():
@@ -117,8 +157,9 @@ def test_moon_table_holds_random_inits_then_local_models():
   model = fx.cnn()
   alg = build('moon', model)
   variables = fx.init_variables(model, images)
-  state, table = engine.init_state(alg, variables, len(parts),
-                                   key=jax.random.key(9))
+  state, table = engine.init_state(
+    alg, variables, len(parts), key=jax.random.key(9)
+  )
   kernels = np.asarray(table['params']['Conv_0']['kernel'])
   assert not np.allclose(kernels[0], kernels[1])  # independent random inits
   round_fn = executors.make_round_fn(fx.make_spec(alg), data, executor='vmap')
@@ -129,9 +170,9 @@ def test_moon_table_holds_random_inits_then_local_models():
   np.testing.assert_array_equal(after[[0, 1, 3]], before[[0, 1, 3]])
   assert not np.allclose(after[2], before[2])
   # Client 2's row is its local model: global + its (only) delta.
-  np.testing.assert_allclose(after[2],
-                             new_state.variables['params']['Conv_0']['kernel'],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    after[2], new_state.variables['params']['Conv_0']['kernel'], atol=1e-6
+  )
 
 
 def test_bad_hyperparameters_are_errors():

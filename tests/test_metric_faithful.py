@@ -52,8 +52,9 @@ def load_config(name, arg):
 # ---------------------------------------------------------------------------
 
 
-def numpy_softmax_regression_sgd(w, b, images, labels, idx, mask, *, lr,
-                                 decay, steps_per_epoch, anchors):
+def numpy_softmax_regression_sgd(
+  w, b, images, labels, idx, mask, *, lr, decay, steps_per_epoch, anchors
+):
   """SGD on the masked-mean CE of the anchors (the first ``anchors`` columns
   of each step), lr * decay ** (step // steps_per_epoch) at each step."""
   w, b = w.astype(np.float64).copy(), b.astype(np.float64).copy()
@@ -87,14 +88,28 @@ def test_epoch_decay_switches_at_the_anchor_epoch_boundary(name, groups):
   alg = build(name, model, beta=0.5)
   batch, epochs, lr, decay = 4, 2, 0.5, 0.5
   cohort = cohort_lib.make_cohort(
-      np.array([0]), parts, num_slots=1, num_steps=12, batch_size=batch,
-      local_epochs=epochs, local_steps=0, seed=0, round_idx=0, labels=labels,
-      batches_fn=alg.client_batches)
+    np.array([0]),
+    parts,
+    num_slots=1,
+    num_steps=12,
+    batch_size=batch,
+    local_epochs=epochs,
+    local_steps=0,
+    seed=0,
+    round_idx=0,
+    labels=labels,
+    batches_fn=alg.client_batches,
+  )
   assert cohort.example_idx.shape == (1, 12, groups * batch)
   spec = engine.RoundSpec(
-      alg, optimizers.make_client_optimizer('sgd'),
-      optimizers.make_round_schedule(lr), fx.identity_preprocess(), 0,
-      local_epoch_decay=decay, batch_size=batch)
+    alg,
+    optimizers.make_client_optimizer('sgd'),
+    optimizers.make_round_schedule(lr),
+    fx.identity_preprocess(),
+    0,
+    local_epoch_decay=decay,
+    batch_size=batch,
+  )
   variables = fx.init_variables(model, images)
   state, table = engine.init_state(alg, variables, 1)
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
@@ -105,13 +120,20 @@ def test_epoch_decay_switches_at_the_anchor_epoch_boundary(name, groups):
   w0 = np.asarray(variables['params']['Dense_0']['kernel'])
   b0 = np.asarray(variables['params']['Dense_0']['bias'])
   args = (images, labels, cohort.example_idx[0], cohort.example_mask[0])
-  want = numpy_softmax_regression_sgd(w0, b0, *args, lr=lr, decay=decay,
-                                      steps_per_epoch=6, anchors=batch)
+  want = numpy_softmax_regression_sgd(
+    w0, b0, *args, lr=lr, decay=decay, steps_per_epoch=6, anchors=batch
+  )
   np.testing.assert_allclose(got['kernel'], want[0], rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got['bias'], want[1], rtol=1e-4, atol=1e-5)
   rows_counted = numpy_softmax_regression_sgd(
-      w0, b0, *args, lr=lr, decay=decay,
-      steps_per_epoch=math.ceil(24 / (groups * batch)), anchors=batch)
+    w0,
+    b0,
+    *args,
+    lr=lr,
+    decay=decay,
+    steps_per_epoch=math.ceil(24 / (groups * batch)),
+    anchors=batch,
+  )
   assert np.max(np.abs(rows_counted[0] - want[0])) > 1e-3  # Discriminates.
 
 
@@ -152,8 +174,9 @@ def ref_code_scl(f, y, t, mask=None):
     if not real[i]:
       continue
     same = [s[i, j] for j in range(b) if real[j] and y[j] == y[i]]
-    others = sorted((s[i, j] for j in range(b) if real[j] and y[j] != y[i]),
-                    reverse=True)[:2]
+    others = sorted(
+      (s[i, j] for j in range(b) if real[j] and y[j] != y[i]), reverse=True
+    )[:2]
     if not others:
       continue
     pos = math.exp(min(same) / t)
@@ -168,12 +191,17 @@ def test_supcon_sum_is_fedrcl_eq2_and_mean_is_khosla():
   mask = np.array([1, 1, 1, 1, 0, 1, 1, 1, 1], bool)
   with jax.default_matmul_precision('highest'):
     for reduction in ('sum', 'mean'):
-      got = losses.supcon_loss(f, y, temperature=0.2, reduction=reduction,
-                               mask=mask)
-      np.testing.assert_allclose(got, ref_eq2(f, y, 0.2, reduction, mask),
-                                 rtol=1e-5, atol=1e-6)
-    grad = jax.grad(lambda x: jnp.sum(losses.supcon_loss(
-        x, y, reduction='sum', mask=np.zeros(9, bool))))(jnp.zeros((9, 5)))
+      got = losses.supcon_loss(
+        f, y, temperature=0.2, reduction=reduction, mask=mask
+      )
+      np.testing.assert_allclose(
+        got, ref_eq2(f, y, 0.2, reduction, mask), rtol=1e-5, atol=1e-6
+      )
+    grad = jax.grad(
+      lambda x: jnp.sum(
+        losses.supcon_loss(x, y, reduction='sum', mask=np.zeros(9, bool))
+      )
+    )(jnp.zeros((9, 5)))
   assert np.all(np.isfinite(grad))
   with pytest.raises(ValueError, match='reduction'):
     losses.supcon_loss(f, y, reduction='max')
@@ -185,42 +213,64 @@ def test_multilevel_supcon_forms(form):
   y = np.array([0, 0, 1, 1, 1, 2, 0, 2])
   levels = [rng.normal(size=(8, d)).astype(np.float32) for d in (3, 6)]
   mask = np.array([1, 1, 1, 1, 1, 1, 1, 0], bool)
-  ref = {'code': lambda f: ref_code_scl(f, y, 0.1, mask),
-         'paper': lambda f: ref_eq2(f, y, 0.1, 'sum', mask),
-         'khosla': lambda f: ref_eq2(f, y, 0.1, 'mean', mask)}[form]
+  ref = {
+    'code': lambda f: ref_code_scl(f, y, 0.1, mask),
+    'paper': lambda f: ref_eq2(f, y, 0.1, 'sum', mask),
+    'khosla': lambda f: ref_eq2(f, y, 0.1, 'mean', mask),
+  }[form]
   with jax.default_matmul_precision('highest'):
-    got = losses.multilevel_supcon_loss(levels, y, temperature=0.1, form=form,
-                                        mask=mask)
-    grads = jax.grad(lambda *ls: jnp.sum(losses.multilevel_supcon_loss(
-        list(ls), y, form=form, mask=mask)), argnums=(0, 1))(
-            *[jnp.zeros_like(f) for f in levels])
-  np.testing.assert_allclose(got, (ref(levels[0]) + ref(levels[1])) / 2,
-                             rtol=1e-5, atol=1e-6)
+    got = losses.multilevel_supcon_loss(
+      levels, y, temperature=0.1, form=form, mask=mask
+    )
+    grads = jax.grad(
+      lambda *ls: jnp.sum(
+        losses.multilevel_supcon_loss(list(ls), y, form=form, mask=mask)
+      ),
+      argnums=(0, 1),
+    )(*[jnp.zeros_like(f) for f in levels])
+  np.testing.assert_allclose(
+    got, (ref(levels[0]) + ref(levels[1])) / 2, rtol=1e-5, atol=1e-6
+  )
   assert all(np.all(np.isfinite(g)) for g in grads)
 
 
 class TwoLevels(nn.Module):
   """Softmax regression whose feature levels are halves of the input."""
+
   num_classes: int = fx.NUM_CLASSES
 
   @nn.compact
   def __call__(self, images, *, train, mask=None):
     del train, mask
     x = images.reshape(images.shape[0], -1)
-    return {'logits': nn.Dense(self.num_classes)(x), 'embedding': x,
-            'features': [x[:, :18], x[:, 18:]]}
+    return {
+      'logits': nn.Dense(self.num_classes)(x),
+      'embedding': x,
+      'features': [x[:, :18], x[:, 18:]],
+    }
 
 
 def one_step_loss(alg, variables, images, labels, idx, mask):
   params, model_state = split_variables(variables)
-  batch = engine.Batch(fx.identity_preprocess()(jnp.asarray(images[idx]), None),
-                       jnp.asarray(labels[idx]), jnp.asarray(mask),
-                       jnp.asarray(images[idx]))
+  batch = engine.Batch(
+    fx.identity_preprocess()(jnp.asarray(images[idx]), None),
+    jnp.asarray(labels[idx]),
+    jnp.asarray(mask),
+    jnp.asarray(images[idx]),
+  )
   ctx = engine.ClientContext(
-      engine.ServerState(variables, (), jnp.asarray(0), ()), (), (),
-      client_id=jnp.asarray(0), slot=jnp.asarray(0), key=jax.random.key(0),
-      step=jnp.asarray(0), learning_rate=0.1, num_steps=1.0,
-      num_examples=float(len(idx)), scan_batches=None)
+    engine.ServerState(variables, (), jnp.asarray(0), ()),
+    (),
+    (),
+    client_id=jnp.asarray(0),
+    slot=jnp.asarray(0),
+    key=jax.random.key(0),
+    step=jnp.asarray(0),
+    learning_rate=0.1,
+    num_steps=1.0,
+    num_examples=float(len(idx)),
+    scan_batches=None,
+  )
   with jax.default_matmul_precision('highest'):
     loss, _ = alg.client_loss(params, model_state, batch, ctx)
   return float(loss)
@@ -243,14 +293,18 @@ def test_fedscl_client_loss_is_ce_plus_mean_over_levels(form):
   idx, mask = np.arange(10), np.array([1] * 9 + [0], bool)
   alg = build('fedscl', model, temperature=0.5, form=form)
   x = images.reshape(10, -1).astype(np.float64) / 255.0
-  ref = ref_code_scl if form == 'code' else (
-      lambda f, y, t, m: ref_eq2(f, y, t, 'sum', m))
-  term = (ref(x[:, :18], labels, 0.5, mask) + ref(x[:, 18:], labels, 0.5,
-                                                   mask)) / 2
+  ref = (
+    ref_code_scl
+    if form == 'code'
+    else (lambda f, y, t, m: ref_eq2(f, y, t, 'sum', m))
+  )
+  term = (
+    ref(x[:, :18], labels, 0.5, mask) + ref(x[:, 18:], labels, 0.5, mask)
+  ) / 2
   want = numpy_ce(variables, x, labels, mask) + term[mask].mean()
   np.testing.assert_allclose(
-      one_step_loss(alg, variables, images, labels, idx, mask), want,
-      rtol=1e-5)
+    one_step_loss(alg, variables, images, labels, idx, mask), want, rtol=1e-5
+  )
   with pytest.raises(ValueError, match='form'):
     build('fedscl', model, form='sum')
 
@@ -261,9 +315,9 @@ def test_fedscl_client_loss_is_ce_plus_mean_over_levels(form):
 
 
 BACKBONES = {
-    'small_cnn': {'width': 4, 'embedding_dim': 8},
-    'fedquad_cnn': {'widths': (4, 8, 16), 'embedding_dim': 8, 'norm': 'batch'},
-    'resnet18': {'width': 2},
+  'small_cnn': {'width': 4, 'embedding_dim': 8},
+  'fedquad_cnn': {'widths': (4, 8, 16), 'embedding_dim': 8, 'norm': 'batch'},
+  'resnet18': {'width': 2},
 }
 
 
@@ -273,8 +327,7 @@ def test_projection_head_feeds_the_classifier(name):
   model.py ModelFedCon), where h is what the same backbone without a head
   returns as its embedding."""
   kwargs = BACKBONES[name]
-  images = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(
-      np.float32)
+  images = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(np.float32)
   head = models.build(name, 5, (8, 8, 1), projection_dim=6, **kwargs)
   plain = models.build(name, 5, (8, 8, 1), **kwargs)
   variables = head.init(jax.random.key(1))
@@ -326,30 +379,46 @@ def test_moon_configs_put_a_head_on_every_backbone():
 
 def test_moon_trains_with_a_projection_head_model():
   images, labels = fx.make_data(24, seed=5)
-  model = models.make_model_fns(models.small_cnn.SmallCNN(
-      num_classes=fx.NUM_CLASSES, width=4, embedding_dim=8, projection_dim=6),
-      fx.INPUT_SHAPE)
+  model = models.make_model_fns(
+    models.small_cnn.SmallCNN(
+      num_classes=fx.NUM_CLASSES, width=4, embedding_dim=8, projection_dim=6
+    ),
+    fx.INPUT_SHAPE,
+  )
   alg = build('moon', model, mu=1.0)
   variables = fx.init_variables(model, images)
   params, model_state = split_variables(variables)
-  batch = engine.Batch(fx.identity_preprocess()(jnp.asarray(images), None),
-                       jnp.asarray(labels), jnp.ones(24, bool),
-                       jnp.asarray(images))
+  batch = engine.Batch(
+    fx.identity_preprocess()(jnp.asarray(images), None),
+    jnp.asarray(labels),
+    jnp.ones(24, bool),
+    jnp.asarray(images),
+  )
   row = model.init(jax.random.key(7))
   ctx = engine.ClientContext(
-      engine.ServerState(variables, (), jnp.asarray(2), ()), row, (),
-      client_id=jnp.asarray(0), slot=jnp.asarray(0), key=jax.random.key(0),
-      step=jnp.asarray(0), learning_rate=0.1, num_steps=1.0,
-      num_examples=24.0, scan_batches=None)
+    engine.ServerState(variables, (), jnp.asarray(2), ()),
+    row,
+    (),
+    client_id=jnp.asarray(0),
+    slot=jnp.asarray(0),
+    key=jax.random.key(0),
+    step=jnp.asarray(0),
+    learning_rate=0.1,
+    num_steps=1.0,
+    num_examples=24.0,
+    scan_batches=None,
+  )
   (loss, (_, metrics)), grads = jax.value_and_grad(
-      alg.client_loss, has_aux=True)(params, model_state, batch, ctx)
+    alg.client_loss, has_aux=True
+  )(params, model_state, batch, ctx)
   # The global model is the one being trained: cos(z, z_glob) = 1.
   out, _ = model.apply(params, model_state, batch.images, train=False)
   prev, _ = model.apply(row['params'], {}, batch.images, train=False)
-  z, zp = np.asarray(out['embedding'], np.float64), np.asarray(
-      prev['embedding'], np.float64)
-  cos = (z * zp).sum(1) / np.linalg.norm(z, axis=1) / np.linalg.norm(zp,
-                                                                     axis=1)
+  z, zp = (
+    np.asarray(out['embedding'], np.float64),
+    np.asarray(prev['embedding'], np.float64),
+  )
+  cos = (z * zp).sum(1) / np.linalg.norm(z, axis=1) / np.linalg.norm(zp, axis=1)
   want = np.mean(np.log(np.exp(2.0) + np.exp(cos / 0.5)) - 2.0)
   np.testing.assert_allclose(metrics['metric'], want, rtol=1e-4)
   head_grad = grads['projection_head']['l2']['kernel']
@@ -366,14 +435,21 @@ def test_fedquad_without_cross_entropy_is_beta_times_the_metric_term():
   model = fx.linear()
   variables = fx.init_variables(model, images)
   alg = build('fedquad', model, beta=0.5, cross_entropy=False)
-  idx, mask = alg.client_batches(np.arange(30), labels,
-                                 np.random.default_rng(2), num_steps=2,
-                                 batch_size=5, local_epochs=1, local_steps=2)
+  idx, mask = alg.client_batches(
+    np.arange(30),
+    labels,
+    np.random.default_rng(2),
+    num_steps=2,
+    batch_size=5,
+    local_epochs=1,
+    local_steps=2,
+  )
   x = images[idx[0]].reshape(20, -1).astype(np.float64) / 255.0
   a, p, n1, n2 = x[:5], x[5:10], x[10:15], x[15:]
   d = lambda u, v: np.sqrt(((u - v) ** 2).sum(1))
-  quad = (np.maximum(d(a, p) - d(a, n1) + 1.0, 0)
-          + np.maximum(d(a, p) - d(a, n2) + 0.5, 0))
+  quad = np.maximum(d(a, p) - d(a, n1) + 1.0, 0) + np.maximum(
+    d(a, p) - d(a, n2) + 0.5, 0
+  )
   got = one_step_loss(alg, variables, images, labels, idx[0], mask[0])
   np.testing.assert_allclose(got, 0.5 * quad[mask[0, 5:10]].mean(), rtol=1e-5)
   with pytest.raises(ValueError, match='beta'):
@@ -390,17 +466,20 @@ def test_embedding_knn_protocol_matches_a_numpy_knn():
   fixture), k is clamped to the bank size, votes are exp(cos / 0.1)."""
   rng = np.random.default_rng(7)
   centers = rng.integers(0, 256, (3, 6, 6, 1))
+
   def split(n):
     y = rng.integers(0, 3, n).astype(np.int32)
     x = np.clip(centers[y] + rng.normal(0, 60, (n, 6, 6, 1)), 0, 255)
     return sources.ArrayDataset(x.astype(np.uint8), y, 3)
+
   train, test = split(40), split(25)
   clients = [np.arange(0, 12), np.arange(20, 30)]  # 18 examples unused.
   model = fx.linear()
   variables = fx.init_variables(model, train.images)
   with jax.default_matmul_precision('highest'):
     every, final = embedding_knn.make_embedding_fns(
-        model, fx.identity_preprocess(), train, test, clients, batch_size=16)
+      model, fx.identity_preprocess(), train, test, clients, batch_size=16
+    )
     metrics = every(variables)
     probe = final(variables)
   bank = np.concatenate(clients)

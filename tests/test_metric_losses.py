@@ -19,30 +19,47 @@ TOL = dict(rtol=2e-5, atol=2e-5)
 
 
 def np_dist(x, y, squared):
-  d2 = float(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64))**2))
+  d2 = float(
+    np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2)
+  )
   return d2 if squared else np.sqrt(d2)
 
 
 def ref_triplet(a, p, n, margin, squared):
-  return np.array([max(np_dist(a[i], p[i], squared) - np_dist(a[i], n[i], squared) + margin,
-                       0.0) for i in range(len(a))])
+  return np.array(
+    [
+      max(
+        np_dist(a[i], p[i], squared) - np_dist(a[i], n[i], squared) + margin,
+        0.0,
+      )
+      for i in range(len(a))
+    ]
+  )
 
 
 def ref_quad(a, p, n1, n2, m1, m2, squared, fedquad):
   out = []
   for i in range(len(a)):
     d_ap = np_dist(a[i], p[i], squared)
-    second = np_dist(a[i], n2[i], squared) if fedquad else np_dist(n1[i], n2[i], squared)
-    out.append(max(d_ap - np_dist(a[i], n1[i], squared) + m1, 0.0) + max(d_ap - second + m2,
-                                                                         0.0))
+    second = (
+      np_dist(a[i], n2[i], squared)
+      if fedquad
+      else np_dist(n1[i], n2[i], squared)
+    )
+    out.append(
+      max(d_ap - np_dist(a[i], n1[i], squared) + m1, 0.0)
+      + max(d_ap - second + m2, 0.0)
+    )
   return np.array(out)
 
 
 def np_sim(f):
   f = np.asarray(f, np.float64)
   b = len(f)
-  z = [f[i] / max(np.sqrt(np.sum(f[i]**2)), 1e-12) for i in range(b)]
-  return np.array([[float(np.dot(z[i], z[j])) for j in range(b)] for i in range(b)])
+  z = [f[i] / max(np.sqrt(np.sum(f[i] ** 2)), 1e-12) for i in range(b)]
+  return np.array(
+    [[float(np.dot(z[i], z[j])) for j in range(b)] for i in range(b)]
+  )
 
 
 def np_mask(mask, b):
@@ -76,10 +93,15 @@ def ref_relaxed_code(f, y, t, thr, beta, mask=None):
       continue
     same = [j for j in range(b) if m[j] and y[j] == y[i]]  # includes i
     s_pos = min(s[i, j] for j in same)
-    negs = sorted([s[i, j] for j in range(b) if m[j] and y[j] != y[i]], reverse=True)[:2]
+    negs = sorted(
+      [s[i, j] for j in range(b) if m[j] and y[j] != y[i]], reverse=True
+    )[:2]
     scl = 0.0
     if negs:
-      scl = -np.log(np.exp(s_pos / t) / (np.exp(s_pos / t) + sum(np.exp(n / t) for n in negs)))
+      scl = -np.log(
+        np.exp(s_pos / t)
+        / (np.exp(s_pos / t) + sum(np.exp(n / t) for n in negs))
+      )
     partners = [s[i, j] for j in same if j != i]
     neg_pen = min(partners) if partners and min(partners) >= thr else -1.0
     pen = -np.log(np.exp(1 / t) / (np.exp(1 / t) + np.exp(neg_pen / t)))
@@ -115,7 +137,9 @@ def ref_moon(z, zg, zp, t):
   zp = zp[None] if zp.ndim == 2 else zp
   out = []
   for i in range(len(z)):
-    logits = [np_cos(z[i], zg[i]) / t] + [np_cos(z[i], zp[k, i]) / t for k in range(len(zp))]
+    logits = [np_cos(z[i], zg[i]) / t] + [
+      np_cos(z[i], zp[k, i]) / t for k in range(len(zp))
+    ]
     out.append(-np.log(np.exp(logits[0]) / sum(np.exp(l) for l in logits)))
   return np.array(out)
 
@@ -129,7 +153,9 @@ def batch(seed, b=None, d=5, classes=3, clustered=False):
   rng = np.random.default_rng(seed)
   b = b or int(rng.integers(6, 13))
   y = rng.integers(0, classes, b)
-  if clustered:  # Tight class clusters so that some pairs exceed the 0.7 threshold.
+  if (
+    clustered
+  ):  # Tight class clusters so that some pairs exceed the 0.7 threshold.
     centres = rng.normal(size=(classes, d))
     f = centres[y] + rng.uniform(0.1, 0.9) * rng.normal(size=(b, d))
   else:
@@ -145,7 +171,9 @@ def grad_of_masked_sum(fn, args, mask):
   def total(*a):
     return jnp.sum(jnp.where(mask, fn(*a), 0.0))
 
-  grads = jax.grad(total, argnums=tuple(range(len(args))))(*map(jnp.asarray, args))
+  grads = jax.grad(total, argnums=tuple(range(len(args))))(
+    *map(jnp.asarray, args)
+  )
   for g in grads:
     assert np.all(np.isfinite(np.asarray(g))), g
   return grads
@@ -164,14 +192,24 @@ def v(theta, r=1.0):
 # ---------------------------------------------------------------------------------------
 
 TUPLE_LOSSES = {
-    'triplet': (losses.triplet_loss, 3,
-                lambda x, sq: ref_triplet(*x, 0.7, sq), dict(margin=0.7)),
-    'quadruplet': (losses.quadruplet_loss, 4,
-                   lambda x, sq: ref_quad(*x, 1.3, 0.4, sq, False),
-                   dict(margin_1=1.3, margin_2=0.4)),
-    'fedquad': (losses.fedquad_loss, 4,
-                lambda x, sq: ref_quad(*x, 1.3, 0.4, sq, True),
-                dict(margin_1=1.3, margin_2=0.4)),
+  'triplet': (
+    losses.triplet_loss,
+    3,
+    lambda x, sq: ref_triplet(*x, 0.7, sq),
+    dict(margin=0.7),
+  ),
+  'quadruplet': (
+    losses.quadruplet_loss,
+    4,
+    lambda x, sq: ref_quad(*x, 1.3, 0.4, sq, False),
+    dict(margin_1=1.3, margin_2=0.4),
+  ),
+  'fedquad': (
+    losses.fedquad_loss,
+    4,
+    lambda x, sq: ref_quad(*x, 1.3, 0.4, sq, True),
+    dict(margin_1=1.3, margin_2=0.4),
+  ),
 }
 
 
@@ -195,9 +233,13 @@ def test_random_tuples_exercise_active_and_inactive_hinges(squared):
     a, p, n1, n2 = np.random.default_rng(seed).normal(size=(4, 10, 4))
     for i in range(10):
       d_ap = np_dist(a[i], p[i], squared)
-      terms.append([d_ap - np_dist(a[i], n1[i], squared) + 1.3 > 0,
-                    d_ap - np_dist(a[i], n2[i], squared) + 0.4 > 0,
-                    d_ap - np_dist(n1[i], n2[i], squared) + 0.4 > 0])
+      terms.append(
+        [
+          d_ap - np_dist(a[i], n1[i], squared) + 1.3 > 0,
+          d_ap - np_dist(a[i], n2[i], squared) + 0.4 > 0,
+          d_ap - np_dist(n1[i], n2[i], squared) + 0.4 > 0,
+        ]
+      )
   frac = np.mean(terms, axis=0)
   assert np.all((frac > 0.05) & (frac < 0.95)), frac
 
@@ -206,25 +248,41 @@ def test_tuple_loss_defaults_are_the_fedquad_papers():
   """Defaults: m1 1, m2 0.5 (Table V) and Eq. 5's plain Euclidean distance."""
   rng = np.random.default_rng(5)
   x = [rng.normal(size=(8, 3)).astype(np.float32) for _ in range(4)]
-  np.testing.assert_allclose(losses.fedquad_loss(*x), ref_quad(*x, 1.0, 0.5, False, True),
-                             **TOL)
-  np.testing.assert_allclose(losses.quadruplet_loss(*x), ref_quad(*x, 1.0, 0.5, False, False),
-                             **TOL)
-  np.testing.assert_allclose(losses.triplet_loss(*x[:3]), ref_triplet(*x[:3], 1.0, False),
-                             **TOL)
+  np.testing.assert_allclose(
+    losses.fedquad_loss(*x), ref_quad(*x, 1.0, 0.5, False, True), **TOL
+  )
+  np.testing.assert_allclose(
+    losses.quadruplet_loss(*x), ref_quad(*x, 1.0, 0.5, False, False), **TOL
+  )
+  np.testing.assert_allclose(
+    losses.triplet_loss(*x[:3]), ref_triplet(*x[:3], 1.0, False), **TOL
+  )
   # The two readings really differ on these inputs.
-  assert not np.allclose(ref_quad(*x, 1.0, 0.5, False, True), ref_quad(*x, 1.0, 0.5, True, True))
+  assert not np.allclose(
+    ref_quad(*x, 1.0, 0.5, False, True), ref_quad(*x, 1.0, 0.5, True, True)
+  )
 
 
 def test_fedquad_differs_from_classic_quadruplet_in_the_second_term():
   a, p = np.zeros((1, 2), np.float32), np.zeros((1, 2), np.float32)
-  n1, n2 = np.array([[3.0, 0.0]], np.float32), np.array([[3.0, 0.5]], np.float32)
+  n1, n2 = (
+    np.array([[3.0, 0.0]], np.float32),
+    np.array([[3.0, 0.5]], np.float32),
+  )
   # Squared: FedQuad d(a, n2) = 9.25 -> second hinge 0.  Classic: d(n1, n2) = 0.25 -> 0.25.
-  np.testing.assert_allclose(losses.fedquad_loss(a, p, n1, n2, squared=True), [0.0])
-  np.testing.assert_allclose(losses.quadruplet_loss(a, p, n1, n2, squared=True), [0.25])
+  np.testing.assert_allclose(
+    losses.fedquad_loss(a, p, n1, n2, squared=True), [0.0]
+  )
+  np.testing.assert_allclose(
+    losses.quadruplet_loss(a, p, n1, n2, squared=True), [0.25]
+  )
   # Euclidean: d(n1, n2) = 0.5 -> 0.5 - 0.5 = 0; with m2 = 0.75 the classic term is 0.25.
-  np.testing.assert_allclose(losses.fedquad_loss(a, p, n1, n2, margin_2=0.75), [0.0])
-  np.testing.assert_allclose(losses.quadruplet_loss(a, p, n1, n2, margin_2=0.75), [0.25])
+  np.testing.assert_allclose(
+    losses.fedquad_loss(a, p, n1, n2, margin_2=0.75), [0.0]
+  )
+  np.testing.assert_allclose(
+    losses.quadruplet_loss(a, p, n1, n2, margin_2=0.75), [0.25]
+  )
 
 
 @pytest.mark.parametrize('name', sorted(TUPLE_LOSSES))
@@ -248,7 +306,9 @@ def test_tuple_losses_mask(name):
   np.testing.assert_allclose(fn(*x, mask=mask, **kw), np.where(mask, full, 0.0))
   none = np.zeros(6, bool)
   np.testing.assert_array_equal(fn(*x, mask=none, **kw), np.zeros(6))
-  grads = grad_of_masked_sum(functools.partial(fn, mask=none, squared=False, **kw), x, none)
+  grads = grad_of_masked_sum(
+    functools.partial(fn, mask=none, squared=False, **kw), x, none
+  )
   assert all(np.all(np.asarray(g) == 0) for g in grads)
 
 
@@ -257,14 +317,22 @@ def test_tuple_losses_mask(name):
 # ---------------------------------------------------------------------------------------
 
 SET_LOSSES = {
-    'supcon': (functools.partial(losses.supcon_loss, temperature=0.1),
-               lambda f, y, m: ref_supcon(f, y, 0.1, m)),
+  'supcon': (
+    functools.partial(losses.supcon_loss, temperature=0.1),
+    lambda f, y, m: ref_supcon(f, y, 0.1, m),
+  ),
 }
 for _form, _ref in [('code', ref_relaxed_code), ('paper', ref_relaxed_paper)]:
-  for _thr in [0.7, -1.0]:  # -1.0: the penalty is active for every same-class pair.
+  for _thr in [
+    0.7,
+    -1.0,
+  ]:  # -1.0: the penalty is active for every same-class pair.
     SET_LOSSES[f'rcl_{_form}_{_thr}'] = (
-        relaxed(_form, threshold=_thr, beta=0.8),
-        functools.partial(lambda f, y, m, r, thr: r(f, y, 0.05, thr, 0.8, m), r=_ref, thr=_thr))
+      relaxed(_form, threshold=_thr, beta=0.8),
+      functools.partial(
+        lambda f, y, m, r, thr: r(f, y, 0.05, thr, 0.8, m), r=_ref, thr=_thr
+      ),
+    )
 
 
 @pytest.mark.parametrize('name', sorted(SET_LOSSES))
@@ -285,7 +353,9 @@ def test_random_batches_exercise_both_penalty_branches():
   fired = idle = 0
   for seed in SEEDS:
     f, y = batch(seed, clustered=True)
-    pen = ref_relaxed_code(f, y, 0.05, 0.7, 1.0) - ref_relaxed_code(f, y, 0.05, 0.7, 0.0)
+    pen = ref_relaxed_code(f, y, 0.05, 0.7, 1.0) - ref_relaxed_code(
+      f, y, 0.05, 0.7, 0.0
+    )
     fired += np.sum(pen > 1e-10)
     idle += np.sum(pen < 1e-10)
   assert fired > 0 and idle > 0
@@ -295,7 +365,9 @@ def test_random_batches_exercise_both_penalty_branches():
 def test_set_losses_padding_invariant(name):
   fn, _ = SET_LOSSES[name]
   f, y = batch(7, b=8, clustered=True)
-  pad_f = np.concatenate([f, np.zeros((3, 5), np.float32)])  # Zero rows: worst case.
+  pad_f = np.concatenate(
+    [f, np.zeros((3, 5), np.float32)]
+  )  # Zero rows: worst case.
   pad_y = np.concatenate([y, y[:3]])
   mask = np.arange(11) < 8
   got = fn(pad_f, pad_y, mask=mask)
@@ -317,7 +389,9 @@ def test_set_losses_gradient_matches_finite_differences_of_reference(name):
     up[idx] += h
     down[idx] -= h
     num[idx] = (ref(up, y, None).sum() - ref(down, y, None).sum()) / (2 * h)
-  np.testing.assert_allclose(g, num, rtol=2e-3, atol=2e-3 * max(1.0, np.abs(num).max()))
+  np.testing.assert_allclose(
+    g, num, rtol=2e-3, atol=2e-3 * max(1.0, np.abs(num).max())
+  )
 
 
 # ---------------------------------------------------------------------------------------
@@ -325,12 +399,15 @@ def test_set_losses_gradient_matches_finite_differences_of_reference(name):
 # ---------------------------------------------------------------------------------------
 
 EDGE_BATCHES = {
-    'single_class': (np.random.default_rng(0).normal(size=(6, 4)), np.zeros(6)),
-    'all_distinct_classes': (np.random.default_rng(1).normal(size=(5, 4)), np.arange(5)),
-    'identical_embeddings': (np.ones((6, 4)), np.array([0, 0, 1, 1, 2, 2])),
-    'zero_embeddings': (np.zeros((6, 4)), np.array([0, 0, 1, 1, 2, 2])),
-    'one_sample': (np.ones((1, 4)), np.zeros(1)),
-    'two_samples_two_classes': (np.eye(2, 4), np.arange(2)),
+  'single_class': (np.random.default_rng(0).normal(size=(6, 4)), np.zeros(6)),
+  'all_distinct_classes': (
+    np.random.default_rng(1).normal(size=(5, 4)),
+    np.arange(5),
+  ),
+  'identical_embeddings': (np.ones((6, 4)), np.array([0, 0, 1, 1, 2, 2])),
+  'zero_embeddings': (np.zeros((6, 4)), np.array([0, 0, 1, 1, 2, 2])),
+  'one_sample': (np.ones((1, 4)), np.zeros(1)),
+  'two_samples_two_classes': (np.eye(2, 4), np.arange(2)),
 }
 
 
@@ -361,34 +438,49 @@ def test_set_losses_no_nan_even_internally(name):
   fn, _ = SET_LOSSES[name]
   cases = [(EDGE_BATCHES[k], None) for k in sorted(EDGE_BATCHES)]
   cases.append((EDGE_BATCHES['zero_embeddings'], np.zeros(6, bool)))
-  cases.append((EDGE_BATCHES['single_class'], np.array([1, 0, 0, 0, 0, 0], bool)))
+  cases.append(
+    (EDGE_BATCHES['single_class'], np.array([1, 0, 0, 0, 0, 0], bool))
+  )
   with jax.debug_nans(True):
     for (f, y), mask in cases:
       f, y = jnp.asarray(f, jnp.float32), jnp.asarray(y, jnp.int32)
-      grad = jax.grad(lambda x: jnp.sum(fn(x, y, mask=mask)))(f)  # raises on NaN
+      grad = jax.grad(lambda x: jnp.sum(fn(x, y, mask=mask)))(
+        f
+      )  # raises on NaN
       assert np.isfinite(np.asarray(grad)).all()
 
 
 def test_tuple_and_moon_losses_no_nan_even_internally():
   x, zero = jnp.ones((3, 4)), jnp.zeros((3, 4))
   with jax.debug_nans(True):
-    for fn, n in [(losses.triplet_loss, 3), (losses.quadruplet_loss, 4),
-                  (losses.fedquad_loss, 4)]:
+    for fn, n in [
+      (losses.triplet_loss, 3),
+      (losses.quadruplet_loss, 4),
+      (losses.fedquad_loss, 4),
+    ]:
       grad = jax.grad(lambda a: jnp.sum(fn(*[a] * n, squared=False)))(x)
       assert np.isfinite(np.asarray(grad)).all()
     for args in [(x, x, x), (zero, zero, zero), (x, x, jnp.zeros((0, 3, 4)))]:
-      grads = jax.grad(lambda *a: jnp.sum(losses.moon_contrastive_loss(*a)),
-                       argnums=(0, 1, 2))(*args)
+      grads = jax.grad(
+        lambda *a: jnp.sum(losses.moon_contrastive_loss(*a)), argnums=(0, 1, 2)
+      )(*args)
       assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 
 def test_supcon_no_positive_gives_zero_and_single_class_is_uniform():
   f = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-  np.testing.assert_array_equal(losses.supcon_loss(f, np.arange(5)), np.zeros(5))
+  np.testing.assert_array_equal(
+    losses.supcon_loss(f, np.arange(5)), np.zeros(5)
+  )
   # One class, one direction: every positive has probability 1 / (B - 1).
-  same = np.ones((4, 3), np.float32) * np.array([[1.0], [2.0], [0.5], [3.0]], np.float32)
-  np.testing.assert_allclose(losses.supcon_loss(same, np.zeros(4, np.int32)),
-                             np.full(4, np.log(3.0)), rtol=1e-5)
+  same = np.ones((4, 3), np.float32) * np.array(
+    [[1.0], [2.0], [0.5], [3.0]], np.float32
+  )
+  np.testing.assert_allclose(
+    losses.supcon_loss(same, np.zeros(4, np.int32)),
+    np.full(4, np.log(3.0)),
+    rtol=1e-5,
+  )
 
 
 def test_relaxed_code_by_hand_penalty_fires():
@@ -399,13 +491,18 @@ def test_relaxed_code_by_hand_penalty_fires():
   sp = lambda x: np.log1p(np.exp(x))
   t = 0.05
   want = [
-      sp((0.0 - 0.8) / t) + sp((0.8 - 1) / t),  # Neg sim 0; penalty fires on 0.8.
-      sp((0.6 - 0.8) / t) + sp((0.8 - 1) / t),  # Neg sim sin a = 0.6.
-      np.log1p(np.exp(-20.0) + np.exp(-8.0)) + sp(-40.0),  # Alone: positive = itself.
+    sp((0.0 - 0.8) / t) + sp((0.8 - 1) / t),  # Neg sim 0; penalty fires on 0.8.
+    sp((0.6 - 0.8) / t) + sp((0.8 - 1) / t),  # Neg sim sin a = 0.6.
+    np.log1p(np.exp(-20.0) + np.exp(-8.0))
+    + sp(-40.0),  # Alone: positive = itself.
   ]
   # atol 1e-6: float32 logsumexp of logits ~1/t = 20 resolves ~2e-6 absolute.
-  np.testing.assert_allclose(losses.relaxed_supcon_loss(f, y), want, rtol=1e-5, atol=1e-6)
-  assert want[0] > 0.018  # softplus(-4) = 0.01815: the penalty is a visible part.
+  np.testing.assert_allclose(
+    losses.relaxed_supcon_loss(f, y), want, rtol=1e-5, atol=1e-6
+  )
+  assert (
+    want[0] > 0.018
+  )  # softplus(-4) = 0.01815: the penalty is a visible part.
   grad_of_masked_sum(lambda x: losses.relaxed_supcon_loss(x, y), [f], None)
 
 
@@ -428,8 +525,12 @@ def test_relaxed_code_by_hand_penalty_idle_and_paper_difference():
   want0 = -np.log(np.exp(0.9 / t) / denom) - np.log(np.exp(0.5 / t) / denom)
   want0 += np.log1p(np.exp((0.9 - 1) / t))  # Only the 0.9 pair is in P(0).
   np.testing.assert_allclose(paper[0], want0, rtol=1e-5)
-  np.testing.assert_allclose(paper, ref_relaxed_paper(f, y, t, 0.7, 1.0), rtol=1e-5)
-  assert s_bc < 0.7  # So anchor 1 has exactly one over-threshold pair (with anchor 0).
+  np.testing.assert_allclose(
+    paper, ref_relaxed_paper(f, y, t, 0.7, 1.0), rtol=1e-5
+  )
+  assert (
+    s_bc < 0.7
+  )  # So anchor 1 has exactly one over-threshold pair (with anchor 0).
   # Anchor 1 (b): partners 0 (0.9) and c (cos(b - c) < 0.7) -> code penalty idle.
   np.testing.assert_allclose(code[1], 0.0, atol=1e-12)
 
@@ -441,7 +542,9 @@ def test_relaxed_paper_equals_code_penalty_with_one_over_threshold_pair():
   code = losses.relaxed_supcon_loss(f, y, form='code')  # scl 0 (no negatives).
   paper = losses.relaxed_supcon_loss(f, y, form='paper')  # scl = -log(1) = 0.
   np.testing.assert_allclose(paper, code, rtol=1e-6)
-  np.testing.assert_allclose(code, np.log1p(np.exp(-4.0)) * np.ones(2), rtol=1e-5)
+  np.testing.assert_allclose(
+    code, np.log1p(np.exp(-4.0)) * np.ones(2), rtol=1e-5
+  )
 
 
 def test_relaxed_code_penalty_pushes_collapsed_pair_apart():
@@ -451,7 +554,9 @@ def test_relaxed_code_penalty_pushes_collapsed_pair_apart():
   pen = lambda x: jnp.sum(losses.relaxed_supcon_loss(x, y))
   step = f - 0.01 * jax.grad(pen)(f)
   assert float(pen(step)) < float(pen(f))
-  cos = lambda x: float(x[0] @ x[1] / jnp.linalg.norm(x[0]) / jnp.linalg.norm(x[1]))
+  cos = lambda x: float(
+    x[0] @ x[1] / jnp.linalg.norm(x[0]) / jnp.linalg.norm(x[1])
+  )
   assert cos(step) < cos(f)
 
 
@@ -470,15 +575,23 @@ def test_relaxed_rejects_unknown_form():
 def test_multilevel_relaxed_is_mean_over_levels(form):
   rng = np.random.default_rng(3)
   y = rng.integers(0, 3, 9).astype(np.int32)
-  levels = [rng.normal(size=(9, d)).astype(np.float32) for d in (4, 4, 8, 16, 32)]
+  levels = [
+    rng.normal(size=(9, d)).astype(np.float32) for d in (4, 4, 8, 16, 32)
+  ]
   mask = np.arange(9) < 7
-  got = losses.multilevel_relaxed_supcon_loss(levels, y, form=form, threshold=0.1, beta=0.5,
-                                              mask=mask)
+  got = losses.multilevel_relaxed_supcon_loss(
+    levels, y, form=form, threshold=0.1, beta=0.5, mask=mask
+  )
   ref = ref_relaxed_code if form == 'code' else ref_relaxed_paper
   want = np.mean([ref(f, y, 0.05, 0.1, 0.5, mask) for f in levels], axis=0)
   np.testing.assert_allclose(got, want, **TOL)
-  grad_of_masked_sum(lambda *ls: losses.multilevel_relaxed_supcon_loss(list(ls), y, form=form,
-                                                                       mask=mask), levels, mask)
+  grad_of_masked_sum(
+    lambda *ls: losses.multilevel_relaxed_supcon_loss(
+      list(ls), y, form=form, mask=mask
+    ),
+    levels,
+    mask,
+  )
 
 
 def test_multilevel_supcon_is_mean_over_levels():
@@ -510,8 +623,11 @@ def test_moon_matches_reference(num_prev, seed):
   rng = np.random.default_rng(seed)
   z, zg = (rng.normal(size=(8, 6)).astype(np.float32) for _ in range(2))
   zp = rng.normal(size=(num_prev, 8, 6)).astype(np.float32)
-  np.testing.assert_allclose(losses.moon_contrastive_loss(z, zg, zp, temperature=0.3),
-                             ref_moon(z, zg, zp, 0.3), **TOL)
+  np.testing.assert_allclose(
+    losses.moon_contrastive_loss(z, zg, zp, temperature=0.3),
+    ref_moon(z, zg, zp, 0.3),
+    **TOL,
+  )
   grad_of_masked_sum(losses.moon_contrastive_loss, [z, zg, zp], None)
 
 
@@ -527,7 +643,9 @@ def test_moon_round_zero_no_previous_model_is_exactly_zero():
   rng = np.random.default_rng(0)
   z, zg = (rng.normal(size=(5, 4)).astype(np.float32) for _ in range(2))
   zp = np.zeros((0, 5, 4), np.float32)
-  np.testing.assert_array_equal(losses.moon_contrastive_loss(z, zg, zp), np.zeros(5))
+  np.testing.assert_array_equal(
+    losses.moon_contrastive_loss(z, zg, zp), np.zeros(5)
+  )
   grads = grad_of_masked_sum(losses.moon_contrastive_loss, [z, zg, zp], None)
   np.testing.assert_array_equal(np.asarray(grads[0]), 0.0)
 
@@ -535,14 +653,21 @@ def test_moon_round_zero_no_previous_model_is_exactly_zero():
 def test_moon_edge_cases():
   z = np.ones((4, 3), np.float32)
   zero = np.zeros((4, 3), np.float32)
-  for args in [(z, z, z), (zero, zero, zero[None]), (z, zero, np.stack([z, zero]))]:
+  for args in [
+    (z, z, z),
+    (zero, zero, zero[None]),
+    (z, zero, np.stack([z, zero])),
+  ]:
     got = losses.moon_contrastive_loss(*args)
     np.testing.assert_allclose(got, ref_moon(*args, 0.5), **TOL)
     grad_of_masked_sum(losses.moon_contrastive_loss, list(args), None)
   none = np.zeros(4, bool)
-  np.testing.assert_array_equal(losses.moon_contrastive_loss(z, zero, z, mask=none), 0.0)
-  grads = grad_of_masked_sum(lambda *a: losses.moon_contrastive_loss(*a, mask=none),
-                             [z, zero, z], None)
+  np.testing.assert_array_equal(
+    losses.moon_contrastive_loss(z, zero, z, mask=none), 0.0
+  )
+  grads = grad_of_masked_sum(
+    lambda *a: losses.moon_contrastive_loss(*a, mask=none), [z, zero, z], None
+  )
   assert all(np.all(np.asarray(g) == 0) for g in grads)
 
 
@@ -550,8 +675,9 @@ def test_moon_uses_cosine_not_dot():
   rng = np.random.default_rng(1)
   z, zg, zp = (rng.normal(size=(5, 4)).astype(np.float32) for _ in range(3))
   base = losses.moon_contrastive_loss(z, zg, zp)
-  np.testing.assert_allclose(losses.moon_contrastive_loss(3 * z, 0.2 * zg, 7 * zp), base,
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    losses.moon_contrastive_loss(3 * z, 0.2 * zg, 7 * zp), base, rtol=1e-5
+  )
 
 
 # ---------------------------------------------------------------------------------------
@@ -568,27 +694,55 @@ def test_jit_vmap_over_clients_equals_per_client_calls():
   tup = [rng.normal(size=(c, b, 4)).astype(np.float32) for _ in range(4)]
   prev = rng.normal(size=(c, 2, b, 4)).astype(np.float32)
   cases = {
-      'triplet': (lambda a, p, n, mk: losses.triplet_loss(a, p, n, squared=False, mask=mk),
-                  (*tup[:3], m)),
-      'quadruplet': (lambda a, p, n1, n2, mk: losses.quadruplet_loss(a, p, n1, n2, mask=mk),
-                     (*tup, m)),
-      'fedquad': (lambda a, p, n1, n2, mk: losses.fedquad_loss(a, p, n1, n2, mask=mk),
-                  (*tup, m)),
-      'supcon': (lambda x, yy, mk: losses.supcon_loss(x, yy, mask=mk), (f, y, m)),
-      'rcl_code': (lambda x, yy, mk: losses.relaxed_supcon_loss(x, yy, threshold=0.0, mask=mk),
-                   (f, y, m)),
-      'rcl_paper': (lambda x, yy, mk: losses.relaxed_supcon_loss(x, yy, threshold=0.0,
-                                                                 form='paper', mask=mk),
-                    (f, y, m)),
-      'multilevel_rcl': (lambda x, yy, mk: losses.multilevel_relaxed_supcon_loss(
-          [x, 2 * x[:, :3]], yy, mask=mk), (f, y, m)),
-      'multilevel_supcon': (lambda x, yy, mk: losses.multilevel_supcon_loss(
-          [x, x[:, :3]], yy, mask=mk), (f, y, m)),
-      'moon': (lambda z, zg, zp, mk: losses.moon_contrastive_loss(z, zg, zp, mask=mk),
-               (tup[0], tup[1], prev, m)),
+    'triplet': (
+      lambda a, p, n, mk: losses.triplet_loss(a, p, n, squared=False, mask=mk),
+      (*tup[:3], m),
+    ),
+    'quadruplet': (
+      lambda a, p, n1, n2, mk: losses.quadruplet_loss(a, p, n1, n2, mask=mk),
+      (*tup, m),
+    ),
+    'fedquad': (
+      lambda a, p, n1, n2, mk: losses.fedquad_loss(a, p, n1, n2, mask=mk),
+      (*tup, m),
+    ),
+    'supcon': (lambda x, yy, mk: losses.supcon_loss(x, yy, mask=mk), (f, y, m)),
+    'rcl_code': (
+      lambda x, yy, mk: losses.relaxed_supcon_loss(
+        x, yy, threshold=0.0, mask=mk
+      ),
+      (f, y, m),
+    ),
+    'rcl_paper': (
+      lambda x, yy, mk: losses.relaxed_supcon_loss(
+        x, yy, threshold=0.0, form='paper', mask=mk
+      ),
+      (f, y, m),
+    ),
+    'multilevel_rcl': (
+      lambda x, yy, mk: losses.multilevel_relaxed_supcon_loss(
+        [x, 2 * x[:, :3]], yy, mask=mk
+      ),
+      (f, y, m),
+    ),
+    'multilevel_supcon': (
+      lambda x, yy, mk: losses.multilevel_supcon_loss(
+        [x, x[:, :3]], yy, mask=mk
+      ),
+      (f, y, m),
+    ),
+    'moon': (
+      lambda z, zg, zp, mk: losses.moon_contrastive_loss(z, zg, zp, mask=mk),
+      (tup[0], tup[1], prev, m),
+    ),
   }
   for name, (fn, args) in cases.items():
     batched = jax.jit(jax.vmap(fn))(*args)
     for k in range(c):
-      np.testing.assert_allclose(batched[k], fn(*(a[k] for a in args)), rtol=1e-5, atol=1e-6,
-                                 err_msg=name)
+      np.testing.assert_allclose(
+        batched[k],
+        fn(*(a[k] for a in args)),
+        rtol=1e-5,
+        atol=1e-6,
+        err_msg=name,
+      )

@@ -13,15 +13,18 @@ from fedjax_metric import models, optimizers
 @pytest.mark.parametrize('pool', ['stride', 'avg', 'max'])
 @pytest.mark.parametrize('norm', ['none', 'batch', 'group'])
 def test_small_cnn_output_shapes(shape, pool, norm):
-  model = models.build('small_cnn', 10, width=4, embedding_dim=16, pool=pool,
-                       norm=norm)
+  model = models.build(
+    'small_cnn', 10, width=4, embedding_dim=16, pool=pool, norm=norm
+  )
   x = jnp.ones((3,) + shape)
   variables = model.init(jax.random.key(0), x)
-  assert set(variables) == ({'params', 'batch_stats'} if norm == 'batch'
-                            else {'params'})
+  assert set(variables) == (
+    {'params', 'batch_stats'} if norm == 'batch' else {'params'}
+  )
   params, state = models.split_variables(variables)
-  out, new_state = model.apply(params, state, x, train=True,
-                               mask=jnp.ones(3, bool))
+  out, new_state = model.apply(
+    params, state, x, train=True, mask=jnp.ones(3, bool)
+  )
   assert out['logits'].shape == (3, 10)
   assert out['embedding'].shape == (3, 16)
   assert [f.shape for f in out['features']] == [(3, 4), (3, 8)]
@@ -36,7 +39,9 @@ def test_batchnorm_statistics_ignore_masked_examples():
   junk = x.at[4:].set(100.0)
   out_a, state_a = model.apply(params, state, x, train=True, mask=mask)
   out_b, state_b = model.apply(params, state, junk, train=True, mask=mask)
-  np.testing.assert_allclose(out_a['logits'][:4], out_b['logits'][:4], atol=1e-5)
+  np.testing.assert_allclose(
+    out_a['logits'][:4], out_b['logits'][:4], atol=1e-5
+  )
   for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -50,8 +55,9 @@ def test_client_sgd_weight_decay_momentum_and_clipping_match_torch_formula():
   """torch.optim.SGD: g += wd * w; b = mu * b + g; w -= lr * b, after
   clip_grad_norm_(max_norm): g *= min(1, max_norm / ||g||)."""
   lr, mu, wd, clip = 0.1, 0.9, 0.01, 0.5
-  tx = optimizers.make_client_optimizer('sgd', momentum=mu, weight_decay=wd,
-                                        grad_clip_norm=clip)(lr)
+  tx = optimizers.make_client_optimizer(
+    'sgd', momentum=mu, weight_decay=wd, grad_clip_norm=clip
+  )(lr)
   w = np.array([1.0, -2.0, 0.5])
   grads = [np.array([3.0, 0.0, 4.0]), np.array([0.1, 0.2, -0.1])]
   params = jnp.asarray(w, jnp.float32)
@@ -68,8 +74,10 @@ def test_client_sgd_weight_decay_momentum_and_clipping_match_torch_formula():
 
 
 def test_round_schedules():
-  exp = optimizers.make_round_schedule(0.1, kind='exponential', decay_rate=0.998)
-  np.testing.assert_allclose(exp(10), 0.1 * 0.998 ** 10, rtol=1e-6)
+  exp = optimizers.make_round_schedule(
+    0.1, kind='exponential', decay_rate=0.998
+  )
+  np.testing.assert_allclose(exp(10), 0.1 * 0.998**10, rtol=1e-6)
   cos = optimizers.make_round_schedule(0.1, kind='cosine', num_rounds=10)
   np.testing.assert_allclose(cos(5), 0.05, rtol=1e-5)
   with pytest.raises(ValueError, match='schedule'):
@@ -102,12 +110,17 @@ def test_fedavgm_momentum_accumulates():
 @pytest.mark.parametrize('shape', [(2, 28, 28, 3), (2, 7, 7, 1), (1, 8, 9, 2)])
 def test_reshape_pooling_matches_flax_values_and_gradients(shape):
   import flax.linen as nn
+
   from fedjax_metric.models.layers import pool_2x2
+
   x = jax.random.normal(jax.random.key(0), shape)
-  reference = {'max': lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)),
-               'avg': lambda x: nn.avg_pool(x, (2, 2), strides=(2, 2))}
+  reference = {
+    'max': lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)),
+    'avg': lambda x: nn.avg_pool(x, (2, 2), strides=(2, 2)),
+  }
   for kind, ref in reference.items():
     np.testing.assert_allclose(pool_2x2(x, kind), ref(x), atol=1e-6)
     grad = lambda f: jax.grad(lambda x: jnp.sum(f(x) ** 2))(x)
-    np.testing.assert_allclose(grad(lambda x: pool_2x2(x, kind)), grad(ref),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+      grad(lambda x: pool_2x2(x, kind)), grad(ref), atol=1e-5
+    )

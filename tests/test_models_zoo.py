@@ -23,9 +23,13 @@ def _init(model, x, seed=0):
 
 def _abstract_counts(model, shape):
   """{collection: #scalars} of the model's variables, without running it."""
-  variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1,) + shape))
-  return {k: sum(math.prod(x.shape) for x in jax.tree.leaves(v))
-          for k, v in variables.items()}
+  variables = jax.eval_shape(
+    model.init, jax.random.key(0), jnp.zeros((1,) + shape)
+  )
+  return {
+    k: sum(math.prod(x.shape) for x in jax.tree.leaves(v))
+    for k, v in variables.items()
+  }
 
 
 def _conv(k, c_in, c_out, bias):
@@ -42,21 +46,29 @@ def _dense(d_in, d_out):
 @pytest.mark.parametrize('shape', SHAPES)
 @pytest.mark.parametrize('norm', ['batch', 'group', 'none'])
 def test_fedquad_cnn_output_shapes(shape, norm):
-  model = models.build('fedquad_cnn', 10, widths=(4, 8, 16), embedding_dim=8,
-                       norm=norm)
+  model = models.build(
+    'fedquad_cnn', 10, widths=(4, 8, 16), embedding_dim=8, norm=norm
+  )
   x = jnp.ones((3,) + shape)
   params, state = _init(model, x)
   assert set(state) == ({'batch_stats'} if norm == 'batch' else set())
-  out, new_state = model.apply(params, state, x, train=True, mask=jnp.ones(3, bool))
+  out, new_state = model.apply(
+    params, state, x, train=True, mask=jnp.ones(3, bool)
+  )
   assert out['logits'].shape == (3, 10)
   assert out['embedding'].shape == (3, 8)
   assert [f.shape for f in out['features']] == [(3, 4), (3, 8), (3, 16)]
   assert jax.tree.structure(new_state) == jax.tree.structure(state)
 
 
-@pytest.mark.parametrize('shape, flat', [((32, 32, 3), 16 * 5 * 5),
-                                         ((28, 28, 1), 16 * 4 * 4),
-                                         ((8, 8, 1), 16 * 2 * 2)])
+@pytest.mark.parametrize(
+  'shape, flat',
+  [
+    ((32, 32, 3), 16 * 5 * 5),
+    ((28, 28, 1), 16 * 4 * 4),
+    ((8, 8, 1), 16 * 2 * 2),
+  ],
+)
 def test_moon_cnn_output_shapes_and_flatten_size(shape, flat):
   model = models.build('moon_cnn', 10)
   x = jnp.ones((2,) + shape)
@@ -78,11 +90,18 @@ def test_resnet18_output_shapes(shape, norm):
   x = jax.random.normal(jax.random.key(1), (2,) + shape)
   params, state = _init(model, x)
   assert set(state) == ({'batch_stats'} if norm == 'batch' else set())
-  out, new_state = model.apply(params, state, x, train=True, mask=jnp.ones(2, bool))
+  out, new_state = model.apply(
+    params, state, x, train=True, mask=jnp.ones(2, bool)
+  )
   assert out['logits'].shape == (2, 10)
   assert out['embedding'].shape == (2, 8 * w)
   assert [f.shape for f in out['features']] == [
-      (2, w), (2, w), (2, 2 * w), (2, 4 * w), (2, 8 * w)]
+    (2, w),
+    (2, w),
+    (2, 2 * w),
+    (2, 4 * w),
+    (2, 8 * w),
+  ]
   assert jax.tree.structure(new_state) == jax.tree.structure(state)
 
 
@@ -121,36 +140,54 @@ def test_resnet18_param_count_matches_hand_count():
   assert params == 11_173_962  # The usual CIFAR ResNet-18 figure.
   assert norm_channels == 4_800
   assert _abstract_counts(models.build('resnet18', 10), (32, 32, 3)) == {
-      'params': 11_173_962}
+    'params': 11_173_962
+  }
   # BatchNorm: same params, plus mean and var per norm channel.
-  assert _abstract_counts(models.build('resnet18', 10, norm='batch'), (32, 32, 3)) == {
-      'params': 11_173_962, 'batch_stats': 2 * 4_800}
+  assert _abstract_counts(
+    models.build('resnet18', 10, norm='batch'), (32, 32, 3)
+  ) == {'params': 11_173_962, 'batch_stats': 2 * 4_800}
   # Tiny width, CIFAR-100 head: the formula is not tuned to one config.
-  assert _abstract_counts(models.build('resnet18', 100, width=8), (32, 32, 3)) == {
-      'params': _resnet18_counts(8, 100)[0]}
+  assert _abstract_counts(
+    models.build('resnet18', 100, width=8), (32, 32, 3)
+  ) == {'params': _resnet18_counts(8, 100)[0]}
 
 
-@pytest.mark.parametrize('shape, expected', [((32, 32, 3), 92_626),
-                                             ((28, 28, 1), 75_046)])
+@pytest.mark.parametrize(
+  'shape, expected', [((32, 32, 3), 92_626), ((28, 28, 1), 75_046)]
+)
 def test_moon_cnn_param_count_matches_hand_count(shape, expected):
   h, w, c = shape
   side = ((h - 4) // 2 - 4) // 2  # two 5x5 VALID convs, each then a 2x2 pool
   assert side == (w - 4) // 2 // 2 - 2
-  hand = (_conv(5, c, 6, True) + _conv(5, 6, 16, True)
-          + _dense(16 * side * side, 120) + _dense(120, 84)  # header -> h (84)
-          + _dense(84, 84) + _dense(84, 256)  # l1, l2 -> z (256)
-          + _dense(256, 10))  # l3 on z
+  hand = (
+    _conv(5, c, 6, True)
+    + _conv(5, 6, 16, True)
+    + _dense(16 * side * side, 120)
+    + _dense(120, 84)  # header -> h (84)
+    + _dense(84, 84)
+    + _dense(84, 256)  # l1, l2 -> z (256)
+    + _dense(256, 10)
+  )  # l3 on z
   assert hand == expected
-  assert _abstract_counts(models.build('moon_cnn', 10), shape) == {'params': expected}
+  assert _abstract_counts(models.build('moon_cnn', 10), shape) == {
+    'params': expected
+  }
 
 
 def test_fedquad_cnn_param_count_matches_hand_count():
-  hand = (_conv(3, 3, 64, True) + _conv(3, 64, 128, True) + _conv(3, 128, 256, True)
-          + 2 * (64 + 128 + 256)  # BatchNorm scale + bias
-          + _dense(256, 128) + _dense(128, 10))
+  hand = (
+    _conv(3, 3, 64, True)
+    + _conv(3, 64, 128, True)
+    + _conv(3, 128, 256, True)
+    + 2 * (64 + 128 + 256)  # BatchNorm scale + bias
+    + _dense(256, 128)
+    + _dense(128, 10)
+  )
   assert hand == 405_898
   assert _abstract_counts(models.build('fedquad_cnn', 10), (32, 32, 3)) == {
-      'params': 405_898, 'batch_stats': 2 * (64 + 128 + 256)}
+    'params': 405_898,
+    'batch_stats': 2 * (64 + 128 + 256),
+  }
 
 
 # --------------------------------------------------------------------------- semantics
@@ -166,13 +203,19 @@ def test_resnet18_taps_are_pre_relu_and_logits_path_is_plain(norm):
   # its ReLU, which has negative entries.
   variables = models.merge_variables(params, state)
   _, captured = model.module.apply(
-      variables, x, train=True, mask=None, capture_intermediates=True,
-      mutable=['intermediates', 'batch_stats'])
+    variables,
+    x,
+    train=True,
+    mask=None,
+    capture_intermediates=True,
+    mutable=['intermediates', 'batch_stats'],
+  )
   for level in range(1, 5):
     (block_out,) = captured['intermediates'][f'layer{level}_1']['__call__']
     assert (block_out < 0).any()
-    np.testing.assert_allclose(out['features'][level], block_out.mean(axis=(1, 2)),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      out['features'][level], block_out.mean(axis=(1, 2)), rtol=1e-5, atol=1e-6
+    )
   # Level 0 is the normalised stem (zero-mean groups), so it goes negative even
   # pooled. Levels 1-4 add a non-negative identity shortcut and may pool to
   # all-positive values; push the last blocks' second-norm bias far negative:
@@ -186,7 +229,9 @@ def test_resnet18_taps_are_pre_relu_and_logits_path_is_plain(norm):
     shifted[f'layer{level}_1'][norm_name]['bias'] = bias - 100.0
   out_shifted, _ = model.apply(shifted, state, x, train=True, mask=None)
   for level in range(1, 5):
-    assert (out_shifted['features'][level] < 0).all(), f'level {level} looks post-ReLU'
+    assert (out_shifted['features'][level] < 0).all(), (
+      f'level {level} looks post-ReLU'
+    )
   np.testing.assert_array_equal(out_shifted['embedding'], 0.0)
   emb = out['embedding']
   assert (emb >= 0).all()
@@ -196,8 +241,9 @@ def test_resnet18_taps_are_pre_relu_and_logits_path_is_plain(norm):
   assert (emb >= jax.nn.relu(last) - 1e-5).all()
   assert not np.allclose(emb, jax.nn.relu(last), atol=1e-4)
   fc = params['fc']
-  np.testing.assert_allclose(out['logits'], emb @ fc['kernel'] + fc['bias'],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    out['logits'], emb @ fc['kernel'] + fc['bias'], rtol=1e-5, atol=1e-5
+  )
 
 
 def test_moon_classifier_sits_on_projection():
@@ -209,13 +255,22 @@ def test_moon_classifier_sits_on_projection():
   assert params['l2']['kernel'].shape == (84, 256)
   assert params['l3']['kernel'].shape == (256, 10)
   z = out['embedding']
-  np.testing.assert_allclose(out['logits'], z @ params['l3']['kernel'] + params['l3']['bias'],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    out['logits'],
+    z @ params['l3']['kernel'] + params['l3']['bias'],
+    rtol=1e-5,
+    atol=1e-5,
+  )
   h = out['features'][0]
   assert (h >= 0).all()  # h ends with a ReLU; z is linear.
   np.testing.assert_allclose(
-      z, jax.nn.relu(h @ params['l1']['kernel'] + params['l1']['bias'])
-      @ params['l2']['kernel'] + params['l2']['bias'], rtol=1e-4, atol=1e-5)
+    z,
+    jax.nn.relu(h @ params['l1']['kernel'] + params['l1']['bias'])
+    @ params['l2']['kernel']
+    + params['l2']['bias'],
+    rtol=1e-4,
+    atol=1e-5,
+  )
 
 
 def test_fedquad_embedding_is_unnormalised_128d_and_feeds_classifier_directly():
@@ -229,14 +284,18 @@ def test_fedquad_embedding_is_unnormalised_128d_and_feeds_classifier_directly():
   assert not np.allclose(jnp.linalg.norm(emb, axis=1), 1.0, atol=1e-2)
   assert out['features'][2].shape == (2, 256)  # The flattened 1x1 GAP.
   cls = params['Dense_1']
-  np.testing.assert_allclose(out['logits'], emb @ cls['kernel'] + cls['bias'],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    out['logits'], emb @ cls['kernel'] + cls['bias'], rtol=1e-5, atol=1e-5
+  )
 
 
-@pytest.mark.parametrize('name, kwargs', [
+@pytest.mark.parametrize(
+  'name, kwargs',
+  [
     ('fedquad_cnn', dict(widths=(4, 8, 16), embedding_dim=8)),
     ('resnet18', dict(width=4, norm='batch')),
-])
+  ],
+)
 def test_masked_batchnorm_ignores_padded_examples(name, kwargs):
   model = models.build(name, 10, **kwargs)
   x = jax.random.normal(jax.random.key(5), (4, 8, 8, 3))
@@ -244,20 +303,25 @@ def test_masked_batchnorm_ignores_padded_examples(name, kwargs):
   assert 'batch_stats' in state
   mask = jnp.array([True, True, False, False])
   junk_a = x.at[2:].set(100.0)
-  junk_b = x.at[2:].set(-7.0 * jax.random.normal(jax.random.key(6), (2, 8, 8, 3)))
+  junk_b = x.at[2:].set(
+    -7.0 * jax.random.normal(jax.random.key(6), (2, 8, 8, 3))
+  )
   out_a, state_a = model.apply(params, state, junk_a, train=True, mask=mask)
   out_b, state_b = model.apply(params, state, junk_b, train=True, mask=mask)
   # Reference: the real examples alone, no padding at all.
   out_r, state_r = model.apply(params, state, x[:2], train=True, mask=None)
   for out in (out_a, out_b):
     # rtol: a GPU's GroupNorm/conv reductions differ at ~1e-4 relative.
-    np.testing.assert_allclose(out['logits'][:2], out_r['logits'], atol=1e-4,
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+      out['logits'][:2], out_r['logits'], atol=1e-4, rtol=1e-4
+    )
     for f, f_r in zip(out['features'], out_r['features']):
       np.testing.assert_allclose(f[:2], f_r, atol=1e-4)
   for s in (state_a, state_b):
     for a, r in zip(jax.tree.leaves(s), jax.tree.leaves(state_r)):
       np.testing.assert_allclose(a, r, atol=1e-4)
   # And the statistics did move (train mode really used the batch).
-  assert not all(np.allclose(a, b) for a, b in
-                 zip(jax.tree.leaves(state_r), jax.tree.leaves(state)))
+  assert not all(
+    np.allclose(a, b)
+    for a, b in zip(jax.tree.leaves(state_r), jax.tree.leaves(state))
+  )

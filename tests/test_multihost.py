@@ -23,9 +23,13 @@ from launch import main as launch_main
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A hung collective fails the test instead of hanging the suite.
 TIMEOUT_S = 240
-RUN_FLAGS = ('--config=configs/fedavg.py:runlocal', '--config.executor=vmap',
-             '--config.num_rounds=2', '--config.progress=False',
-             '--config.plot_partition=False')
+RUN_FLAGS = (
+  '--config=configs/fedavg.py:runlocal',
+  '--config.executor=vmap',
+  '--config.num_rounds=2',
+  '--config.progress=False',
+  '--config.plot_partition=False',
+)
 
 
 def free_port():
@@ -35,15 +39,30 @@ def free_port():
 
 
 def start(workdir, num_devices, *flags):
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             JAX_NUM_CPU_DEVICES=str(num_devices),
-             PYTHONPATH=os.pathsep.join(
-                 filter(None, [ROOT, os.environ.get('PYTHONPATH')])))
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    JAX_NUM_CPU_DEVICES=str(num_devices),
+    PYTHONPATH=os.pathsep.join(
+      filter(None, [ROOT, os.environ.get('PYTHONPATH')])
+    ),
+  )
   env.pop('XLA_FLAGS', None)  # Could force another device count.
   return subprocess.Popen(
-      [sys.executable, '-m', 'launch.main', *RUN_FLAGS, f'--workdir={workdir}',
-       *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      '-m',
+      'launch.main',
+      *RUN_FLAGS,
+      f'--workdir={workdir}',
+      *flags,
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
 
 
 def finish(procs):
@@ -54,8 +73,10 @@ def finish(procs):
     for p in procs:
       p.kill()
     outputs = [p.communicate() for p in procs]
-    pytest.fail(f'Timed out after {TIMEOUT_S}s; stderr tails: '
-                f'{[err[-2000:] for _, err in outputs]}')
+    pytest.fail(
+      f'Timed out after {TIMEOUT_S}s; stderr tails: '
+      f'{[err[-2000:] for _, err in outputs]}'
+    )
 
 
 def final_server_state(workdir):
@@ -64,7 +85,8 @@ def final_server_state(workdir):
   checkpointer = ocp.PyTreeCheckpointer()
   tree = checkpointer.metadata(path).item_metadata.tree
   numpy_args = jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree
+  )
   return checkpointer.restore(path, restore_args=numpy_args)['server_state']
 
 
@@ -76,8 +98,16 @@ def read(workdir, name):
 def test_two_processes_equal_one(tmp_path):
   multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
   address = f'127.0.0.1:{free_port()}'
-  procs = [start(multi, 2, f'--coordinator_address={address}',
-                 '--num_processes=2', f'--process_id={i}') for i in (0, 1)]
+  procs = [
+    start(
+      multi,
+      2,
+      f'--coordinator_address={address}',
+      '--num_processes=2',
+      f'--process_id={i}',
+    )
+    for i in (0, 1)
+  ]
   # The reference: one process with 4 CPU devices, also in a child process, so
   # the test compares CPU runs on any machine (a GPU one included).
   procs.append(start(single, 4))
@@ -102,13 +132,16 @@ def test_two_processes_equal_one(tmp_path):
   assert int(states[0]['round']) == 2
 
 
-@pytest.mark.parametrize('flags, match', [
+@pytest.mark.parametrize(
+  'flags, match',
+  [
     (('127.0.0.1:1234', 2, None), 'all three'),
     ((None, None, 0), 'all three'),
     (('127.0.0.1', 2, 0), 'host:port'),
     (('127.0.0.1:1234', 2, 2), r'\[0, 2\)'),
     (('127.0.0.1:1234', 0, 0), '>= 1'),
-])
+  ],
+)
 def test_bad_distributed_flags_are_clear_errors(flags, match):
   with pytest.raises(launch_main.app.UsageError, match=match):
     launch_main.distributed_args(*flags)
@@ -117,7 +150,8 @@ def test_bad_distributed_flags_are_clear_errors(flags, match):
 def test_distributed_flags():
   assert launch_main.distributed_args(None, None, None) is None
   assert launch_main.distributed_args('h:1', 2, 1) == dict(
-      coordinator_address='h:1', num_processes=2, process_id=1)
+    coordinator_address='h:1', num_processes=2, process_id=1
+  )
 
 
 def test_host_executor_does_not_span_processes(monkeypatch):

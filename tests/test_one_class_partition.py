@@ -7,7 +7,8 @@ from fedjax_metric.data import partition as P
 
 # Label values 3, 5, 7, 8 (not 0..C-1) with unequal class sizes.
 LABELS = np.random.default_rng(0).permutation(
-    np.repeat([3, 5, 7, 8], [23, 40, 31, 9]))
+  np.repeat([3, 5, 7, 8], [23, 40, 31, 9])
+)
 VALUES = [3, 5, 7, 8]
 
 
@@ -30,8 +31,9 @@ def test_clients_per_class_equals_allow_repeat_layout():
   a = P.one_class(LABELS, clients_per_class=2, seed=5)
   b = P.one_class(LABELS, 8, allow_repeat=True, seed=5)
   c = P.one_class(LABELS, 8, clients_per_class=2, seed=5)
-  assert all(np.array_equal(x, y) and np.array_equal(x, z)
-             for x, y, z in zip(a, b, c))
+  assert all(
+    np.array_equal(x, y) and np.array_equal(x, z) for x, y, z in zip(a, b, c)
+  )
   one = P.one_class(LABELS, clients_per_class=1, seed=5)
   default = P.one_class(LABELS, seed=5)
   assert all(np.array_equal(x, y) for x, y in zip(one, default))

@@ -29,6 +29,7 @@ SHAPE = (1, 3, 3, 1)  # 9 input features: small enough for float32 to agree.
 
 class LinearEmbedding(nn.Module):
   """e = flatten(x) K, no bias: the gradient is x^T dl/de."""
+
   num_classes: int = fx.NUM_CLASSES
 
   @nn.compact
@@ -46,27 +47,36 @@ def federation(clients_per_class=1, num_examples=30, seed=0):
   rng = np.random.default_rng(seed)
   images = rng.integers(0, 256, (num_examples,) + SHAPE[1:]).astype(np.uint8)
   labels = (np.arange(num_examples) % fx.NUM_CLASSES).astype(np.int32)
-  parts = partition_lib.one_class(labels, clients_per_class=clients_per_class,
-                                  seed=seed)
+  parts = partition_lib.one_class(
+    labels, clients_per_class=clients_per_class, seed=seed
+  )
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   x = images.reshape(num_examples, -1).astype(np.float64) / 255.0
   return x, labels, parts, data
 
 
-def run_rounds(alg, model, parts, data, *, rounds, lr, batch_size=4,
-               steps=0, executor='vmap'):
+def run_rounds(
+  alg, model, parts, data, *, rounds, lr, batch_size=4, steps=0, executor='vmap'
+):
   """Runs ``rounds`` rounds with every client; returns states and cohorts."""
   variables = model.init(jax.random.key(1))
   state, table = engine.init_state(alg, variables, len(parts))
   # Host copies: the round donates (deletes) its input buffers.
   copy = lambda tree: jax.tree.map(np.array, tree)
   states = [copy((state, table))]
-  round_fn = executors.make_round_fn(fx.make_spec(alg, lr=lr), data,
-                                     executor=executor)
+  round_fn = executors.make_round_fn(
+    fx.make_spec(alg, lr=lr), data, executor=executor
+  )
   cohorts = []
   for r in range(rounds):
-    c = fx.cohort(parts, list(range(len(parts))), num_slots=len(parts),
-                  batch_size=batch_size, steps=steps, round_idx=r)
+    c = fx.cohort(
+      parts,
+      list(range(len(parts))),
+      num_slots=len(parts),
+      batch_size=batch_size,
+      steps=steps,
+      round_idx=r,
+    )
     cohorts.append(jax.tree.map(np.asarray, c))
     state, table, _ = round_fn(state, table, c)
     states.append(copy((state, table)))
@@ -74,14 +84,16 @@ def run_rounds(alg, model, parts, data, *, rounds, lr, batch_size=4,
 
 
 def kernel(state):
-  return np.asarray(state.variables['params']['Dense_0']['kernel'],
-                    np.float64)
+  return np.asarray(state.variables['params']['Dense_0']['kernel'], np.float64)
 
 
 def client_batches(cohort, slot):
   """[(example indices, mask)] of the slot's real steps."""
-  return [(idx, m) for idx, m in zip(cohort.example_idx[slot],
-                                     cohort.example_mask[slot]) if m.any()]
+  return [
+    (idx, m)
+    for idx, m in zip(cohort.example_idx[slot], cohort.example_mask[slot])
+    if m.any()
+  ]
 
 
 def local_sgd(k, x, batches, grad_e, lr, reduction='mean'):
@@ -112,8 +124,9 @@ def unit(v):
 # ---------------------------------------------------------------------------
 
 
-def fedmetric_reference(x, cohort, k0, shared, *, lam, squared, reduction,
-                        lr, center, client_classes):
+def fedmetric_reference(
+  x, cohort, k0, shared, *, lam, squared, reduction, lr, center, client_classes
+):
   """One FedMetric round of Algorithm 1 (true centers, s = 0), in NumPy.
 
   shared: (A [N, D], M [N], reported [N], classes [N]) broadcast by the
@@ -130,8 +143,7 @@ def fedmetric_reference(x, cohort, k0, shared, *, lam, squared, reduction,
       del i
       g = unit(e - c)
       for j in range(len(proxies)):
-        if (not reported[j] or j == k_id
-            or classes[j] == client_classes[k_id]):
+        if not reported[j] or j == k_id or classes[j] == client_classes[k_id]:
           continue
         d = np.linalg.norm(e - proxies[j])
         hinge = margins[j] - d
@@ -146,55 +158,89 @@ def fedmetric_reference(x, cohort, k0, shared, *, lam, squared, reduction,
         c_step = np.mean([x[i] @ k for i, r in zip(idx, m) if r], axis=0)
       else:
         c_step = c_round
-      k = local_sgd(k, x, [(idx, m)], lambda e, i, c=c_step: grad_e(e, i, c),
-                    lr, reduction)
-    c_end = c_round if center == 'round_start' else np.mean(
-        [x[i] @ k for i in real], axis=0)
+      k = local_sgd(
+        k, x, [(idx, m)], lambda e, i, c=c_step: grad_e(e, i, c), lr, reduction
+      )
+    c_end = (
+      c_round
+      if center == 'round_start'
+      else np.mean([x[i] @ k for i in real], axis=0)
+    )
     radius = max(np.linalg.norm(x[i] @ k - c_end) for i in real)
     kernels.append(k)
     rows.append((c_end, radius))
   return np.mean(kernels, axis=0), rows
 
 
-@pytest.mark.parametrize('squared,reduction,center', [
-    (False, 'mean', 'round_start'), (True, 'sum', 'round_start'),
-    (False, 'mean', 'batch')])
-def test_fedmetric_true_centers_two_rounds_match_numpy(squared, reduction,
-                                                       center):
+@pytest.mark.parametrize(
+  'squared,reduction,center',
+  [
+    (False, 'mean', 'round_start'),
+    (True, 'sum', 'round_start'),
+    (False, 'mean', 'batch'),
+  ],
+)
+def test_fedmetric_true_centers_two_rounds_match_numpy(
+  squared, reduction, center
+):
   # Two clients per class: same-class clients are excluded from l_neg.
   x, labels, parts, data = federation(clients_per_class=2)
   lam, lr = 0.7, 0.05 if reduction == 'mean' else 0.01
   model = linear_model()
   alg = algorithms.REGISTRY['fedmetric'](
-      model, server_optimizer=SERVER, negatives='true', lam=lam,
-      squared_hinge=squared, reduction=reduction, center=center)
+    model,
+    server_optimizer=SERVER,
+    negatives='true',
+    lam=lam,
+    squared_hinge=squared,
+    reduction=reduction,
+    center=center,
+  )
   with jax.default_matmul_precision('highest'):
     states, cohorts = run_rounds(alg, model, parts, data, rounds=2, lr=lr)
   client_classes = partition_lib.one_class_labels(parts, labels)
   n = len(parts)
-  shared = (np.zeros((n, DIM)), np.zeros(n), np.zeros(n, bool),
-            np.zeros(n, int))
+  shared = (
+    np.zeros((n, DIM)),
+    np.zeros(n),
+    np.zeros(n, bool),
+    np.zeros(n, int),
+  )
   k = kernel(states[0][0])
   for r in range(2):
     k, rows = fedmetric_reference(
-        x, cohorts[r], k, shared, lam=lam, squared=squared,
-        reduction=reduction, lr=lr, center=center,
-        client_classes=client_classes)
+      x,
+      cohorts[r],
+      k,
+      shared,
+      lam=lam,
+      squared=squared,
+      reduction=reduction,
+      lr=lr,
+      center=center,
+      client_classes=client_classes,
+    )
     state, table = states[r + 1]
     np.testing.assert_allclose(kernel(state), k, rtol=1e-4, atol=1e-5)
     centers = np.stack([c for c, _ in rows])
     radii = np.array([rad for _, rad in rows])
-    np.testing.assert_allclose(state.extra['proxy_centers'], centers,
-                               rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(state.extra['proxy_margins'], radii,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+      state.extra['proxy_centers'], centers, rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+      state.extra['proxy_margins'], radii, rtol=1e-4, atol=1e-5
+    )
     np.testing.assert_array_equal(state.extra['classes'], client_classes)
     assert np.all(state.extra['reported'] == 1)
     shared = (centers, radii, np.ones(n, bool), client_classes)
   # Round 2 had active negatives: it differs from the positive loss alone.
   pos = algorithms.REGISTRY['fedmetric'](
-      model, server_optimizer=SERVER, negatives='none', reduction=reduction,
-      center=center)
+    model,
+    server_optimizer=SERVER,
+    negatives='none',
+    reduction=reduction,
+    center=center,
+  )
   with jax.default_matmul_precision('highest'):
     pos_states, _ = run_rounds(pos, model, parts, data, rounds=2, lr=lr)
   assert np.abs(kernel(pos_states[2][0]) - kernel(states[2][0])).max() > 1e-4
@@ -205,24 +251,34 @@ def test_fedmetric_proxy_centers_lie_at_distance_s_r():
   x, labels, parts, data = federation()
   scale, model = 2.5, linear_model()
   alg = algorithms.REGISTRY['fedmetric'](
-      model, server_optimizer=SERVER, negatives='proxy', scale=scale)
+    model, server_optimizer=SERVER, negatives='proxy', scale=scale
+  )
   with jax.default_matmul_precision('highest'):
     states, cohorts = run_rounds(alg, model, parts, data, rounds=1, lr=0.05)
   n = len(parts)
   _, rows = fedmetric_reference(
-      x, cohorts[0], kernel(states[0][0]),
-      (np.zeros((n, DIM)), np.zeros(n), np.zeros(n, bool), np.zeros(n, int)),
-      lam=1.0, squared=True, reduction='mean', lr=0.05, center='round_start',
-      client_classes=partition_lib.one_class_labels(parts, labels))
+    x,
+    cohorts[0],
+    kernel(states[0][0]),
+    (np.zeros((n, DIM)), np.zeros(n), np.zeros(n, bool), np.zeros(n, int)),
+    lam=1.0,
+    squared=True,
+    reduction='mean',
+    lr=0.05,
+    center='round_start',
+    client_classes=partition_lib.one_class_labels(parts, labels),
+  )
   extra = states[1][0].extra
   for j, (c, radius) in enumerate(rows):
     a = np.asarray(extra['proxy_centers'][j], np.float64)
     assert np.linalg.norm(a - c) == pytest.approx(scale * radius, rel=1e-4)
     assert float(extra['proxy_margins'][j]) == pytest.approx(
-        (1 + scale) * radius, rel=1e-4)
+      (1 + scale) * radius, rel=1e-4
+    )
   # Independent directions per client.
-  offsets = [unit(np.asarray(extra['proxy_centers'][j]) - rows[j][0])
-             for j in range(n)]
+  offsets = [
+    unit(np.asarray(extra['proxy_centers'][j]) - rows[j][0]) for j in range(n)
+  ]
   assert abs(offsets[0] @ offsets[1]) < 0.999
 
 
@@ -230,12 +286,14 @@ def test_fedmetric_host_and_vmap_agree_and_gradients_finite_on_center():
   x, _, parts, data = federation()
   del x
   model = linear_model()
-  alg = algorithms.REGISTRY['fedmetric'](model, server_optimizer=SERVER,
-                                         negatives='proxy', lam=0.5)
+  alg = algorithms.REGISTRY['fedmetric'](
+    model, server_optimizer=SERVER, negatives='proxy', lam=0.5
+  )
   out = {}
   for executor in ('vmap', 'host'):
-    states, _ = run_rounds(alg, model, parts, data, rounds=2, lr=0.05,
-                           executor=executor)
+    states, _ = run_rounds(
+      alg, model, parts, data, rounds=2, lr=0.05, executor=executor
+    )
     out[executor] = states[-1]
   assert fx.max_abs_diff(out['vmap'], out['host']) < 1e-5
   # An embedding exactly on the center and on a proxy: finite gradient.
@@ -244,14 +302,21 @@ def test_fedmetric_host_and_vmap_agree_and_gradients_finite_on_center():
   extra = dict(server_state.extra)
   extra['proxy_centers'] = jnp.zeros_like(extra['proxy_centers'])
   ctx = engine.ClientContext(
-      server_state=server_state._replace(extra=extra), client_row=(),
-      local_state={'center': jnp.zeros(DIM), 'class': jnp.asarray(0)},
-      client_id=jnp.asarray(0), slot=jnp.asarray(0), key=jax.random.key(0),
-      step=jnp.asarray(0), learning_rate=jnp.asarray(0.1),
-      num_steps=jnp.asarray(1.0), num_examples=jnp.asarray(2.0),
-      scan_batches=None)
-  batch = engine.Batch(images, jnp.zeros(2, jnp.int32), jnp.ones(2, bool),
-                       images)
+    server_state=server_state._replace(extra=extra),
+    client_row=(),
+    local_state={'center': jnp.zeros(DIM), 'class': jnp.asarray(0)},
+    client_id=jnp.asarray(0),
+    slot=jnp.asarray(0),
+    key=jax.random.key(0),
+    step=jnp.asarray(0),
+    learning_rate=jnp.asarray(0.1),
+    num_steps=jnp.asarray(1.0),
+    num_examples=jnp.asarray(2.0),
+    scan_batches=None,
+  )
+  batch = engine.Batch(
+    images, jnp.zeros(2, jnp.int32), jnp.ones(2, bool), images
+  )
   params = server_state.variables['params']
   grads = jax.grad(lambda p: alg.client_loss(p, {}, batch, ctx)[0])(params)
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
@@ -273,7 +338,8 @@ def test_fedmetric_bad_knobs():
   with pytest.raises(ValueError, match='reduction'):
     make(reduction='max')
   assert fedmetric.resolve_scale('proxy', None) == (
-      fedmetric.DEFAULT_PROXY_SCALE)
+    fedmetric.DEFAULT_PROXY_SCALE
+  )
   assert fedmetric.resolve_scale('true', None) == 0.0
   assert fedmetric.resolve_scale('none', 3.0) == 0.0
 
@@ -287,24 +353,24 @@ def test_deepsvdd_each_client_trains_its_own_model_to_a_fixed_center():
   x, _, parts, data = federation()
   eps, lr = 0.1, 0.05
   model = linear_model()
-  alg = algorithms.REGISTRY['deepsvdd'](model, server_optimizer=SERVER,
-                                        eps=eps)
+  alg = algorithms.REGISTRY['deepsvdd'](model, server_optimizer=SERVER, eps=eps)
   with jax.default_matmul_precision('highest'):
     states, cohorts = run_rounds(alg, model, parts, data, rounds=2, lr=lr)
   k0 = kernel(states[0][0])
   for j in range(len(parts)):
-    real = [i for idx, m in client_batches(cohorts[0], j)
-            for i, r in zip(idx, m) if r]
+    real = [
+      i for idx, m in client_batches(cohorts[0], j) for i, r in zip(idx, m) if r
+    ]
     mean = np.mean([x[i] @ k0 for i in real], axis=0)
     # Ruff et al.'s rule: coordinates within eps of 0 move to +-eps.
     center = np.where(np.abs(mean) < eps, np.sign(mean) * eps, mean)
     k = k0
     for r in range(2):  # The center stays fixed after the first round.
-      k = local_sgd(k, x, client_batches(cohorts[r], j),
-                    lambda e, i: 2 * (e - center), lr)
+      k = local_sgd(
+        k, x, client_batches(cohorts[r], j), lambda e, i: 2 * (e - center), lr
+      )
     table = states[2][1]
-    np.testing.assert_allclose(table['center'][j], center, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(table['center'][j], center, rtol=1e-5, atol=1e-6)
     got = table['variables']['params']['Dense_0']['kernel'][j]
     np.testing.assert_allclose(got, k, rtol=1e-4, atol=1e-5)
   # Nothing is averaged: the server's model never moves.
@@ -349,9 +415,14 @@ def test_fedaws_round_matches_numpy():
   lr, margin, multiplier, pos_margin = 0.1, 1.0, 5.0, 0.9
   model = linear_model()
   alg = algorithms.REGISTRY['fedaws'](
-      model, server_optimizer=SERVER, positive_margin=pos_margin,
-      spreadout_distance='cosine', spreadout_margin=margin,
-      spreadout_steps_per_round=1, lr_multiplier=multiplier)
+    model,
+    server_optimizer=SERVER,
+    positive_margin=pos_margin,
+    spreadout_distance='cosine',
+    spreadout_margin=margin,
+    spreadout_steps_per_round=1,
+    lr_multiplier=multiplier,
+  )
   with jax.default_matmul_precision('highest'):
     states, cohorts = run_rounds(alg, model, parts, data, rounds=1, lr=lr)
   k0 = kernel(states[0][0])
@@ -375,13 +446,16 @@ def test_fedaws_round_matches_numpy():
     counts[classes[j]] += 1
   averaged = sums / counts[:, None]
   expected_w = averaged - multiplier * lr * numeric_grad(
-      lambda v: spreadout_numpy(v, margin), averaged)
+    lambda v: spreadout_numpy(v, margin), averaged
+  )
   with jax.default_matmul_precision('highest'):
     state = states[1][0]
-  np.testing.assert_allclose(kernel(state), np.mean(kernels, axis=0),
-                             rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(state.extra['class_embeddings'], expected_w,
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    kernel(state), np.mean(kernels, axis=0), rtol=1e-4, atol=1e-5
+  )
+  np.testing.assert_allclose(
+    state.extra['class_embeddings'], expected_w, rtol=1e-4, atol=1e-5
+  )
   # The spreadout step did something.
   assert np.abs(expected_w - averaged).max() > 1e-4
 
@@ -395,16 +469,21 @@ def test_feduv_round_matches_numpy_with_random_codewords():
   x, labels, parts, data = federation()
   lr = 0.1
   model = linear_model()
-  alg = algorithms.REGISTRY['feduv'](model, server_optimizer=SERVER,
-                                     codeword_kind='random', codeword_seed=3)
+  alg = algorithms.REGISTRY['feduv'](
+    model, server_optimizer=SERVER, codeword_kind='random', codeword_seed=3
+  )
   with jax.default_matmul_precision('highest'):
     states, cohorts = run_rounds(alg, model, parts, data, rounds=1, lr=lr)
   code = np.asarray(states[0][0].extra['codewords'], np.float64)
   assert code.shape == (fx.NUM_CLASSES, DIM)
   assert set(np.unique(code)) <= {-1.0, 1.0}
   # Minimum Hamming distance by explicit loops.
-  hamming = min(int(np.sum(code[a] != code[b]))
-                for a in range(len(code)) for b in range(len(code)) if a != b)
+  hamming = min(
+    int(np.sum(code[a] != code[b]))
+    for a in range(len(code))
+    for b in range(len(code))
+    if a != b
+  )
   assert int(states[0][0].extra['min_distance']) == hamming
   classes = partition_lib.one_class_labels(parts, labels)
   k0, kernels = kernel(states[0][0]), []
@@ -416,10 +495,10 @@ def test_feduv_round_matches_numpy_with_random_codewords():
       cos, d_e, _ = cosine_grads(e, v)
       return -d_e if cos < 1 else 0 * e
 
-    kernels.append(local_sgd(k0, x, client_batches(cohorts[0], j), grad_e,
-                             lr))
-  np.testing.assert_allclose(kernel(states[1][0]), np.mean(kernels, axis=0),
-                             rtol=1e-4, atol=1e-5)
+    kernels.append(local_sgd(k0, x, client_batches(cohorts[0], j), grad_e, lr))
+  np.testing.assert_allclose(
+    kernel(states[1][0]), np.mean(kernels, axis=0), rtol=1e-4, atol=1e-5
+  )
 
 
 def test_registry_names_and_defaults_build():

@@ -26,8 +26,9 @@ def _pairwise_auroc(scores, is_pos):
   """The definition: mean over (pos, neg) pairs of 1[s_p > s_n] + 1/2 tie."""
   pos = [s for s, p in zip(scores, is_pos) if p]
   neg = [s for s, p in zip(scores, is_pos) if not p]
-  total = sum(1.0 if a > b else 0.5 if a == b else 0.0
-              for a in pos for b in neg)
+  total = sum(
+    1.0 if a > b else 0.5 if a == b else 0.0 for a in pos for b in neg
+  )
   return total / (len(pos) * len(neg))
 
 
@@ -68,8 +69,9 @@ def test_one_class_auroc_matches_sklearn_per_class():
   np.testing.assert_allclose(got, want, atol=1e-12)
   # Permuting the classes' columns breaks it: the column / class pairing
   # matters.
-  assert not np.allclose(evaluation.one_class_auroc(scores[:, ::-1], labels),
-                         want)
+  assert not np.allclose(
+    evaluation.one_class_auroc(scores[:, ::-1], labels), want
+  )
 
 
 def test_one_class_auroc_missing_class_is_an_error():
@@ -93,8 +95,9 @@ def test_center_and_cosine_scores_match_numpy():
       diff = [float(a) - float(b) for a, b in zip(e[i], w[k])]
       d = np.sqrt(sum(x * x for x in diff))
       dot = sum(float(a) * float(b) for a, b in zip(e[i], w[k]))
-      norms = np.sqrt(sum(float(a)**2 for a in e[i]) *
-                      sum(float(b)**2 for b in w[k]))
+      norms = np.sqrt(
+        sum(float(a) ** 2 for a in e[i]) * sum(float(b) ** 2 for b in w[k])
+      )
       assert dist[i, k] == pytest.approx(-d, abs=1e-5)
       assert dist2[i, k] == pytest.approx(-d * d, abs=1e-5)
       assert cos[i, k] == pytest.approx(dot / max(norms, 1e-8), abs=1e-5)
@@ -110,8 +113,11 @@ def test_class_centers_match_numpy_loop():
   assert got.shape == (4, 3)
   for k in range(4):
     rows = [e[i] for i in range(10) if labels[i] == k and mask[i]]
-    want = (np.zeros(3) if not rows else
-            [sum(float(r[d]) for r in rows) / len(rows) for d in range(3)])
+    want = (
+      np.zeros(3)
+      if not rows
+      else [sum(float(r[d]) for r in rows) / len(rows) for d in range(3)]
+    )
     np.testing.assert_allclose(got[k], want, **TOL)
   unmasked = np.asarray(evaluation.class_centers(e, labels, 3))
   np.testing.assert_allclose(unmasked[1], e[[4, 7]].mean(axis=0), **TOL)

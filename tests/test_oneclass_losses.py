@@ -23,7 +23,7 @@ def _highest():
 
 
 def np_norm(x):
-  return float(np.sqrt(sum(float(v)**2 for v in x)))
+  return float(np.sqrt(sum(float(v) ** 2 for v in x)))
 
 
 def np_dist(x, y):
@@ -32,8 +32,9 @@ def np_dist(x, y):
 
 def np_cos(x, y):
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-  return float(sum(a * b for a, b in zip(x, y))) / max(np_norm(x) * np_norm(y),
-                                                       1e-8)
+  return float(sum(a * b for a, b in zip(x, y))) / max(
+    np_norm(x) * np_norm(y), 1e-8
+  )
 
 
 def np_unit(x):
@@ -58,8 +59,10 @@ def ref_fedmetric(e, center, proxies, margins, proxy_mask, lam, squared, mask):
   return out
 
 
-@pytest.mark.parametrize('seed, squared, lam', list(itertools.product(
-    [0, 1, 2], [True, False], [0.0, 0.3, 1.0])))
+@pytest.mark.parametrize(
+  'seed, squared, lam',
+  list(itertools.product([0, 1, 2], [True, False], [0.0, 0.3, 1.0])),
+)
 def test_fedmetric_loss_matches_numpy_loop(seed, squared, lam):
   rng = np.random.default_rng(seed)
   b, d, k = 7, 5, 4
@@ -71,16 +74,23 @@ def test_fedmetric_loss_matches_numpy_loop(seed, squared, lam):
   proxy_mask = np.array([True, False, True, True])
   mask = rng.random(b) > 0.3
   with _highest():
-    got = losses.fedmetric_loss(e, center, proxies, margins,
-                                proxy_mask=proxy_mask, lam=lam,
-                                squared_hinge=squared, mask=mask)
-  want = ref_fedmetric(e, center, proxies, margins, proxy_mask, lam, squared,
-                       mask)
+    got = losses.fedmetric_loss(
+      e,
+      center,
+      proxies,
+      margins,
+      proxy_mask=proxy_mask,
+      lam=lam,
+      squared_hinge=squared,
+      mask=mask,
+    )
+  want = ref_fedmetric(
+    e, center, proxies, margins, proxy_mask, lam, squared, mask
+  )
   np.testing.assert_allclose(np.asarray(got), want, **TOL)
   # The reference does have active and inactive hinges here.
   dists = [[np_dist(e[i], proxies[j]) for j in range(k)] for i in range(b)]
-  assert (np.array(dists) < margins).any() and (np.array(dists) >
-                                                margins).any()
+  assert (np.array(dists) < margins).any() and (np.array(dists) > margins).any()
 
 
 def test_fedmetric_loss_hand_example_active_and_inactive_hinge():
@@ -91,11 +101,18 @@ def test_fedmetric_loss_hand_example_active_and_inactive_hinge():
   proxies = np.array([[3.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
   margins = np.array([6.0, 5.0, 100.0])
   proxy_mask = np.array([True, True, False])
-  squared = losses.fedmetric_loss(e, center, proxies, margins,
-                                  proxy_mask=proxy_mask, lam=0.5)
-  plain = losses.fedmetric_loss(e, center, proxies, margins,
-                                proxy_mask=proxy_mask, lam=0.5,
-                                squared_hinge=False)
+  squared = losses.fedmetric_loss(
+    e, center, proxies, margins, proxy_mask=proxy_mask, lam=0.5
+  )
+  plain = losses.fedmetric_loss(
+    e,
+    center,
+    proxies,
+    margins,
+    proxy_mask=proxy_mask,
+    lam=0.5,
+    squared_hinge=False,
+  )
   np.testing.assert_allclose(np.asarray(squared), [5.0 + 0.5 * 4.0], **TOL)
   np.testing.assert_allclose(np.asarray(plain), [5.0 + 0.5 * 2.0], **TOL)
 
@@ -105,10 +122,12 @@ def test_fedmetric_loss_all_proxies_masked_is_the_positive_loss():
   e = rng.normal(size=(5, 4))
   center = rng.normal(size=4)
   proxies = e[:3] + 0.01  # Would give large hinges if not masked.
-  got = losses.fedmetric_loss(e, center, proxies, np.full(3, 10.0),
-                              proxy_mask=np.zeros(3, bool), lam=2.0)
-  np.testing.assert_allclose(np.asarray(got),
-                             [np_dist(x, center) for x in e], **TOL)
+  got = losses.fedmetric_loss(
+    e, center, proxies, np.full(3, 10.0), proxy_mask=np.zeros(3, bool), lam=2.0
+  )
+  np.testing.assert_allclose(
+    np.asarray(got), [np_dist(x, center) for x in e], **TOL
+  )
   # No proxies at all (K = 0) is the same.
   none = losses.fedmetric_loss(e, center, np.zeros((0, 4)), np.zeros(0))
   np.testing.assert_allclose(np.asarray(none), np.asarray(got), **TOL)
@@ -120,8 +139,9 @@ def test_fedmetric_loss_gradient_finite_at_zero_distance():
   proxies = jnp.stack([center, center - 1.0])
 
   def total(x):
-    return jnp.sum(losses.fedmetric_loss(x, center, proxies,
-                                         jnp.array([1.0, 1.0])))
+    return jnp.sum(
+      losses.fedmetric_loss(x, center, proxies, jnp.array([1.0, 1.0]))
+    )
 
   g = jax.jit(jax.grad(total))(e)
   assert np.isfinite(np.asarray(g)).all()
@@ -130,8 +150,13 @@ def test_fedmetric_loss_gradient_finite_at_zero_distance():
   assert np.abs(np.asarray(g[1])).sum() > 0
   # Gradient w.r.t. the proxies too (the caller never needs it, but it
   # must not be NaN).
-  gp = jax.jit(jax.grad(lambda a: jnp.sum(losses.fedmetric_loss(
-      e, center, a, jnp.array([1.0, 1.0])))))(proxies)
+  gp = jax.jit(
+    jax.grad(
+      lambda a: jnp.sum(
+        losses.fedmetric_loss(e, center, a, jnp.array([1.0, 1.0]))
+      )
+    )
+  )(proxies)
   assert np.isfinite(np.asarray(gp)).all()
 
 
@@ -139,14 +164,22 @@ def test_fedmetric_loss_masked_examples_are_zero_and_have_zero_gradient():
   rng = np.random.default_rng(4)
   e = jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)
   mask = jnp.array([True, False, True, False])
-  fn = lambda x: losses.fedmetric_loss(x, jnp.zeros(3), x[:2] * 0.5,
-                                       jnp.ones(2), mask=mask)
+  fn = lambda x: losses.fedmetric_loss(
+    x, jnp.zeros(3), x[:2] * 0.5, jnp.ones(2), mask=mask
+  )
   out = fn(e)
   assert float(out[1]) == 0.0 and float(out[3]) == 0.0
   g = jax.jit(jax.grad(lambda x: jnp.sum(fn(x))))(e)
   assert np.isfinite(np.asarray(g)).all()
-  all_masked = jax.jit(jax.grad(lambda x: jnp.sum(losses.fedmetric_loss(
-      x, jnp.zeros(3), x[:2], jnp.ones(2), mask=jnp.zeros(4, bool)))))(e)
+  all_masked = jax.jit(
+    jax.grad(
+      lambda x: jnp.sum(
+        losses.fedmetric_loss(
+          x, jnp.zeros(3), x[:2], jnp.ones(2), mask=jnp.zeros(4, bool)
+        )
+      )
+    )
+  )(e)
   assert np.isfinite(np.asarray(all_masked)).all()
 
 
@@ -159,17 +192,19 @@ def test_deepsvdd_loss_is_squared_distance():
   c = rng.normal(size=4).astype(np.float32)
   mask = np.array([1, 1, 0, 1, 0, 1], bool)
   got = losses.deepsvdd_loss(e, c, mask=mask)
-  want = [np_dist(e[i], c)**2 if mask[i] else 0.0 for i in range(6)]
+  want = [np_dist(e[i], c) ** 2 if mask[i] else 0.0 for i in range(6)]
   np.testing.assert_allclose(np.asarray(got), want, **TOL)
   g = jax.grad(lambda x: jnp.sum(losses.deepsvdd_loss(x, jnp.asarray(c))))(
-      jnp.tile(jnp.asarray(c), (2, 1)))
+    jnp.tile(jnp.asarray(c), (2, 1))
+  )
   np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
 def test_deepsvdd_center_eps_rule():
   # Column means: 0.05 -> 0.1, -0.02 -> -0.1, 0.0 stays 0, 0.5 stays.
-  e = np.array([[0.1, -0.04, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0],
-                [9.0, 9.0, 9.0, 9.0]])
+  e = np.array(
+    [[0.1, -0.04, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [9.0, 9.0, 9.0, 9.0]]
+  )
   mask = np.array([True, True, False])
   got = np.asarray(losses.deepsvdd_center(e, mask, eps=0.1))
   want = []
@@ -181,8 +216,10 @@ def test_deepsvdd_center_eps_rule():
   np.testing.assert_allclose(got, want, **TOL)
   np.testing.assert_allclose(got, [0.1, -0.1, 0.0, 0.5], **TOL)
   np.testing.assert_allclose(
-      np.asarray(losses.deepsvdd_center(e, mask, eps=0.0)),
-      [0.05, -0.02, 0.0, 0.5], **TOL)
+    np.asarray(losses.deepsvdd_center(e, mask, eps=0.0)),
+    [0.05, -0.02, 0.0, 0.5],
+    **TOL,
+  )
 
 
 # --------------------------------------------------------------- FedAwS
@@ -196,16 +233,15 @@ def test_fedaws_positive_loss_matches_numpy(form):
   e[0] = 3.0 * w  # cos = 1: the cosine hinge is off.
   mask = np.array([1, 1, 1, 0, 1, 1, 1, 1], bool)
   with _highest():
-    got = losses.fedaws_positive_loss(e, w, margin=0.9, form=form,
-                                      mask=mask)
+    got = losses.fedaws_positive_loss(e, w, margin=0.9, form=form, mask=mask)
   want = []
   for i in range(8):
     if not mask[i]:
       want.append(0.0)
     elif form == 'cosine':
-      want.append(max(0.0, 0.9 - np_cos(e[i], w))**2)
+      want.append(max(0.0, 0.9 - np_cos(e[i], w)) ** 2)
     else:
-      want.append(np_dist(np_unit(e[i]), np_unit(w))**2)
+      want.append(np_dist(np_unit(e[i]), np_unit(w)) ** 2)
   np.testing.assert_allclose(np.asarray(got), want, **TOL)
   assert want[0] == pytest.approx(0.0, abs=1e-10) and max(want) > 0.1
 
@@ -213,11 +249,17 @@ def test_fedaws_positive_loss_matches_numpy(form):
 @pytest.mark.parametrize('form', ['cosine', 'euclidean'])
 def test_fedaws_positive_loss_gradient_finite_at_zero(form):
   w = jnp.array([1.0, 0.0, 0.0])
-  g = jax.jit(jax.grad(lambda x: jnp.sum(losses.fedaws_positive_loss(
-      x, w, form=form))))(jnp.zeros((2, 3)))
+  g = jax.jit(
+    jax.grad(lambda x: jnp.sum(losses.fedaws_positive_loss(x, w, form=form)))
+  )(jnp.zeros((2, 3)))
   assert np.isfinite(np.asarray(g)).all()
-  gw = jax.jit(jax.grad(lambda v: jnp.sum(losses.fedaws_positive_loss(
-      jnp.ones((2, 3)), v, form=form))))(jnp.zeros(3))
+  gw = jax.jit(
+    jax.grad(
+      lambda v: jnp.sum(
+        losses.fedaws_positive_loss(jnp.ones((2, 3)), v, form=form)
+      )
+    )
+  )(jnp.zeros(3))
   assert np.isfinite(np.asarray(gw)).all()
 
 
@@ -256,11 +298,13 @@ def test_feduv_loss_matches_numpy(squared):
 
 def test_feduv_loss_mask_and_zero_embedding_gradient():
   v = jnp.array([1.0, -1.0, 1.0, -1.0])
-  out = losses.feduv_loss(jnp.ones((3, 4)), v,
-                          mask=jnp.array([True, False, True]))
+  out = losses.feduv_loss(
+    jnp.ones((3, 4)), v, mask=jnp.array([True, False, True])
+  )
   assert float(out[1]) == 0.0 and float(out[0]) == pytest.approx(1.0)
   g = jax.jit(jax.grad(lambda x: jnp.sum(losses.feduv_loss(x, v))))(
-      jnp.zeros((2, 4)))
+    jnp.zeros((2, 4))
+  )
   assert np.isfinite(np.asarray(g)).all()
 
 
@@ -274,22 +318,28 @@ def ref_spreadout(w, margin, distance, reduction):
     for b in range(len(w)):
       if a == b:
         continue
-      d = np_dist(u[a], u[b]) if distance == 'euclidean' else (
-          1.0 - np_cos(u[a], u[b]))
-      total += max(0.0, margin - d)**2
+      d = (
+        np_dist(u[a], u[b])
+        if distance == 'euclidean'
+        else (1.0 - np_cos(u[a], u[b]))
+      )
+      total += max(0.0, margin - d) ** 2
       pairs += 1
   return total / pairs if reduction == 'mean' else total
 
 
-@pytest.mark.parametrize('distance, reduction', list(itertools.product(
-    ['euclidean', 'cosine'], ['sum', 'mean'])))
+@pytest.mark.parametrize(
+  'distance, reduction',
+  list(itertools.product(['euclidean', 'cosine'], ['sum', 'mean'])),
+)
 def test_spreadout_matches_numpy_double_sum(distance, reduction):
   rng = np.random.default_rng(8)
   w = rng.normal(size=(6, 4)).astype(np.float32)
   w[1] = w[0] + 0.05  # A close pair, so some hinge is on.
   with _highest():
-    got = fedaws.spreadout_regularizer(w, margin=1.2, distance=distance,
-                                       reduction=reduction)
+    got = fedaws.spreadout_regularizer(
+      w, margin=1.2, distance=distance, reduction=reduction
+    )
   want = ref_spreadout(w, 1.2, distance, reduction)
   assert want > 0
   np.testing.assert_allclose(float(got), want, **TOL)
@@ -303,17 +353,25 @@ def test_spreadout_is_the_losses_function_and_inactive_when_far():
   # Orthogonal: d = sqrt(2); margin 2 gives 2 * (2 - sqrt 2)^2 (both
   # orders of the pair).
   w = np.array([[1.0, 0.0], [0.0, 3.0]])
-  np.testing.assert_allclose(float(losses.spreadout_regularizer(w, margin=2.0)),
-                             2 * (2 - np.sqrt(2))**2, **TOL)
-  assert float(losses.spreadout_regularizer(w[:1], margin=2.0,
-                                            reduction='mean')) == 0.0
+  np.testing.assert_allclose(
+    float(losses.spreadout_regularizer(w, margin=2.0)),
+    2 * (2 - np.sqrt(2)) ** 2,
+    **TOL,
+  )
+  assert (
+    float(losses.spreadout_regularizer(w[:1], margin=2.0, reduction='mean'))
+    == 0.0
+  )
 
 
 @pytest.mark.parametrize('distance', ['euclidean', 'cosine'])
 def test_spreadout_gradient_finite_for_coincident_and_zero_rows(distance):
   w = jnp.array([[1.0, 2.0], [1.0, 2.0], [0.0, 0.0], [-1.0, 0.5]])
-  g = jax.jit(jax.grad(lambda x: losses.spreadout_regularizer(
-      x, margin=1.5, distance=distance)))(w)
+  g = jax.jit(
+    jax.grad(
+      lambda x: losses.spreadout_regularizer(x, margin=1.5, distance=distance)
+    )
+  )(w)
   assert np.isfinite(np.asarray(g)).all()
   # The non-degenerate row (3) is pushed: its gradient is nonzero.
   assert np.abs(np.asarray(g[3])).sum() > 0
@@ -329,8 +387,9 @@ def test_spreadout_bad_options():
 # --------------------------------------------------------------- proxies
 
 
-@pytest.mark.parametrize('scale, radius', [(0.0, 0.7), (0.5, 0.3),
-                                           (1.5, 2.0), (3.0, 0.0)])
+@pytest.mark.parametrize(
+  'scale, radius', [(0.0, 0.7), (0.5, 0.3), (1.5, 2.0), (3.0, 0.0)]
+)
 def test_proxy_center_distance_and_margin(scale, radius):
   center = jnp.array([0.3, -1.0, 2.0, 0.0, 0.5])
   a, m = fedmetric.proxy_center(center, radius, scale, jax.random.key(1))
@@ -348,9 +407,9 @@ def test_proxy_center_deterministic_in_key_and_traceable():
   a3, _ = fedmetric.proxy_center(c, 1.0, 2.0, jax.random.key(4))
   np.testing.assert_array_equal(np.asarray(a1), np.asarray(a2))
   assert not np.allclose(np.asarray(a1), np.asarray(a3))
-  a4, m4 = jax.jit(fedmetric.proxy_center)(c, jnp.float32(1.0),
-                                           jnp.float32(2.0),
-                                           jax.random.key(3))
+  a4, m4 = jax.jit(fedmetric.proxy_center)(
+    c, jnp.float32(1.0), jnp.float32(2.0), jax.random.key(3)
+  )
   np.testing.assert_allclose(np.asarray(a4), np.asarray(a1), **TOL)
   assert float(m4) == pytest.approx(3.0)
 
@@ -378,7 +437,7 @@ def test_proxy_center_direction_is_uniform_on_the_sphere():
   assert np.all(np.abs(u.mean(axis=0)) < 4 * np.sqrt(1 / 3 / n))
   for axis in range(3):
     counts = np.histogram(u[:, axis], bins=10, range=(-1, 1))[0]
-    chi2 = sum((c - n / 10)**2 / (n / 10) for c in counts)
+    chi2 = sum((c - n / 10) ** 2 / (n / 10) for c in counts)
     assert chi2 < 27.9, (axis, counts)
 
 
@@ -392,18 +451,21 @@ def test_local_center_and_radius_match_numpy():
   want_c = [sum(float(e[i, k]) for i in real) / len(real) for k in range(3)]
   np.testing.assert_allclose(np.asarray(c), want_c, **TOL)
   r = fedmetric.local_radius(e, c, mask)
-  assert float(r) == pytest.approx(max(np_dist(e[i], want_c) for i in real),
-                                   rel=1e-5)
+  assert float(r) == pytest.approx(
+    max(np_dist(e[i], want_c) for i in real), rel=1e-5
+  )
   full = fedmetric.local_center(e[:5])
-  np.testing.assert_allclose(np.asarray(full), e[:5].astype(np.float64).mean(0),
-                             **TOL)
+  np.testing.assert_allclose(
+    np.asarray(full), e[:5].astype(np.float64).mean(0), **TOL
+  )
 
 
 def test_local_center_and_radius_all_masked_and_single_point():
   e = jnp.ones((3, 2))
   none = jnp.zeros(3, bool)
-  np.testing.assert_array_equal(np.asarray(fedmetric.local_center(e, none)),
-                                0.0)
+  np.testing.assert_array_equal(
+    np.asarray(fedmetric.local_center(e, none)), 0.0
+  )
   assert float(fedmetric.local_radius(e, jnp.zeros(2), none)) == 0.0
   # One distinct point: radius 0, and its gradient is finite.
   g = jax.jit(jax.grad(lambda x: fedmetric.local_radius(x, jnp.ones(2))))(e)
@@ -423,14 +485,20 @@ def loop_min_hamming(v):
   return best
 
 
-@pytest.mark.parametrize('num_classes, dim', [(10, 16), (10, 32), (16, 16),
-                                              (3, 4)])
+@pytest.mark.parametrize(
+  'num_classes, dim', [(10, 16), (10, 32), (16, 16), (3, 4)]
+)
 def test_hadamard_codewords_orthogonal(num_classes, dim):
   v, dmin = feduv.codewords(num_classes, dim)
   assert v.shape == (num_classes, dim) and v.dtype == np.float32
   assert set(np.unique(v).tolist()) <= {-1.0, 1.0}
-  gram = [[sum(float(x) * float(y) for x, y in zip(v[a], v[b]))
-           for b in range(num_classes)] for a in range(num_classes)]
+  gram = [
+    [
+      sum(float(x) * float(y) for x, y in zip(v[a], v[b]))
+      for b in range(num_classes)
+    ]
+    for a in range(num_classes)
+  ]
   np.testing.assert_array_equal(np.array(gram), dim * np.eye(num_classes))
   assert dmin == loop_min_hamming(v) == dim // 2
   if num_classes < dim:  # The all-ones row is skipped: balanced rows.

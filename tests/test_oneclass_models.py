@@ -17,10 +17,13 @@ from fedjax_metric import models
 
 def _abstract_counts(model, shape):
   """{collection: #scalars} of the model's variables, without running it."""
-  variables = jax.eval_shape(model.init, jax.random.key(0),
-                             jnp.zeros((1,) + shape))
-  return {k: sum(math.prod(x.shape) for x in jax.tree.leaves(v))
-          for k, v in variables.items()}
+  variables = jax.eval_shape(
+    model.init, jax.random.key(0), jnp.zeros((1,) + shape)
+  )
+  return {
+    k: sum(math.prod(x.shape) for x in jax.tree.leaves(v))
+    for k, v in variables.items()
+  }
 
 
 def _conv(k, c_in, c_out, bias=False):
@@ -36,8 +39,9 @@ def _count(params):
 
 
 def _leaf_names(params):
-  return {path[-1].key for path, _ in jax.tree_util.tree_leaves_with_path(
-      params)}
+  return {
+    path[-1].key for path, _ in jax.tree_util.tree_leaves_with_path(params)
+  }
 
 
 def _random_variables(model, x, seed=0):
@@ -50,18 +54,21 @@ def _random_variables(model, x, seed=0):
   shapes = jax.eval_shape(model.init, jax.random.key(0), x)
   rng = np.random.default_rng(seed)
   return jax.tree.map(
-      lambda s: jnp.asarray(0.1 * rng.normal(size=s.shape), s.dtype), shapes)
+    lambda s: jnp.asarray(0.1 * rng.normal(size=s.shape), s.dtype), shapes
+  )
 
 
 # --------------------------------------------------------------- LeNet
 
 
-@pytest.mark.parametrize('shape, flat', [((28, 28, 1), 4 * 7 * 7),
-                                         ((32, 32, 3), 4 * 8 * 8)])
+@pytest.mark.parametrize(
+  'shape, flat', [((28, 28, 1), 4 * 7 * 7), ((32, 32, 3), 4 * 8 * 8)]
+)
 def test_lenet_shapes_and_hand_count(shape, flat):
   model = models.build('lenet', 10)
-  x = jnp.asarray(np.random.default_rng(0).normal(size=(3,) + shape),
-                  jnp.float32)
+  x = jnp.asarray(
+    np.random.default_rng(0).normal(size=(3,) + shape), jnp.float32
+  )
   params, state = models.split_variables(_random_variables(model, x))
   assert state == {}  # GroupNorm: no batch_stats.
   out, new_state = model.apply(params, state, x, train=True)
@@ -83,11 +90,16 @@ def test_lenet_mnist_count_is_7272():
 
 
 def test_lenet_fields_embedding_dim_bias_and_affine():
-  model = models.build('lenet', 10, embedding_dim=16, use_bias=True,
-                       norm_affine=True)
+  model = models.build(
+    'lenet', 10, embedding_dim=16, use_bias=True, norm_affine=True
+  )
   counts = _abstract_counts(model, (28, 28, 1))
-  hand = (_conv(5, 1, 8, True) + _conv(5, 8, 4, True) + _dense(196, 16, True)
-          + 2 * (8 + 4))  # GroupNorm scale + offset per channel.
+  hand = (
+    _conv(5, 1, 8, True)
+    + _conv(5, 8, 4, True)
+    + _dense(196, 16, True)
+    + 2 * (8 + 4)
+  )  # GroupNorm scale + offset per channel.
   assert counts == {'params': hand}
   x = jnp.ones((2, 28, 28, 1))
   params, state = models.split_variables(_random_variables(model, x))
@@ -101,8 +113,9 @@ def test_lenet_batch_norm_keeps_batch_stats_without_affine():
   # Running mean and variance per channel, no scale / offset.
   assert counts == {'params': 7272, 'batch_stats': 2 * (8 + 4)}
   with pytest.raises(ValueError, match='norm'):
-    models.build('lenet', 10, norm='layer').init(jax.random.key(0),
-                                                 jnp.ones((1, 28, 28, 1)))
+    models.build('lenet', 10, norm='layer').init(
+      jax.random.key(0), jnp.ones((1, 28, 28, 1))
+    )
 
 
 def test_lenet_batch_norm_ignores_masked_rows():
@@ -113,14 +126,22 @@ def test_lenet_batch_norm_ignores_masked_rows():
   params, state = models.split_variables(_random_variables(model, real))
   state = jax.tree.map(jnp.ones_like, state)  # Valid running variances.
   out_real, stats_real = model.apply(params, state, real, train=True)
-  out_pad, stats_pad = model.apply(params, state, padded, train=True,
-                                   mask=jnp.arange(5) < 3)
-  np.testing.assert_allclose(np.asarray(out_pad['embedding'][:3]),
-                             np.asarray(out_real['embedding']),
-                             rtol=1e-4, atol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(
-      np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
-               stats_pad, stats_real)
+  out_pad, stats_pad = model.apply(
+    params, state, padded, train=True, mask=jnp.arange(5) < 3
+  )
+  np.testing.assert_allclose(
+    np.asarray(out_pad['embedding'][:3]),
+    np.asarray(out_real['embedding']),
+    rtol=1e-4,
+    atol=1e-5,
+  )
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6
+    ),
+    stats_pad,
+    stats_real,
+  )
 
 
 def test_lenet_bias_free_nets_are_homogeneous():
@@ -129,23 +150,27 @@ def test_lenet_bias_free_nets_are_homogeneous():
   Without norms that is degree-1 homogeneity; non-affine GroupNorm makes the
   net scale-invariant instead. Either fails as soon as any bias exists.
   """
-  x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 28, 28, 1)),
-                  jnp.float32)
+  x = jnp.asarray(
+    np.random.default_rng(2).normal(size=(2, 28, 28, 1)), jnp.float32
+  )
   plain = models.build('lenet', 10, norm='none')
   p, s = models.split_variables(_random_variables(plain, x))
   f = lambda v: plain.apply(p, s, v, train=False)[0]['embedding']
-  np.testing.assert_allclose(np.asarray(f(3.0 * x)), 3.0 * np.asarray(f(x)),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(f(3.0 * x)), 3.0 * np.asarray(f(x)), rtol=1e-4, atol=1e-5
+  )
   grouped = models.build('lenet', 10)
   p, s = models.split_variables(_random_variables(grouped, x))
   g = lambda v: grouped.apply(p, s, v, train=False)[0]['embedding']
-  np.testing.assert_allclose(np.asarray(g(3.0 * x)), np.asarray(g(x)),
-                             rtol=1e-3, atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(g(3.0 * x)), np.asarray(g(x)), rtol=1e-3, atol=1e-4
+  )
   biased = models.build('lenet', 10, norm='none', use_bias=True)
   p, s = models.split_variables(_random_variables(biased, x))
   h = lambda v: biased.apply(p, s, v, train=False)[0]['embedding']
-  assert not np.allclose(np.asarray(h(3.0 * x)), 3.0 * np.asarray(h(x)),
-                         rtol=1e-3)
+  assert not np.allclose(
+    np.asarray(h(3.0 * x)), 3.0 * np.asarray(h(x)), rtol=1e-3
+  )
 
 
 def test_lenet_jit():
@@ -153,14 +178,17 @@ def test_lenet_jit():
   # init(key) without images works through input_shape (abstractly here).
   shapes = jax.eval_shape(model.init, jax.random.key(0))
   assert _count(shapes['params']) == 7272
-  x = jnp.asarray(np.random.default_rng(1).normal(size=(4, 28, 28, 1)),
-                  jnp.float32)
+  x = jnp.asarray(
+    np.random.default_rng(1).normal(size=(4, 28, 28, 1)), jnp.float32
+  )
   params, state = models.split_variables(_random_variables(model, x))
   run = jax.jit(lambda p, v: model.apply(p, state, v, train=True)[0])
   np.testing.assert_allclose(
-      np.asarray(run(params, x)['embedding']),
-      np.asarray(model.apply(params, state, x, train=True)[0]['embedding']),
-      rtol=1e-5, atol=1e-5)
+    np.asarray(run(params, x)['embedding']),
+    np.asarray(model.apply(params, state, x, train=True)[0]['embedding']),
+    rtol=1e-5,
+    atol=1e-5,
+  )
 
 
 # --------------------------------------------------------------- ResNet-32
@@ -192,24 +220,34 @@ def test_resnet32_full_size_hand_count():
   assert counts == {'params': hand}  # GroupNorm: no batch_stats.
   # He et al.'s ResNet-32 has 0.46M parameters with zero-padded shortcuts;
   # the 1x1 projections add 2,560 conv and 192 norm parameters.
-  conv_weights = 432 + 5 * 2 * 2304 + (4608 + 9216 + 512) + 4 * 2 * 9216 + (
-      18432 + 36864 + 2048) + 4 * 2 * 36864
+  conv_weights = (
+    432
+    + 5 * 2 * 2304
+    + (4608 + 9216 + 512)
+    + 4 * 2 * 9216
+    + (18432 + 36864 + 2048)
+    + 4 * 2 * 36864
+  )
   assert conv_weights == hand - 2 * (16 + 10 * 16 + 11 * 32 + 11 * 64)
   assert 0.46e6 < hand < 0.47e6
 
 
 def test_resnet32_small_forward_under_jit():
   model = models.build('resnet32', 10, width=8, groups=4, embedding_dim=16)
-  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, 8, 3)),
-                  jnp.float32)
+  x = jnp.asarray(
+    np.random.default_rng(1).normal(size=(2, 8, 8, 3)), jnp.float32
+  )
   params, state = models.split_variables(_random_variables(model, x))
   assert state == {}  # GroupNorm: no batch_stats.
-  out = jax.jit(lambda p, v: model.apply(p, state, v, train=True)[0])(
-      params, x)
+  out = jax.jit(lambda p, v: model.apply(p, state, v, train=True)[0])(params, x)
   assert set(out) == {'embedding', 'features'}
   assert out['embedding'].shape == (2, 16)
-  assert [f.shape for f in out['features']] == [(2, 8), (2, 8), (2, 16),
-                                                (2, 32)]
+  assert [f.shape for f in out['features']] == [
+    (2, 8),
+    (2, 8),
+    (2, 16),
+    (2, 32),
+  ]
   assert np.isfinite(np.asarray(out['embedding'])).all()
   # GroupNorm(4) in the blocks: a scale and an offset per channel.
   assert params['layer3_0']['GroupNorm_0']['scale'].shape == (32,)
@@ -218,20 +256,22 @@ def test_resnet32_small_forward_under_jit():
 @pytest.mark.parametrize('embedding_dim', [16, 32, 48])
 def test_resnet32_embedding_dim_and_projection(embedding_dim):
   # width 8: the last stage has 32 channels, so 32 needs no projection.
-  model = models.build('resnet32', 10, width=8, groups=4,
-                       embedding_dim=embedding_dim)
+  model = models.build(
+    'resnet32', 10, width=8, groups=4, embedding_dim=embedding_dim
+  )
   x = jnp.zeros((3, 8, 8, 3))
   variables = jax.eval_shape(model.init, jax.random.key(0), x)
   params, state = models.split_variables(variables)
   assert _count(params) == _resnet32_count(8, embedding_dim)
   assert ('projection' in params) == (embedding_dim != 32)
   out = jax.eval_shape(
-      lambda p: model.apply(p, state, x, train=False)[0], params)
+    lambda p: model.apply(p, state, x, train=False)[0], params
+  )
   assert out['embedding'].shape == (3, embedding_dim)
 
 
 def test_resnet32_batch_norm_has_batch_stats():
-  counts = _abstract_counts(models.build('resnet32', 10, width=4,
-                                         norm='batch'), (8, 8, 3))
-  assert 'batch_stats' in counts and counts['params'] == _resnet32_count(4,
-                                                                         64)
+  counts = _abstract_counts(
+    models.build('resnet32', 10, width=4, norm='batch'), (8, 8, 3)
+  )
+  assert 'batch_stats' in counts and counts['params'] == _resnet32_count(4, 64)

@@ -32,9 +32,11 @@ def split(num_examples, seed):
 
 def setup(num_clients_per_class=1):
   train_set, test_set = split(24, 0), split(30, 1)
-  clients = [np.flatnonzero(train_set.labels == c)[j::num_clients_per_class]
-             for j in range(num_clients_per_class)
-             for c in range(NUM_CLASSES)]
+  clients = [
+    np.flatnonzero(train_set.labels == c)[j::num_clients_per_class]
+    for j in range(num_clients_per_class)
+    for c in range(NUM_CLASSES)
+  ]
   model = models.make_model_fns(LinearEmbedding(), SHAPE)
   return train_set, test_set, clients, model
 
@@ -48,8 +50,9 @@ def kernel_of(variables):
 
 
 def sklearn_aurocs(scores, labels):
-  return [roc_auc_score(labels == c, scores[:, c])
-          for c in range(scores.shape[1])]
+  return [
+    roc_auc_score(labels == c, scores[:, c]) for c in range(scores.shape[1])
+  ]
 
 
 def check_metrics(metrics, expected):
@@ -66,17 +69,31 @@ def test_center_score_matches_sklearn():
   train_set, test_set, clients, model = setup()
   variables = model.init(jax.random.key(0))
   evaluate = oneclass.make_one_class_evaluator(
-      model, fx.identity_preprocess(), train_set, test_set, clients,
-      score='center', batch_size=7)  # Batches that do not divide N.
+    model,
+    fx.identity_preprocess(),
+    train_set,
+    test_set,
+    clients,
+    score='center',
+    batch_size=7,
+  )  # Batches that do not divide N.
   with jax.default_matmul_precision('highest'):
     metrics = evaluate(state_with(variables), ())
   k = kernel_of(variables)
   e_train, e_test = flat(train_set.images) @ k, flat(test_set.images) @ k
-  centers = [np.mean([e_train[i] for i in range(len(e_train))
-                      if train_set.labels[i] == c], axis=0)
-             for c in range(NUM_CLASSES)]
-  scores = np.array([[-np.linalg.norm(e - centers[c])
-                      for c in range(NUM_CLASSES)] for e in e_test])
+  centers = [
+    np.mean(
+      [e_train[i] for i in range(len(e_train)) if train_set.labels[i] == c],
+      axis=0,
+    )
+    for c in range(NUM_CLASSES)
+  ]
+  scores = np.array(
+    [
+      [-np.linalg.norm(e - centers[c]) for c in range(NUM_CLASSES)]
+      for e in e_test
+    ]
+  )
   check_metrics(metrics, sklearn_aurocs(scores, test_set.labels))
 
 
@@ -85,8 +102,13 @@ def test_client_models_score_uses_each_clients_own_model_and_data():
   per_client = [model.init(jax.random.key(j)) for j in range(len(clients))]
   table = {'variables': jax.tree.map(lambda *x: np.stack(x), *per_client)}
   evaluate = oneclass.make_one_class_evaluator(
-      model, fx.identity_preprocess(), train_set, test_set, clients,
-      score='client_models')
+    model,
+    fx.identity_preprocess(),
+    train_set,
+    test_set,
+    clients,
+    score='client_models',
+  )
   with jax.default_matmul_precision('highest'):
     metrics = evaluate(state_with(per_client[0]), table)
   expected = [[] for _ in range(NUM_CLASSES)]
@@ -99,20 +121,26 @@ def test_client_models_score_uses_each_clients_own_model_and_data():
   check_metrics(metrics, [np.mean(a) for a in expected])
 
 
-@pytest.mark.parametrize('score,key', [('class_embeddings', 'class_embeddings'),
-                                       ('codewords', 'codewords')])
+@pytest.mark.parametrize(
+  'score,key',
+  [('class_embeddings', 'class_embeddings'), ('codewords', 'codewords')],
+)
 def test_cosine_scores_read_the_server_extra(score, key):
   train_set, test_set, clients, model = setup()
   variables = model.init(jax.random.key(0))
   vectors = np.random.default_rng(2).normal(size=(NUM_CLASSES, DIM))
   evaluate = oneclass.make_one_class_evaluator(
-      model, fx.identity_preprocess(), train_set, test_set, clients,
-      score=score)
+    model, fx.identity_preprocess(), train_set, test_set, clients, score=score
+  )
   with jax.default_matmul_precision('highest'):
     metrics = evaluate(state_with(variables, {key: vectors}), ())
   e = flat(test_set.images) @ kernel_of(variables)
-  scores = np.array([[x @ v / (np.linalg.norm(x) * np.linalg.norm(v))
-                      for v in vectors] for x in e])
+  scores = np.array(
+    [
+      [x @ v / (np.linalg.norm(x) * np.linalg.norm(v)) for v in vectors]
+      for x in e
+    ]
+  )
   check_metrics(metrics, sklearn_aurocs(scores, test_set.labels))
 
 
@@ -122,22 +150,31 @@ def test_center_subset_keeps_at_most_k_per_class_from_held_examples():
   got = oneclass._center_subset(held, labels, 4)
   assert set(got) <= set(held)
   assert np.bincount(labels[got]).tolist() == [4, 4, 4]
-  np.testing.assert_array_equal(oneclass._center_subset(held, labels, 0),
-                                held)
+  np.testing.assert_array_equal(oneclass._center_subset(held, labels, 0), held)
   np.testing.assert_array_equal(got, oneclass._center_subset(held, labels, 4))
 
 
 def test_evaluator_errors():
   train_set, test_set, clients, model = setup()
   with pytest.raises(ValueError, match='score'):
-    oneclass.make_one_class_evaluator(model, fx.identity_preprocess(),
-                                      train_set, test_set, clients,
-                                      score='logits')
+    oneclass.make_one_class_evaluator(
+      model,
+      fx.identity_preprocess(),
+      train_set,
+      test_set,
+      clients,
+      score='logits',
+    )
   clients[1] = clients[1][:0]
   with pytest.raises(ValueError, match='Client 1 has no training data'):
-    oneclass.make_one_class_evaluator(model, fx.identity_preprocess(),
-                                      train_set, test_set, clients,
-                                      score='center')
+    oneclass.make_one_class_evaluator(
+      model,
+      fx.identity_preprocess(),
+      train_set,
+      test_set,
+      clients,
+      score='center',
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -53,8 +53,17 @@ def local_delta(w, b, x, y, steps=STEPS, lr=LR):
   return w_k - w, b_k - b
 
 
-def run_rounds(alg, rounds, *, lr=LR, steps=STEPS, model=None, parts=PARTS,
-               images=None, labels=None):
+def run_rounds(
+  alg,
+  rounds,
+  *,
+  lr=LR,
+  steps=STEPS,
+  model=None,
+  parts=PARTS,
+  images=None,
+  labels=None,
+):
   """Runs ``rounds`` (lists of client ids) under the vmap executor."""
   if images is None:
     images, labels = fx.make_data(40)
@@ -62,12 +71,20 @@ def run_rounds(alg, rounds, *, lr=LR, steps=STEPS, model=None, parts=PARTS,
   variables = fx.init_variables(model, images)
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(fx.make_spec(alg, lr=lr), data,
-                                     executor='vmap')
+  round_fn = executors.make_round_fn(
+    fx.make_spec(alg, lr=lr), data, executor='vmap'
+  )
   with jax.default_matmul_precision('highest'):
     for r, ids in enumerate(rounds):
-      c = fx.cohort(parts, ids, num_slots=len(parts), batch_size=10,
-                    epochs=steps, num_steps=steps, round_idx=r)
+      c = fx.cohort(
+        parts,
+        ids,
+        num_slots=len(parts),
+        batch_size=10,
+        epochs=steps,
+        num_steps=steps,
+        round_idx=r,
+      )
       state, table, _ = round_fn(state, table, c)
   assert round_fn.jitted._cache_size() == 1  # Cohort sizes differ: 1 compile.
   return variables, state, table, images, labels
@@ -128,26 +145,38 @@ def ref_fedau(images, labels, w, b, aggregation, *, eta, cutoff):
 def test_fedau_aggregations_match_numpy(aggregation):
   eta, cutoff = 1.5, 2
   alg = algorithms.REGISTRY['fedau'](
-      fx.linear(), server_optimizer=server(eta), aggregation=aggregation,
-      cutoff=cutoff, participation_probabilities=PROBS)
+    fx.linear(),
+    server_optimizer=server(eta),
+    aggregation=aggregation,
+    cutoff=cutoff,
+    participation_probabilities=PROBS,
+  )
   variables, state, _, images, labels = run_rounds(alg, ROUNDS)
   w, b, counters, intervals, omegas = ref_fedau(
-      images, labels, *kernel_bias(variables), aggregation, eta=eta,
-      cutoff=cutoff)
+    images, labels, *kernel_bias(variables), aggregation, eta=eta, cutoff=cutoff
+  )
   got = state.variables['params']['Dense_0']
   np.testing.assert_allclose(got['kernel'], w, atol=2e-5)
   np.testing.assert_allclose(got['bias'], b, atol=2e-5)
   extra = state.extra
   np.testing.assert_array_equal(extra['counter'], counters)
-  np.testing.assert_array_equal(extra['interval_count'],
-                                [len(i) for i in intervals])
-  np.testing.assert_array_equal(extra['interval_sum'],
-                                [sum(i) for i in intervals])
+  np.testing.assert_array_equal(
+    extra['interval_count'], [len(i) for i in intervals]
+  )
+  np.testing.assert_array_equal(
+    extra['interval_sum'], [sum(i) for i in intervals]
+  )
   if aggregation == 'adaptive':
     # The hand table of the weights that scaled the updates (K = 2), and the
     # public host helper over the same participation mask.
-    assert omegas == [{0: 1.0, 2: 1.0}, {1: 1.0}, {},
-                      {0: 1.5, 1: 2.0, 2: 1.5}, {2: 4 / 3}, {0: 4 / 3}]
+    assert omegas == [
+      {0: 1.0, 2: 1.0},
+      {1: 1.0},
+      {},
+      {0: 1.5, 1: 2.0, 2: 1.5},
+      {2: 4 / 3},
+      {0: 4 / 3},
+    ]
     mask = np.zeros((len(ROUNDS), NUM_CLIENTS), bool)
     for t, ids in enumerate(ROUNDS):
       mask[t, ids] = True
@@ -162,13 +191,18 @@ def test_fedau_average_participating_is_uniform_fedavg():
   images, labels = fx.make_data(40)
   results = []
   for make in (
-      lambda: algorithms.REGISTRY['fedau'](
-          fx.linear(), server_optimizer=server(1.0),
-          aggregation='average_participating'),
-      lambda: algorithms.REGISTRY['fedavg'](
-          fx.linear(), server_optimizer=server(1.0), weighting='uniform')):
-    _, state, _, _, _ = run_rounds(make(), ROUNDS[:4], images=images,
-                                   labels=labels)
+    lambda: algorithms.REGISTRY['fedau'](
+      fx.linear(),
+      server_optimizer=server(1.0),
+      aggregation='average_participating',
+    ),
+    lambda: algorithms.REGISTRY['fedavg'](
+      fx.linear(), server_optimizer=server(1.0), weighting='uniform'
+    ),
+  ):
+    _, state, _, _, _ = run_rounds(
+      make(), ROUNDS[:4], images=images, labels=labels
+    )
     results.append(state.variables)
   assert fx.max_abs_diff(*results) < 1e-6
 
@@ -177,12 +211,16 @@ def test_fedau_validation():
   with pytest.raises(ValueError, match='aggregation'):
     fedau.make(fx.linear(), server_optimizer=server(1.0), aggregation='mean')
   with pytest.raises(ValueError, match='participation_probabilities'):
-    fedau.make(fx.linear(), server_optimizer=server(1.0),
-               aggregation='known_prob')
+    fedau.make(
+      fx.linear(), server_optimizer=server(1.0), aggregation='known_prob'
+    )
   with pytest.raises(ValueError, match=r'\(0, 1\]'):
-    fedau.make(fx.linear(), server_optimizer=server(1.0),
-               aggregation='known_prob',
-               participation_probabilities=[0.5, 0.0, 1.0])
+    fedau.make(
+      fx.linear(),
+      server_optimizer=server(1.0),
+      aggregation='known_prob',
+      participation_probabilities=[0.5, 0.0, 1.0],
+    )
   with pytest.raises(ValueError, match='cutoff'):
     fedau.make(fx.linear(), server_optimizer=server(1.0), cutoff=0)
 
@@ -196,8 +234,7 @@ def ref_stored_updates(images, labels, w, b, method, *, eta):
   y = [(np.zeros_like(w), np.zeros_like(b)) for _ in range(NUM_CLIENTS)]
   ybar = (np.zeros_like(w), np.zeros_like(b))
   for ids in ROUNDS:
-    deltas = {n: local_delta(w, b, *client_xy(images, labels, n))
-              for n in ids}
+    deltas = {n: local_delta(w, b, *client_xy(images, labels, n)) for n in ids}
     if method == 'mifa':
       for n in ids:
         y[n] = deltas[n]
@@ -221,17 +258,20 @@ def test_stored_update_methods_match_numpy(method):
   eta = 0.8
   alg = algorithms.REGISTRY[method](fx.linear(), server_optimizer=server(eta))
   variables, state, table, images, labels = run_rounds(alg, ROUNDS)
-  w, b, y, ybar = ref_stored_updates(images, labels, *kernel_bias(variables),
-                                     method, eta=eta)
+  w, b, y, ybar = ref_stored_updates(
+    images, labels, *kernel_bias(variables), method, eta=eta
+  )
   got = state.variables['params']['Dense_0']
   np.testing.assert_allclose(got['kernel'], w, atol=2e-5)
   np.testing.assert_allclose(got['bias'], b, atol=2e-5)
   for n in range(NUM_CLIENTS):
-    np.testing.assert_allclose(table['params']['Dense_0']['kernel'][n], y[n][0],
-                               atol=2e-5)
+    np.testing.assert_allclose(
+      table['params']['Dense_0']['kernel'][n], y[n][0], atol=2e-5
+    )
   if method == 'fedvarp':
-    np.testing.assert_allclose(state.extra['ybar']['params']['Dense_0']['bias'],
-                               ybar[1], atol=2e-5)
+    np.testing.assert_allclose(
+      state.extra['ybar']['params']['Dense_0']['bias'], ybar[1], atol=2e-5
+    )
 
 
 def test_client_table_sizes_and_memory_check():
@@ -242,14 +282,17 @@ def test_client_table_sizes_and_memory_check():
   for name in ('mifa', 'fedvarp'):
     alg = algorithms.REGISTRY[name](model, server_optimizer=server(1.0))
     assert memory.client_table_bytes(alg, variables, 250) == 250 * model_bytes
-  alg = algorithms.REGISTRY['pmfl'](model, server_optimizer=server(1.0),
-                                    buffer_size=5)
+  alg = algorithms.REGISTRY['pmfl'](
+    model, server_optimizer=server(1.0), buffer_size=5
+  )
   # Five buffered models, the previous local model, two int32 counters.
   assert memory.client_table_bytes(alg, variables, 250) == 250 * (
-      6 * model_bytes + 8)
+    6 * model_bytes + 8
+  )
   with pytest.raises(memory.MemoryBudgetError, match='250 clients'):
     memory.check_client_table_fits(
-        memory.client_table_bytes(alg, variables, 250), 250, model_bytes)
+      memory.client_table_bytes(alg, variables, 250), 250, model_bytes
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -259,8 +302,9 @@ def test_client_table_sizes_and_memory_check():
 PMFL_ROUNDS = [[0], [0, 2], [], [1, 2], [0, 1, 2]]
 
 
-def ref_pmfl_server(images, labels, w, b, *, eta, cutoff, num_rounds,
-                    history, divide):
+def ref_pmfl_server(
+  images, labels, w, b, *, eta, cutoff, num_rounds, history, divide
+):
   """Algorithm 2 with explicit Q, R and Eq. 8's running mean; Eq. 10 with the
   + sign, past models averaged over those that exist (none in round 0)."""
   q, r, x = [0] * NUM_CLIENTS, [0] * NUM_CLIENTS, [0.0] * NUM_CLIENTS
@@ -280,7 +324,7 @@ def ref_pmfl_server(images, labels, w, b, *, eta, cutoff, num_rounds,
       sum_w, sum_b = sum_w + x[k] * dw, sum_b + x[k] * db
     divisor = NUM_CLIENTS if divide else 1.0
     new_w, new_b = w + eta * sum_w / divisor, b + eta * sum_b / divisor
-    available = past[:history - 1]
+    available = past[: history - 1]
     if available:
       psi = 0.5 - t / (2 * (num_rounds - 1))
       new_w = (1 - psi) * new_w + psi * np.mean([p[0] for p in available], 0)
@@ -290,36 +334,53 @@ def ref_pmfl_server(images, labels, w, b, *, eta, cutoff, num_rounds,
   return w, b, q, r, x, min(len(past), history - 1)
 
 
-@pytest.mark.parametrize('normalize,eta', [('num_clients', 1.0),
-                                           ('none', 0.3)])
+@pytest.mark.parametrize('normalize,eta', [('num_clients', 1.0), ('none', 0.3)])
 def test_pmfl_server_matches_algorithm_2(normalize, eta):
   # The linear model's representation is its input, so l_con has no
   # gradient and local training is plain SGD: this isolates the server.
   cutoff, num_rounds, history = 2, 5, 3
   alg = algorithms.REGISTRY['pmfl'](
-      fx.linear(), server_optimizer=server(eta), cutoff=cutoff,
-      num_rounds=num_rounds, history_size=history, normalize=normalize)
+    fx.linear(),
+    server_optimizer=server(eta),
+    cutoff=cutoff,
+    num_rounds=num_rounds,
+    history_size=history,
+    normalize=normalize,
+  )
   variables, state, _, images, labels = run_rounds(alg, PMFL_ROUNDS)
   w, b, q, r, x, num_past = ref_pmfl_server(
-      images, labels, *kernel_bias(variables), eta=eta, cutoff=cutoff,
-      num_rounds=num_rounds, history=history,
-      divide=normalize == 'num_clients')
+    images,
+    labels,
+    *kernel_bias(variables),
+    eta=eta,
+    cutoff=cutoff,
+    num_rounds=num_rounds,
+    history=history,
+    divide=normalize == 'num_clients',
+  )
   got = state.variables['params']['Dense_0']
   np.testing.assert_allclose(got['kernel'], w, atol=2e-5)
   np.testing.assert_allclose(got['bias'], b, atol=2e-5)
   extra = state.extra
   np.testing.assert_array_equal(extra['interval'], q)
   np.testing.assert_array_equal(extra['count'], r)
-  np.testing.assert_allclose(pmfl.adaptive_weight(
-      pmfl.AdaptiveState(extra['interval'], extra['count'],
-                         extra['interval_sum'])), x, rtol=1e-6)
+  np.testing.assert_allclose(
+    pmfl.adaptive_weight(
+      pmfl.AdaptiveState(
+        extra['interval'], extra['count'], extra['interval_sum']
+      )
+    ),
+    x,
+    rtol=1e-6,
+  )
   assert int(extra['history_count']) == num_past == 2
   # The public host helper over the same mask ends with the same weights.
   mask = np.zeros((len(PMFL_ROUNDS), NUM_CLIENTS), bool)
   for t, ids in enumerate(PMFL_ROUNDS):
     mask[t, ids] = True
-  np.testing.assert_allclose(pmfl.adaptive_weights(mask, cutoff=cutoff)[-1],
-                             x, rtol=1e-6)
+  np.testing.assert_allclose(
+    pmfl.adaptive_weights(mask, cutoff=cutoff)[-1], x, rtol=1e-6
+  )
 
 
 def test_pmfl_update_moves_towards_the_local_model():
@@ -327,8 +388,9 @@ def test_pmfl_update_moves_towards_the_local_model():
   round 0 (x = Q* = 1), no history yet, eta_g = 1 and the printed form
   (no 1 / N), the new global model IS the client's local model; the
   printed minus sign would give 2 W^0 - w_local."""
-  alg = algorithms.REGISTRY['pmfl'](fx.linear(), server_optimizer=server(1.0),
-                                    normalize='none')
+  alg = algorithms.REGISTRY['pmfl'](
+    fx.linear(), server_optimizer=server(1.0), normalize='none'
+  )
   variables, state, _, images, labels = run_rounds(alg, [[1]])
   w0, b0 = kernel_bias(variables)
   dw, db = local_delta(w0, b0, *client_xy(images, labels, 1))
@@ -340,13 +402,20 @@ def test_pmfl_update_moves_towards_the_local_model():
 
 def test_pmfl_participant_weight_equals_adaptive_step():
   rng = np.random.default_rng(1)
-  extra = {'interval': jnp.asarray(rng.integers(0, 9, 6), jnp.int32),
-           'count': jnp.asarray(rng.integers(0, 4, 6), jnp.int32)}
+  extra = {
+    'interval': jnp.asarray(rng.integers(0, 9, 6), jnp.int32),
+    'count': jnp.asarray(rng.integers(0, 4, 6), jnp.int32),
+  }
   extra['interval_sum'] = extra['count'] * 3 + jnp.asarray(
-      rng.integers(0, 3, 6), jnp.int32)
+    rng.integers(0, 3, 6), jnp.int32
+  )
   _, x = pmfl.adaptive_step(
-      pmfl.AdaptiveState(extra['interval'], extra['count'],
-                         extra['interval_sum']), np.ones(6, bool), cutoff=50)
+    pmfl.AdaptiveState(
+      extra['interval'], extra['count'], extra['interval_sum']
+    ),
+    np.ones(6, bool),
+    cutoff=50,
+  )
   got = jax.vmap(lambda k: pmfl.participant_weight(extra, k))(jnp.arange(6))
   np.testing.assert_allclose(got, x, rtol=1e-6)
 
@@ -363,14 +432,22 @@ class TinyProjection(nn.Module):
   def __call__(self, images, *, train, mask=None):
     del train, mask
     z = nn.Dense(4, name='proj')(images.reshape(images.shape[0], -1))
-    return {'logits': nn.Dense(fx.NUM_CLASSES, name='head')(z),
-            'embedding': z, 'projection': z, 'features': []}
+    return {
+      'logits': nn.Dense(fx.NUM_CLASSES, name='head')(z),
+      'embedding': z,
+      'projection': z,
+      'features': [],
+    }
 
 
 def np_params(variables):
   p = variables['params']
-  names = {'A': ('proj', 'kernel'), 'a': ('proj', 'bias'),
-           'B': ('head', 'kernel'), 'b': ('head', 'bias')}
+  names = {
+    'A': ('proj', 'kernel'),
+    'a': ('proj', 'bias'),
+    'B': ('head', 'kernel'),
+    'b': ('head', 'bias'),
+  }
   return {k: np.asarray(p[m][n], np.float64) for k, (m, n) in names.items()}
 
 
@@ -387,8 +464,9 @@ def np_loss(p, x, y, z_global, z_buffer, positive, lam, tau):
   z = np_z(p, x)
   logits = z @ p['B'] + p['b']
   m = logits.max(1, keepdims=True)
-  ce = np.mean(np.log(np.exp(logits - m).sum(1)) + m[:, 0]
-               - logits[np.arange(len(y)), y])
+  ce = np.mean(
+    np.log(np.exp(logits - m).sum(1)) + m[:, 0] - logits[np.arange(len(y)), y]
+  )
   con = []
   for i in range(len(x)):
     pos = np.exp(np_cos(z[i], z_global[i]) / tau)
@@ -417,8 +495,21 @@ def np_grad(f, p, h=1e-6):
   return grad
 
 
-def ref_pmfl_client(p_global, previous, buffer, x, y, *, threshold, steps,
-                    lr, lam, tau, size, counts):
+def ref_pmfl_client(
+  p_global,
+  previous,
+  buffer,
+  x,
+  y,
+  *,
+  threshold,
+  steps,
+  lr,
+  lam,
+  tau,
+  size,
+  counts,
+):
   """One node's round: Algorithm 1 with the buffer {w^{tE+e-N} ..
   w^{tE+e-1}} (the pre-step models, kept across rounds)."""
   p = dict(p_global)
@@ -438,8 +529,9 @@ def ref_pmfl_client(p_global, previous, buffer, x, y, *, threshold, steps,
       positive.append([np_cos(z_now[i], zb[i]) >= mu for zb in z_buffer])
       counts['positive'] += sum(positive[-1])
       counts['negative'] += len(z_buffer) - sum(positive[-1])
-    grad = np_grad(lambda q: np_loss(q, x, y, z_global, z_buffer, positive,
-                                     lam, tau), p)
+    grad = np_grad(
+      lambda q: np_loss(q, x, y, z_global, z_buffer, positive, lam, tau), p
+    )
     buffer = (buffer + [p])[-size:]
     p = {k: p[k] - lr * grad[k] for k in p}
   return p, buffer
@@ -453,16 +545,30 @@ def test_pmfl_client_rounds_match_finite_difference_reference(threshold):
   rounds = [[0], [0, 1]]
   model = models.make_model_fns(TinyProjection(), fx.INPUT_SHAPE)
   alg = algorithms.REGISTRY['pmfl'](
-      model, server_optimizer=server(1.0), contrastive_weight=lam,
-      temperature=tau, buffer_size=size, threshold=threshold,
-      num_rounds=num_rounds)
+    model,
+    server_optimizer=server(1.0),
+    contrastive_weight=lam,
+    temperature=tau,
+    buffer_size=size,
+    threshold=threshold,
+    num_rounds=num_rounds,
+  )
   variables, state, table, _, _ = run_rounds(
-      alg, rounds, lr=lr, steps=steps, model=model, parts=parts,
-      images=images, labels=labels)
+    alg,
+    rounds,
+    lr=lr,
+    steps=steps,
+    model=model,
+    parts=parts,
+    images=images,
+    labels=labels,
+  )
 
   def xy(k):
-    return (images[parts[k]].reshape(len(parts[k]), -1).astype(np.float64)
-            / 255, labels[parts[k]])
+    return (
+      images[parts[k]].reshape(len(parts[k]), -1).astype(np.float64) / 255,
+      labels[parts[k]],
+    )
 
   counts = {'positive': 0, 'negative': 0}
   history, previous, buffers = [], [None, None], [[], []]
@@ -472,8 +578,18 @@ def test_pmfl_client_rounds_match_finite_difference_reference(threshold):
     total = dict.fromkeys(w, 0.0)
     for slot, k in enumerate(ids):
       end, buffers[k] = ref_pmfl_client(
-          w, previous[k], buffers[k], *xy(k), threshold=threshold,
-          steps=steps, lr=lr, lam=lam, tau=tau, size=size, counts=counts)
+        w,
+        previous[k],
+        buffers[k],
+        *xy(k),
+        threshold=threshold,
+        steps=steps,
+        lr=lr,
+        lam=lam,
+        tau=tau,
+        size=size,
+        counts=counts,
+      )
       previous[k] = end
       total = {n: total[n] + x_weights[t][slot] * (end[n] - w[n]) for n in w}
     new = {n: w[n] + total[n] / len(parts) for n in w}
@@ -489,22 +605,36 @@ def test_pmfl_client_rounds_match_finite_difference_reference(threshold):
   # Rows: each node's buffer holds its last `size` pre-step models.
   for k in range(2):
     assert int(table['fill'][k]) == size
-    rows = [np_params(jax.tree.map(lambda leaf: leaf[k], slot))
-            for slot in table['buffer']]
+    rows = [
+      np_params(jax.tree.map(lambda leaf: leaf[k], slot))
+      for slot in table['buffer']
+    ]
     for ref in buffers[k]:
-      assert min(max(np.abs(r[n] - ref[n]).max() for n in ref)
-                 for r in rows) < 1e-4
+      assert (
+        min(max(np.abs(r[n] - ref[n]).max() for n in ref) for r in rows) < 1e-4
+      )
   if threshold != 'start':
     assert counts['positive'] > 0 and counts['negative'] > 0, counts
   else:
     assert counts['positive'] == 0  # mu = 1: every buffered model negative.
   if threshold == 'previous':  # The term is active: lambda = 0 differs.
     plain = algorithms.REGISTRY['pmfl'](
-        model, server_optimizer=server(1.0), contrastive_weight=0.0,
-        buffer_size=size, num_rounds=num_rounds)
+      model,
+      server_optimizer=server(1.0),
+      contrastive_weight=0.0,
+      buffer_size=size,
+      num_rounds=num_rounds,
+    )
     _, plain_state, _, _, _ = run_rounds(
-        plain, rounds, lr=lr, steps=steps, model=model, parts=parts,
-        images=images, labels=labels)
+      plain,
+      rounds,
+      lr=lr,
+      steps=steps,
+      model=model,
+      parts=parts,
+      images=images,
+      labels=labels,
+    )
     assert fx.max_abs_diff(plain_state.variables, state.variables) > 1e-3
 
 
@@ -515,15 +645,25 @@ def test_pmfl_loss_gradient_finite_with_empty_buffer_and_zero_model():
   variables = jax.tree.map(jnp.zeros_like, fx.init_variables(model, images))
   state, table = engine.init_state(alg, variables, 1)
   row = jax.tree.map(lambda t: t[0], table)
-  batch = engine.Batch(jnp.asarray(images, jnp.float32) / 255,
-                       jnp.asarray(labels), jnp.ones(8, bool),
-                       jnp.asarray(images))
+  batch = engine.Batch(
+    jnp.asarray(images, jnp.float32) / 255,
+    jnp.asarray(labels),
+    jnp.ones(8, bool),
+    jnp.asarray(images),
+  )
   ctx = engine.ClientContext(
-      server_state=state, client_row=row, local_state=None,
-      client_id=jnp.int32(0), slot=jnp.int32(0), key=jax.random.key(0),
-      step=jnp.int32(0), learning_rate=jnp.float32(0.1),
-      num_steps=jnp.float32(1), num_examples=jnp.float32(8),
-      scan_batches=None)
+    server_state=state,
+    client_row=row,
+    local_state=None,
+    client_id=jnp.int32(0),
+    slot=jnp.int32(0),
+    key=jax.random.key(0),
+    step=jnp.int32(0),
+    learning_rate=jnp.float32(0.1),
+    num_steps=jnp.float32(1),
+    num_examples=jnp.float32(8),
+    scan_batches=None,
+  )
   _, local = alg.client_begin(ctx)
   ctx = ctx._replace(local_state=local)
   params, model_state = models.split_variables(variables)
@@ -531,18 +671,28 @@ def test_pmfl_loss_gradient_finite_with_empty_buffer_and_zero_model():
   @jax.jit
   def grads(params, fill):
     ctx_fill = ctx._replace(local_state=dict(local, fill=fill))
-    return jax.grad(lambda q: alg.client_loss(q, model_state, batch,
-                                              ctx_fill)[0])(params)
+    return jax.grad(
+      lambda q: alg.client_loss(q, model_state, batch, ctx_fill)[0]
+    )(params)
 
   for fill in (0, 3):  # Empty buffer; zero models in three slots.
     leaves = jax.tree.leaves(grads(params, jnp.int32(fill)))
     assert all(np.all(np.isfinite(g)) for g in leaves)
 
 
-@pytest.mark.parametrize('name,value', [
-    ('threshold', 'mean'), ('normalize', 'sum'), ('buffer_size', 0),
-    ('history_size', 0), ('cutoff', 0), ('temperature', 0.0),
-    ('contrastive_weight', -1.0), ('num_rounds', 0)])
+@pytest.mark.parametrize(
+  'name,value',
+  [
+    ('threshold', 'mean'),
+    ('normalize', 'sum'),
+    ('buffer_size', 0),
+    ('history_size', 0),
+    ('cutoff', 0),
+    ('temperature', 0.0),
+    ('contrastive_weight', -1.0),
+    ('num_rounds', 0),
+  ],
+)
 def test_pmfl_validation(name, value):
   with pytest.raises(ValueError, match=name):
     pmfl.make(fx.linear(), server_optimizer=server(1.0), **{name: value})

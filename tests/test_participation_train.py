@@ -27,29 +27,45 @@ NUM_CLIENTS, NUM_ROUNDS = 6, 8
 
 def make_recorder(model, *, server_optimizer, weighting, num_rounds):
   """FedAvg that records [T, N] participants and [T] 'model unchanged'."""
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )
 
   def init_extra(variables, num_clients, key):
     del variables, key
-    return {'seen': jnp.zeros((num_rounds, num_clients), jnp.int32),
-            'unchanged': jnp.zeros((num_rounds,), jnp.int32)}
+    return {
+      'seen': jnp.zeros((num_rounds, num_clients), jnp.int32),
+      'unchanged': jnp.zeros((num_rounds,), jnp.int32),
+    }
 
   def server_update(server_state, aggregate, client_table):
     new = base.server_update(server_state, aggregate, client_table)
     extra = server_state.extra
     t = server_state.round
     seen = fedau.participation_vector(aggregate, extra['seen'].shape[1])
-    same = jnp.all(jnp.stack([jnp.all(a == b) for a, b in zip(
-        jax.tree.leaves(new.variables),
-        jax.tree.leaves(server_state.variables), strict=True)]))
-    return new._replace(extra={
+    same = jnp.all(
+      jnp.stack(
+        [
+          jnp.all(a == b)
+          for a, b in zip(
+            jax.tree.leaves(new.variables),
+            jax.tree.leaves(server_state.variables),
+            strict=True,
+          )
+        ]
+      )
+    )
+    return new._replace(
+      extra={
         'seen': extra['seen'].at[t].set(seen.astype(jnp.int32)),
-        'unchanged': extra['unchanged'].at[t].set(same.astype(jnp.int32))})
+        'unchanged': extra['unchanged'].at[t].set(same.astype(jnp.int32)),
+      }
+    )
 
   return base._replace(
-      init_server=fedavg.make_init_server(server_optimizer, init_extra),
-      server_update=server_update)
+    init_server=fedavg.make_init_server(server_optimizer, init_extra),
+    server_update=server_update,
+  )
 
 
 def bernoulli_config(executor):
@@ -65,14 +81,15 @@ def bernoulli_config(executor):
   config.num_devices = 1  # C = the most active round, not a multiple of 4.
   config.checkpoint_every = NUM_ROUNDS
   config.eval_every = NUM_ROUNDS
-  config.eval_train_examples = 10 ** 6  # More than digits has: all of it.
+  config.eval_train_examples = 10**6  # More than digits has: all of it.
   config.progress = False
   return config
 
 
 def final_server_state(workdir):
-  with ocp.CheckpointManager(os.path.join(os.path.abspath(workdir),
-                                          'checkpoints')) as manager:
+  with ocp.CheckpointManager(
+    os.path.join(os.path.abspath(workdir), 'checkpoints')
+  ) as manager:
     return manager.restore(manager.latest_step())['server_state']
 
 
@@ -103,8 +120,9 @@ def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
 
   extra = final_server_state(tmp_path)['extra']
   np.testing.assert_array_equal(np.asarray(extra['seen']), mask)
-  np.testing.assert_array_equal(np.asarray(extra['unchanged']),
-                                mask.sum(1) == 0)
+  np.testing.assert_array_equal(
+    np.asarray(extra['unchanged']), mask.sum(1) == 0
+  )
   assert summary['num_slots'] == mask.sum(1).max()
   round_fn = made[0]
   if executor == 'vmap':
@@ -117,15 +135,18 @@ def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
     data = sources.load('digits', 'train')
     mean, std = augment.channel_stats(data.images)
     images = augment.make_preprocess(mean, std, 'none')(
-        jnp.asarray(data.images), None)
-    model = train.build_model(config.model, data.num_classes,
-                              data.images.shape[1:])
+      jnp.asarray(data.images), None
+    )
+    model = train.build_model(
+      config.model, data.num_classes, data.images.shape[1:]
+    )
     variables = final_server_state(tmp_path)['variables']
     params = variables['params']
     state = {k: v for k, v in variables.items() if k != 'params'}
     outputs, _ = model.apply(params, state, images, train=False)
-    accuracy = np.mean(np.argmax(np.asarray(outputs['logits']), 1)
-                       == data.labels)
+    accuracy = np.mean(
+      np.argmax(np.asarray(outputs['logits']), 1) == data.labels
+    )
     assert summary['train_accuracy'] == pytest.approx(accuracy, abs=1e-6)
     assert 'train_eval_loss' in summary
 
@@ -140,7 +161,8 @@ def test_train_subset_is_fixed_and_sized(tmp_path):
   second = train.run(config, str(tmp_path / 'b'))
   # 100 examples: accuracy is a multiple of 1 / 100, and the same subset.
   assert first['train_accuracy'] * 100 == pytest.approx(
-      round(first['train_accuracy'] * 100), abs=1e-6)
+    round(first['train_accuracy'] * 100), abs=1e-6
+  )
   assert first['train_accuracy'] == second['train_accuracy']
   config.eval_train_examples = -1
   with pytest.raises(ValueError, match='eval_train_examples'):
@@ -150,10 +172,20 @@ def test_train_subset_is_fixed_and_sized(tmp_path):
 def test_build_algorithm_passes_run_facts(monkeypatch):
   received = {}
 
-  def factory(model, *, server_optimizer, weighting, num_rounds,
-              participation_probabilities, knob=0):
-    received.update(num_rounds=num_rounds, knob=knob,
-                    probabilities=participation_probabilities)
+  def factory(
+    model,
+    *,
+    server_optimizer,
+    weighting,
+    num_rounds,
+    participation_probabilities,
+    knob=0,
+  ):
+    received.update(
+      num_rounds=num_rounds,
+      knob=knob,
+      probabilities=participation_probabilities,
+    )
     return fedavg.make(model, server_optimizer=server_optimizer)
 
   monkeypatch.setitem(algorithms.REGISTRY, 'facts', factory)

@@ -17,15 +17,19 @@ from fedjax_metric.algorithms import fedau, pmfl
 
 # Two clients, nine rounds (1 = participates). Client 0 hits the cutoff
 # K = C = 3 after round 4; client 1 hits it before it ever participates.
-HAND_MASK = np.array([[1, 0, 0, 1, 1, 0, 0, 0, 1],
-                      [0, 0, 0, 0, 1, 0, 1, 1, 1]], bool).T  # [T=9, N=2]
+HAND_MASK = np.array(
+  [[1, 0, 0, 1, 1, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0, 1, 1, 1]], bool
+).T  # [T=9, N=2]
 
 
 def random_masks():
   rng = np.random.default_rng(0)
   p = np.array([0.02, 0.05, 0.1, 0.3, 0.6, 0.9, 1.0, 0.15])
-  return [rng.random((300, p.size)) < p,
-          np.zeros((40, 3), bool), np.ones((40, 3), bool)]
+  return [
+    rng.random((300, p.size)) < p,
+    np.zeros((40, 3), bool),
+    np.ones((40, 3), bool),
+  ]
 
 
 # ---------------------------------------------------------------------------
@@ -55,8 +59,11 @@ def ref_fedau(mask, cutoff):
 @pytest.mark.parametrize('cutoff', [1, 3, 50, None])
 def test_fedau_matches_list_reference(cutoff):
   for mask in random_masks():
-    np.testing.assert_allclose(fedau.interval_weights(mask, cutoff=cutoff),
-                               ref_fedau(mask, cutoff), rtol=1e-6)
+    np.testing.assert_allclose(
+      fedau.interval_weights(mask, cutoff=cutoff),
+      ref_fedau(mask, cutoff),
+      rtol=1e-6,
+    )
 
 
 # Hand derivation, K = 3 (T_n = completed intervals, c = counter):
@@ -68,13 +75,15 @@ def test_fedau_matches_list_reference(cutoff):
 #           t4 P: mean[3] = 3 (not 1: T is no longer empty); T=[3,2]
 #           t5 N c=1   t6 P: mean[3,2] = 2.5; T=[3,2,2]
 #           t7 P: mean[3,2,2] = 7/3; T=[3,2,2,1]   t8 P: mean = 8/4 = 2
-FEDAU_HAND = np.array([[1, 0, 0, 1, 2, 0, 0, 0, 2],
-                       [0, 0, 0, 0, 3, 0, 2.5, 7 / 3, 2]]).T
+FEDAU_HAND = np.array(
+  [[1, 0, 0, 1, 2, 0, 0, 0, 2], [0, 0, 0, 0, 3, 0, 2.5, 7 / 3, 2]]
+).T
 
 
 def test_fedau_hand_table():
-  np.testing.assert_allclose(fedau.interval_weights(HAND_MASK, cutoff=3),
-                             FEDAU_HAND, rtol=1e-6)
+  np.testing.assert_allclose(
+    fedau.interval_weights(HAND_MASK, cutoff=3), FEDAU_HAND, rtol=1e-6
+  )
 
 
 def test_fedau_hand_table_without_cutoff():
@@ -82,10 +91,12 @@ def test_fedau_hand_table_without_cutoff():
   # client 0: 1, 1, mean[1,3] = 2, then t8: mean[1,3,1] = 5/3
   # client 1: t4 first participation -> 1; T=[5]; t6 -> 5; T=[5,2];
   #           t7 -> 3.5; T=[5,2,1]; t8 -> 8/3
-  expected = np.array([[1, 0, 0, 1, 2, 0, 0, 0, 5 / 3],
-                       [0, 0, 0, 0, 1, 0, 5, 3.5, 8 / 3]]).T
-  np.testing.assert_allclose(fedau.interval_weights(HAND_MASK, cutoff=None),
-                             expected, rtol=1e-6)
+  expected = np.array(
+    [[1, 0, 0, 1, 2, 0, 0, 0, 5 / 3], [0, 0, 0, 0, 1, 0, 5, 3.5, 8 / 3]]
+  ).T
+  np.testing.assert_allclose(
+    fedau.interval_weights(HAND_MASK, cutoff=None), expected, rtol=1e-6
+  )
 
 
 def test_fedau_step_under_jit_matches_hand_table():
@@ -131,8 +142,11 @@ def ref_pmfl(mask, cutoff):
 @pytest.mark.parametrize('cutoff', [1, 3, 50, None])
 def test_pmfl_matches_algorithm_2_reference(cutoff):
   for mask in random_masks():
-    np.testing.assert_allclose(pmfl.adaptive_weights(mask, cutoff=cutoff),
-                               ref_pmfl(mask, cutoff), rtol=1e-6)
+    np.testing.assert_allclose(
+      pmfl.adaptive_weights(mask, cutoff=cutoff),
+      ref_pmfl(mask, cutoff),
+      rtol=1e-6,
+    )
 
 
 # Hand derivation, C = 3 (Q interval, R count, x weight; x starts at 0):
@@ -144,13 +158,18 @@ def test_pmfl_matches_algorithm_2_reference(cutoff):
 #         t3 Q=1 x=3   t4 Q=2 P: x=(3+2)/2 = 2.5; R=2   t5 Q=1 x=2.5
 #         t6 Q=2 P: x=(2*2.5+2)/3 = 7/3; R=3   t7 Q=1 P: x=(7+1)/4 = 2; R=4
 #         t8 Q=1 P: x=(4*2+1)/5 = 9/5
-PMFL_HAND = np.array([[1, 1, 1, 2, 5 / 3, 5 / 3, 5 / 3, 2, 9 / 5],
-                      [0, 0, 3, 3, 2.5, 2.5, 7 / 3, 2, 9 / 5]]).T
+PMFL_HAND = np.array(
+  [
+    [1, 1, 1, 2, 5 / 3, 5 / 3, 5 / 3, 2, 9 / 5],
+    [0, 0, 3, 3, 2.5, 2.5, 7 / 3, 2, 9 / 5],
+  ]
+).T
 
 
 def test_pmfl_hand_table():
-  np.testing.assert_allclose(pmfl.adaptive_weights(HAND_MASK, cutoff=3),
-                             PMFL_HAND, rtol=1e-6)
+  np.testing.assert_allclose(
+    pmfl.adaptive_weights(HAND_MASK, cutoff=3), PMFL_HAND, rtol=1e-6
+  )
 
 
 def test_pmfl_step_under_jit_matches_hand_table():
@@ -211,8 +230,9 @@ def ref_pmfl_loss(z, z_global, z_buffer, buffer_mask, mu, tau):
 
 
 def total_loss(z, z_global, z_buffer, mu, buffer_mask):
-  return losses.pmfl_contrastive_loss(z, z_global, z_buffer, buffer_mask,
-                                      mu).sum()
+  return losses.pmfl_contrastive_loss(
+    z, z_global, z_buffer, buffer_mask, mu
+  ).sum()
 
 
 grad_all = jax.jit(jax.grad(total_loss, argnums=(0, 1, 2, 3)))
@@ -230,21 +250,33 @@ def random_loss_inputs(seed, batch=6, dim=5, slots=4):
     sims = [np_cos(z[i], z_buffer[j, i]) for j in range(slots)]
     while min(abs(s - mu[i]) for s in sims) < 1e-3:
       mu[i] += 2e-3
-  return (z.astype(np.float32), z_global.astype(np.float32),
-          z_buffer.astype(np.float32), mu.astype(np.float32))
+  return (
+    z.astype(np.float32),
+    z_global.astype(np.float32),
+    z_buffer.astype(np.float32),
+    mu.astype(np.float32),
+  )
 
 
 # Jitted once per shape: eager dispatch of every small op is what costs time.
-pmfl_loss = jax.jit(losses.pmfl_contrastive_loss,
-                    static_argnames=('temperature',))
+pmfl_loss = jax.jit(
+  losses.pmfl_contrastive_loss, static_argnames=('temperature',)
+)
 
 
 def jax_loss(z, z_global, z_buffer, buffer_mask, mu, tau, mask=None):
   with jax.default_matmul_precision('highest'):
-    return np.asarray(pmfl_loss(
-        jnp.asarray(z), jnp.asarray(z_global), jnp.asarray(z_buffer),
-        jnp.asarray(buffer_mask), jnp.asarray(mu), temperature=tau,
-        mask=mask))
+    return np.asarray(
+      pmfl_loss(
+        jnp.asarray(z),
+        jnp.asarray(z_global),
+        jnp.asarray(z_buffer),
+        jnp.asarray(buffer_mask),
+        jnp.asarray(mu),
+        temperature=tau,
+        mask=mask,
+      )
+    )
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
@@ -253,8 +285,12 @@ def test_pmfl_loss_matches_numpy_loop(seed, tau):
   z, z_global, z_buffer, mu = random_loss_inputs(seed)
   buffer_mask = np.array([True, False, True, True])
   expected = ref_pmfl_loss(z, z_global, z_buffer, buffer_mask, mu, tau)
-  np.testing.assert_allclose(jax_loss(z, z_global, z_buffer, buffer_mask, mu,
-                                      tau), expected, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(
+    jax_loss(z, z_global, z_buffer, buffer_mask, mu, tau),
+    expected,
+    rtol=2e-5,
+    atol=2e-5,
+  )
 
 
 def test_pmfl_loss_inputs_exercise_both_sets():
@@ -263,8 +299,11 @@ def test_pmfl_loss_inputs_exercise_both_sets():
   signs = []
   for seed in [0, 1, 2]:
     z, _, z_buffer, mu = random_loss_inputs(seed)
-    signs += [np_cos(z[i], z_buffer[j, i]) >= mu[i]
-              for i in range(len(z)) for j in range(len(z_buffer))]
+    signs += [
+      np_cos(z[i], z_buffer[j, i]) >= mu[i]
+      for i in range(len(z))
+      for j in range(len(z_buffer))
+    ]
   assert 0 < sum(signs) < len(signs)
 
 
@@ -275,21 +314,34 @@ def test_pmfl_loss_all_negative_is_moon_with_buffer_negatives():
   mu = np.full(len(z), 2.0, np.float32)
   buffer_mask = np.array([True, True, False, True])
   with jax.default_matmul_precision('highest'):
-    moon = np.asarray(jax.jit(losses.moon_contrastive_loss)(
-        jnp.asarray(z), jnp.asarray(z_global),
-        jnp.asarray(z_buffer[buffer_mask])))  # its default tau is 0.5
-  np.testing.assert_allclose(jax_loss(z, z_global, z_buffer, buffer_mask, mu,
-                                      0.5), moon, rtol=2e-5, atol=2e-5)
+    moon = np.asarray(
+      jax.jit(losses.moon_contrastive_loss)(
+        jnp.asarray(z),
+        jnp.asarray(z_global),
+        jnp.asarray(z_buffer[buffer_mask]),
+      )
+    )  # its default tau is 0.5
+  np.testing.assert_allclose(
+    jax_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5),
+    moon,
+    rtol=2e-5,
+    atol=2e-5,
+  )
 
 
 def test_pmfl_loss_empty_buffer_is_zero():
   z, z_global, z_buffer, mu = random_loss_inputs(4)
   buffer_mask = np.zeros(len(z_buffer), bool)
-  np.testing.assert_array_equal(jax_loss(z, z_global, z_buffer, buffer_mask,
-                                         mu, 0.5), 0.0)
-  grads = grad_all(jnp.asarray(z), jnp.asarray(z_global),
-                   jnp.asarray(z_buffer), jnp.asarray(mu),
-                   jnp.asarray(buffer_mask))[0]
+  np.testing.assert_array_equal(
+    jax_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5), 0.0
+  )
+  grads = grad_all(
+    jnp.asarray(z),
+    jnp.asarray(z_global),
+    jnp.asarray(z_buffer),
+    jnp.asarray(mu),
+    jnp.asarray(buffer_mask),
+  )[0]
   np.testing.assert_array_equal(np.asarray(grads), 0.0)
 
 
@@ -298,22 +350,30 @@ def test_pmfl_loss_ties_are_positives():
   eye = np.eye(4, dtype=np.float32)
   z = np.stack([eye[0], eye[1]])
   z_global = np.stack([eye[2], eye[1]])
-  z_buffer = np.stack([np.stack([eye[0], eye[0]]),    # sims 1, 0
-                       np.stack([eye[1], -eye[1]]),   # sims 0, -1
-                       np.stack([-eye[0], eye[1]])])  # sims -1, 1
+  z_buffer = np.stack(
+    [
+      np.stack([eye[0], eye[0]]),  # sims 1, 0
+      np.stack([eye[1], -eye[1]]),  # sims 0, -1
+      np.stack([-eye[0], eye[1]]),
+    ]
+  )  # sims -1, 1
   buffer_mask = np.ones(3, bool)
   for mu in ([0.0, 0.0], [1.0, 1.0], [1e-6, -1.0], [-1.0, 1e-6]):
     mu = np.array(mu, np.float32)
     np.testing.assert_allclose(
-        jax_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5),
-        ref_pmfl_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5),
-        rtol=1e-6, atol=1e-6)
+      jax_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5),
+      ref_pmfl_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5),
+      rtol=1e-6,
+      atol=1e-6,
+    )
   # A tie (mu = 0 on a similarity of exactly 0) changes the loss compared
   # with a threshold just above it.
-  at = jax_loss(z, z_global, z_buffer, buffer_mask,
-                np.zeros(2, np.float32), 0.5)
-  above = jax_loss(z, z_global, z_buffer, buffer_mask,
-                   np.full(2, 1e-6, np.float32), 0.5)
+  at = jax_loss(
+    z, z_global, z_buffer, buffer_mask, np.zeros(2, np.float32), 0.5
+  )
+  above = jax_loss(
+    z, z_global, z_buffer, buffer_mask, np.full(2, 1e-6, np.float32), 0.5
+  )
   assert np.all(at < above - 1e-3)
 
 
@@ -322,12 +382,11 @@ def test_pmfl_loss_padding_mask():
   buffer_mask = np.ones(len(z_buffer), bool)
   full = jax_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5)
   mask = np.array([True, False, True, True, False, True])
-  masked = jax_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5,
-                    mask=jnp.asarray(mask))
+  masked = jax_loss(
+    z, z_global, z_buffer, buffer_mask, mu, 0.5, mask=jnp.asarray(mask)
+  )
   np.testing.assert_array_equal(masked[~mask], 0.0)
   np.testing.assert_allclose(masked[mask], full[mask], rtol=1e-6)
-
-
 
 
 def test_pmfl_loss_gradients_finite_at_zero_vectors():
@@ -349,9 +408,15 @@ def test_pmfl_loss_gradient_matches_finite_differences():
   z, z_global, z_buffer, mu = random_loss_inputs(7, batch=3, dim=4, slots=3)
   buffer_mask = np.array([True, True, False])
   with jax.default_matmul_precision('highest'):
-    grad = np.asarray(grad_all(
-        jnp.asarray(z), jnp.asarray(z_global), jnp.asarray(z_buffer),
-        jnp.asarray(mu), jnp.asarray(buffer_mask))[0])
+    grad = np.asarray(
+      grad_all(
+        jnp.asarray(z),
+        jnp.asarray(z_global),
+        jnp.asarray(z_buffer),
+        jnp.asarray(mu),
+        jnp.asarray(buffer_mask),
+      )[0]
+    )
   h = 1e-6
   numeric = np.zeros(z.shape)
   z64 = z.astype(np.float64)
@@ -360,8 +425,8 @@ def test_pmfl_loss_gradient_matches_finite_differences():
     plus[idx] += h
     minus[idx] -= h
     numeric[idx] = (
-        ref_pmfl_loss(plus, z_global, z_buffer, buffer_mask, mu, 0.5).sum()
-        - ref_pmfl_loss(minus, z_global, z_buffer, buffer_mask, mu, 0.5).sum()
+      ref_pmfl_loss(plus, z_global, z_buffer, buffer_mask, mu, 0.5).sum()
+      - ref_pmfl_loss(minus, z_global, z_buffer, buffer_mask, mu, 0.5).sum()
     ) / (2 * h)
   np.testing.assert_allclose(grad, numeric, rtol=1e-3, atol=1e-4)
 
@@ -371,8 +436,10 @@ def test_pmfl_loss_shape_validation():
   with pytest.raises(ValueError, match='buffer_mask'):
     losses.pmfl_contrastive_loss(z, z_global, z_buffer, np.ones(2, bool), mu)
   with pytest.raises(ValueError, match='z_buffer'):
-    losses.pmfl_contrastive_loss(z, z_global, z_buffer[:, :2],
-                                 np.ones(4, bool), mu)
+    losses.pmfl_contrastive_loss(
+      z, z_global, z_buffer[:, :2], np.ones(4, bool), mu
+    )
   with pytest.raises(ValueError, match='mu'):
-    losses.pmfl_contrastive_loss(z, z_global, z_buffer, np.ones(4, bool),
-                                 mu[:2])
+    losses.pmfl_contrastive_loss(
+      z, z_global, z_buffer, np.ones(4, bool), mu[:2]
+    )

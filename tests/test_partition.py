@@ -16,17 +16,31 @@ def _labels(counts, seed=0):
   return np.random.default_rng(seed).permutation(labels)
 
 
-LABELS = _labels([70, 50, 60, 40, 80, 30, 60, 50, 40, 20])  # N = 500, unequal classes.
+LABELS = _labels(
+  [70, 50, 60, 40, 80, 30, 60, 50, 40, 20]
+)  # N = 500, unequal classes.
 EVEN = _labels([60] * 10)  # N = 600, divisible shard sizes.
 
 CASES = {
-    'iid': (LABELS, lambda l, s: P.iid(l, 7, seed=s)),
-    'niid_bench': (LABELS, lambda l, s: P.dirichlet(l, 7, 0.5, seed=s)),
-    'balanced': (LABELS, lambda l, s: P.dirichlet(l, 7, 0.5, seed=s, variant='balanced')),
-    'per_client': (LABELS, lambda l, s: P.dirichlet(l, 7, 0.5, seed=s, variant='per_client')),
-    'per_class': (LABELS, lambda l, s: P.dirichlet(l, 7, 0.5, seed=s, variant='per_class')),
-    'shards': (EVEN, lambda l, s: P.shards(l, 10, 2, seed=s)),
-    'one_class': (LABELS, lambda l, s: P.one_class(l, 23, allow_repeat=True, seed=s)),
+  'iid': (LABELS, lambda l, s: P.iid(l, 7, seed=s)),
+  'niid_bench': (LABELS, lambda l, s: P.dirichlet(l, 7, 0.5, seed=s)),
+  'balanced': (
+    LABELS,
+    lambda l, s: P.dirichlet(l, 7, 0.5, seed=s, variant='balanced'),
+  ),
+  'per_client': (
+    LABELS,
+    lambda l, s: P.dirichlet(l, 7, 0.5, seed=s, variant='per_client'),
+  ),
+  'per_class': (
+    LABELS,
+    lambda l, s: P.dirichlet(l, 7, 0.5, seed=s, variant='per_class'),
+  ),
+  'shards': (EVEN, lambda l, s: P.shards(l, 10, 2, seed=s)),
+  'one_class': (
+    LABELS,
+    lambda l, s: P.one_class(l, 23, allow_repeat=True, seed=s),
+  ),
 }
 
 
@@ -39,7 +53,10 @@ def _assert_disjoint(parts):
 def test_common_properties(name):
   labels, fn = CASES[name]
   parts = fn(labels, 0)
-  assert all(isinstance(p, np.ndarray) and p.dtype == np.int64 and p.ndim == 1 for p in parts)
+  assert all(
+    isinstance(p, np.ndarray) and p.dtype == np.int64 and p.ndim == 1
+    for p in parts
+  )
   _assert_disjoint(parts)
   flat = set(np.concatenate(parts).tolist())
   n = len(labels)
@@ -84,13 +101,17 @@ def test_niid_bench_infeasible_min_size_raises_immediately():
 
 def test_niid_bench_cuts_cap_and_floor():
   # Party 0 already holds 10 >= N/J = 20/3 examples, so it gets nothing and party 1 takes all.
-  cuts = P._niid_bench_cuts(np.array([0.5, 0.5, 0.0]), np.array([10, 0, 0]), 20, 7)
+  cuts = P._niid_bench_cuts(
+    np.array([0.5, 0.5, 0.0]), np.array([10, 0, 0]), 20, 7
+  )
   assert [len(x) for x in np.split(np.arange(7), cuts)] == [0, 7, 0]
   # Floor, not round: cumsum * 10 = [3.33, 6.67, 10] -> cuts [3, 6] -> sizes 3, 3, 4.
   cuts = P._niid_bench_cuts(np.full(3, 1 / 3), np.zeros(3, int), 30, 10)
   assert cuts.tolist() == [3, 6]
   # Surviving proportions all zero: the attempt is rejected, not divided by zero.
-  assert P._niid_bench_cuts(np.array([1.0, 0.0]), np.array([60, 0]), 100, 5) is None
+  assert (
+    P._niid_bench_cuts(np.array([1.0, 0.0]), np.array([60, 0]), 100, 5) is None
+  )
 
 
 def test_niid_bench_cap_in_full_procedure():
@@ -98,7 +119,9 @@ def test_niid_bench_cap_in_full_procedure():
   labels = np.repeat([0, 1], [90, 10])
   capped = 0
   for seed in range(40):
-    counts = P.class_counts(labels, P.dirichlet(labels, 2, 1.0, seed=seed, min_size=0))
+    counts = P.class_counts(
+      labels, P.dirichlet(labels, 2, 1.0, seed=seed, min_size=0)
+    )
     for j in range(2):
       if counts[j, 0] >= 50:
         capped += 1
@@ -109,10 +132,12 @@ def test_niid_bench_cap_in_full_procedure():
 @pytest.mark.parametrize('variant', P.VARIANTS)
 def test_small_alpha_gives_fewer_classes(variant):
   labels = _labels([200] * 10)
+
   def mean_classes(alpha):
     kw = {'min_size': 0} if variant == 'niid_bench' else {}
     parts = P.dirichlet(labels, 10, alpha, seed=1, variant=variant, **kw)
     return P.summarize(parts, labels)['mean_classes_per_client']
+
   small, large = mean_classes(0.05), mean_classes(100.0)
   assert small < 5 and large == 10 and small < large
 
@@ -142,7 +167,9 @@ def test_weighted_sample_takes_positive_weights_first():
 
 def test_weighted_sample_follows_weights():
   rng = np.random.default_rng(0)
-  firsts = [P._weighted_sample(rng, np.array([1.0, 9.0]), 1)[0] for _ in range(2000)]
+  firsts = [
+    P._weighted_sample(rng, np.array([1.0, 9.0]), 1)[0] for _ in range(2000)
+  ]
   assert 0.85 < np.mean(firsts) < 0.95
 
 
@@ -162,8 +189,16 @@ def test_per_client_cuts_each_class_in_order():
 
 def test_largest_remainder():
   # 10 * r = [2, 2.4, 5.6]: floors [2, 2, 5], the one leftover goes to the largest remainder.
-  assert P._largest_remainder(10, np.array([0.2, 0.24, 0.56])).tolist() == [2, 2, 6]
-  assert P._largest_remainder(7, np.array([2.0, 0.0, 0.0])).tolist() == [7, 0, 0]
+  assert P._largest_remainder(10, np.array([0.2, 0.24, 0.56])).tolist() == [
+    2,
+    2,
+    6,
+  ]
+  assert P._largest_remainder(7, np.array([2.0, 0.0, 0.0])).tolist() == [
+    7,
+    0,
+    0,
+  ]
 
 
 def test_shards_classes_per_client():
@@ -224,9 +259,17 @@ def test_plot_class_counts_writes_png(tmp_path):
 
 def test_summarize():
   labels = np.array([0, 1, 1, 2, 0, 2, 2])
-  s = P.summarize([np.array([0, 1, 2]), np.array([3, 5]), np.array([4, 6])], labels)
-  assert s == {'num_clients': 3, 'num_examples': 7, 'min_size': 2, 'median_size': 2.0,
-               'max_size': 3, 'mean_classes_per_client': 5 / 3}
+  s = P.summarize(
+    [np.array([0, 1, 2]), np.array([3, 5]), np.array([4, 6])], labels
+  )
+  assert s == {
+    'num_clients': 3,
+    'num_examples': 7,
+    'min_size': 2,
+    'median_size': 2.0,
+    'max_size': 3,
+    'mean_classes_per_client': 5 / 3,
+  }
 
 
 @pytest.mark.parametrize('alpha', [0, -1, float('nan'), float('inf')])
@@ -236,16 +279,21 @@ def test_invalid_alpha(alpha):
 
 
 def test_invalid_variant_lists_valid_ones():
-  with pytest.raises(ValueError, match='niid_bench.*balanced.*per_client.*per_class'):
+  with pytest.raises(
+    ValueError, match='niid_bench.*balanced.*per_client.*per_class'
+  ):
     P.dirichlet(LABELS, 5, 0.5, seed=0, variant='fedbox')
 
 
-@pytest.mark.parametrize('fn', [
+@pytest.mark.parametrize(
+  'fn',
+  [
     lambda n: P.iid(LABELS, n, seed=0),
     lambda n: P.dirichlet(LABELS, n, 0.5, seed=0, variant='per_class'),
     lambda n: P.shards(LABELS, n, 1, seed=0),
     lambda n: P.one_class(LABELS, n, allow_repeat=True),
-])
+  ],
+)
 def test_invalid_num_clients(fn):
   with pytest.raises(ValueError, match='num_clients=501.*N=500'):
     fn(501)
@@ -255,6 +303,10 @@ def test_invalid_num_clients(fn):
 
 def test_module_does_not_import_jax():
   tree = ast.parse(inspect.getsource(P))
-  names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-  names += [n.module or '' for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+  names = [
+    a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+  ]
+  names += [
+    n.module or '' for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+  ]
   assert not any(name.split('.')[0] == 'jax' for name in names)

@@ -19,30 +19,40 @@ def numpy_conv(x, kernel, bias, stride, padding):
     oh, ow = -(-h // stride), -(-w // stride)
     ph = max((oh - 1) * stride + kh - h, 0)
     pw = max((ow - 1) * stride + kw - w, 0)
-    x = np.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2),
-                   (0, 0)))
+    x = np.pad(
+      x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0))
+    )
   else:
     oh, ow = (h - kh) // stride + 1, (w - kw) // stride + 1
   y = np.zeros((b, oh, ow, out))
   for i in range(oh):
     for j in range(ow):
-      window = x[:, i * stride:i * stride + kh, j * stride:j * stride + kw, :]
+      window = x[
+        :, i * stride : i * stride + kh, j * stride : j * stride + kw, :
+      ]
       y[:, i, j, :] = np.tensordot(window, kernel, axes=3)
   return y + np.asarray(bias, np.float64)
 
 
-@pytest.mark.parametrize('stride,padding', [(1, 'SAME'), (2, 'SAME'),
-                                            (1, 'VALID'), (2, 'VALID')])
+@pytest.mark.parametrize(
+  'stride,padding', [(1, 'SAME'), (2, 'SAME'), (1, 'VALID'), (2, 'VALID')]
+)
 def test_patch_conv_equals_xla_conv_and_numpy(stride, padding):
   x = jax.random.normal(jax.random.key(0), (2, 7, 6, 3))
   conv = nn.Conv(5, (3, 3), strides=stride, padding=padding)
   patch = layers.PatchConv(5, (3, 3), strides=stride, padding=padding)
   variables = conv.init(jax.random.key(1), x)
   # Same parameter tree: a checkpoint of one loads into the other.
-  assert (jax.tree.map(jnp.shape, patch.init(jax.random.key(1), x)) ==
-          jax.tree.map(jnp.shape, variables))
-  expected = numpy_conv(x, variables['params']['kernel'],
-                        variables['params']['bias'], stride, padding)
+  assert jax.tree.map(
+    jnp.shape, patch.init(jax.random.key(1), x)
+  ) == jax.tree.map(jnp.shape, variables)
+  expected = numpy_conv(
+    x,
+    variables['params']['kernel'],
+    variables['params']['bias'],
+    stride,
+    padding,
+  )
   np.testing.assert_allclose(patch.apply(variables, x), expected, atol=1e-5)
   np.testing.assert_allclose(conv.apply(variables, x), expected, atol=1e-5)
 
@@ -59,8 +69,10 @@ def test_vmapped_over_client_weights_forward_and_gradients_match():
   def loss(module, v, xs):
     return jnp.sum(jnp.tanh(module.apply(v, xs)))
 
-  for fn in (lambda m, v, xs: m.apply(v, xs),
-             lambda m, v, xs: jax.grad(loss, argnums=1)(m, v, xs)):
+  for fn in (
+    lambda m, v, xs: m.apply(v, xs),
+    lambda m, v, xs: jax.grad(loss, argnums=1)(m, v, xs),
+  ):
     a = jax.vmap(lambda v, xs, f=fn: f(conv, v, xs))(variables, x)
     b = jax.vmap(lambda v, xs, f=fn: f(patch, v, xs))(variables, x)
     for u, w in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -73,11 +85,16 @@ def test_unknown_conv_impl_is_an_error():
     layers.make_conv('winograd')
 
 
-@pytest.mark.parametrize('name,kwargs', [
+@pytest.mark.parametrize(
+  'name,kwargs',
+  [
     ('small_cnn', dict(width=4, embedding_dim=8, norm='batch')),
-    ('fedquad_cnn', dict(widths=(4, 8, 8), embedding_dim=8))])
+    ('fedquad_cnn', dict(widths=(4, 8, 8), embedding_dim=8)),
+  ],
+)
 def test_models_give_the_same_outputs_with_either_conv(name, kwargs):
   from fedjax_metric import models  # pylint: disable=g-import-not-at-top
+
   x = jax.random.normal(jax.random.key(0), (3, 12, 12, 1))
   xla = models.build(name, 3, (12, 12, 1), **kwargs)
   patches = models.build(name, 3, (12, 12, 1), conv_impl='patches', **kwargs)

@@ -1,17 +1,24 @@
 """The precision policy: full float32, the platform default, bf16 compute."""
 
+import fl_fixtures as fx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fedjax_metric import executors, models, train
-import fl_fixtures as fx
 
 
 def small_cnn(compute_dtype=None):
-  return models.build('small_cnn', 3, (6, 6, 1), compute_dtype=compute_dtype,
-                      width=4, embedding_dim=8, norm='batch')
+  return models.build(
+    'small_cnn',
+    3,
+    (6, 6, 1),
+    compute_dtype=compute_dtype,
+    width=4,
+    embedding_dim=8,
+    norm='batch',
+  )
 
 
 def test_bf16_compute_keeps_float32_variables_and_outputs():
@@ -25,7 +32,8 @@ def test_bf16_compute_keeps_float32_variables_and_outputs():
   out16, new16 = bf16.apply(params, state, x, train=True, mask=mask)
   assert out16['logits'].dtype == jnp.float32
   assert jax.tree.map(lambda a: a.dtype, new16) == jax.tree.map(
-      lambda a: a.dtype, new32)
+    lambda a: a.dtype, new32
+  )
   # bf16 keeps 8 mantissa bits: close to float32, but not equal to it.
   np.testing.assert_allclose(out16['logits'], out32['logits'], atol=5e-2)
   assert np.abs(np.asarray(out16['logits'] - out32['logits'])).max() > 0
@@ -47,6 +55,7 @@ def test_precision_names():
 
 def test_a_bf16_run_trains(tmp_path):
   from configs import fedavg  # pylint: disable=g-import-not-at-top
+
   config = fedavg.get_config('runlocal')
   config.unlock()
   config.precision = 'bf16'

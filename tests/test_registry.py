@@ -8,6 +8,7 @@ every number finite, give the same state under the vmap and host executors,
 and compile its single program once.
 """
 
+import fl_fixtures as fx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,6 @@ import pytest
 from fedjax_metric import algorithms, engine, executors, optimizers
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import partition as partition_lib
-import fl_fixtures as fx
 
 SERVER = optimizers.make_server_optimizer('sgd')
 
@@ -30,18 +30,32 @@ def federation():
 
 def cohorts(alg, parts, labels, rounds, *, batch_size=8):
   sizes = [len(p) for p in parts]
-  s = cohort_lib.num_local_steps(sizes, batch_size=batch_size, local_epochs=1,
-                                 local_steps=0)
-  return [cohort_lib.make_cohort(
-      np.asarray(ids), parts, num_slots=4, num_steps=s, batch_size=batch_size,
-      local_epochs=1, local_steps=0, seed=0, round_idx=r, labels=labels,
-      batches_fn=alg.client_batches) for r, ids in enumerate(rounds)]
+  s = cohort_lib.num_local_steps(
+    sizes, batch_size=batch_size, local_epochs=1, local_steps=0
+  )
+  return [
+    cohort_lib.make_cohort(
+      np.asarray(ids),
+      parts,
+      num_slots=4,
+      num_steps=s,
+      batch_size=batch_size,
+      local_epochs=1,
+      local_steps=0,
+      seed=0,
+      round_idx=r,
+      labels=labels,
+      batches_fn=alg.client_batches,
+    )
+    for r, ids in enumerate(rounds)
+  ]
 
 
 def run(alg, variables, parts, data, round_cohorts, executor):
   state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(fx.make_spec(alg, lr=0.05), data,
-                                     executor=executor, steps_per_call=100)
+  round_fn = executors.make_round_fn(
+    fx.make_spec(alg, lr=0.05), data, executor=executor, steps_per_call=100
+  )
   losses = []
   for c in round_cohorts:
     state, table, metrics = round_fn(state, table, c)
@@ -60,12 +74,16 @@ def test_registered_algorithm_trains_and_executors_agree(name):
   initial = engine.init_state(alg, variables, len(parts))
   results = {}
   for executor in ('vmap', 'host'):
-    state, table, losses, round_fn = run(alg, variables, parts, data,
-                                         round_cohorts, executor)
+    state, table, losses, round_fn = run(
+      alg, variables, parts, data, round_cohorts, executor
+    )
     assert all(np.isfinite(losses)), (executor, losses)
     leaves = jax.tree.leaves((state, table))
-    assert all(np.all(np.isfinite(np.asarray(x))) for x in leaves
-               if jnp.issubdtype(x.dtype, jnp.floating)), executor
+    assert all(
+      np.all(np.isfinite(np.asarray(x)))
+      for x in leaves
+      if jnp.issubdtype(x.dtype, jnp.floating)
+    ), executor
     results[executor] = (state, table)
     if executor == 'vmap':
       assert round_fn.jitted._cache_size() == 1

@@ -61,8 +61,9 @@ def test_plot_curves_skips_lines_without_accuracy(tmp_path):
   run.mkdir()
   (run / 'config.json').write_text(json.dumps({'algorithm': 'fedprox'}))
   (run / 'metrics.jsonl').write_text(
-      '{"round": 2, "test_accuracy": 0.5}\n{"round": 1, "train_loss": 1.0}\n'
-      '\n{"round": 1, "test_accuracy": 0.25}\n')
+    '{"round": 2, "test_accuracy": 0.5}\n{"round": 1, "train_loss": 1.0}\n'
+    '\n{"round": 1, "test_accuracy": 0.25}\n'
+  )
   rounds, accuracies = report.read_curve(str(run))
   np.testing.assert_array_equal(rounds, [1, 2])
   np.testing.assert_allclose(accuracies, [0.25, 0.5])

@@ -12,9 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_metric import evaluation
+from fedjax_metric import evaluation, models
 from fedjax_metric.evaluation import representation as rep
-from fedjax_metric import models
 
 # float32 against float64: a few ulps of the accumulated sums.
 RTOL = 2e-4
@@ -84,8 +83,10 @@ def np_effective_rank(h, matrix='covariance'):
 
 def np_vci(h, y, num_classes):
   _, sigma_b, sigma_t = np_sigmas(h, y, num_classes)
-  return 1.0 - (np.trace(np.linalg.pinv(sigma_t, hermitian=True) @ sigma_b)
-                / np.linalg.matrix_rank(sigma_b, hermitian=True))
+  return 1.0 - (
+    np.trace(np.linalg.pinv(sigma_t, hermitian=True) @ sigma_b)
+    / np.linalg.matrix_rank(sigma_b, hermitian=True)
+  )
 
 
 def np_uniformity(h, t=2.0):
@@ -131,11 +132,14 @@ def test_effective_rank_matches_reference(seed, matrix):
 def test_effective_rank_covariance_is_centred_and_features_is_not():
   h, _ = random_data(3)
   shifted = h + 100.0
-  np.testing.assert_allclose(float(rep.effective_rank(shifted)),
-                             float(rep.effective_rank(h)), rtol=1e-3)
+  np.testing.assert_allclose(
+    float(rep.effective_rank(shifted)), float(rep.effective_rank(h)), rtol=1e-3
+  )
   # A large common offset dominates the raw matrix: one big singular value.
-  assert (float(rep.effective_rank(shifted, matrix='features'))
-          < float(rep.effective_rank(h, matrix='features')) - 1.0)
+  assert (
+    float(rep.effective_rank(shifted, matrix='features'))
+    < float(rep.effective_rank(h, matrix='features')) - 1.0
+  )
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2, 3])
@@ -143,12 +147,17 @@ def test_traces_match_reference(seed):
   h, y = random_data(seed, num_classes=4 + seed)
   k = 4 + seed
   sigma_w, sigma_b, _ = np_sigmas(h, y, k)
-  np.testing.assert_allclose(float(rep.within_class_trace(h, y, k)),
-                             np.trace(sigma_w), rtol=RTOL)
-  np.testing.assert_allclose(float(rep.between_class_trace(h, y, k)),
-                             np.trace(sigma_b), rtol=RTOL)
-  np.testing.assert_allclose(float(rep.within_between_ratio(h, y, k)),
-                             np.trace(sigma_w) / np.trace(sigma_b), rtol=RTOL)
+  np.testing.assert_allclose(
+    float(rep.within_class_trace(h, y, k)), np.trace(sigma_w), rtol=RTOL
+  )
+  np.testing.assert_allclose(
+    float(rep.between_class_trace(h, y, k)), np.trace(sigma_b), rtol=RTOL
+  )
+  np.testing.assert_allclose(
+    float(rep.within_between_ratio(h, y, k)),
+    np.trace(sigma_w) / np.trace(sigma_b),
+    rtol=RTOL,
+  )
 
 
 @pytest.mark.parametrize('seed,separation', [(0, 0.3), (1, 1.0), (2, 3.0)])
@@ -162,16 +171,18 @@ def test_vci_matches_reference(seed, separation):
 def test_vci_matches_reference_when_sigma_t_is_singular():
   """D > N - 1: Sigma_T is rank-deficient and the pseudo-inverse matters."""
   h, y = random_data(4, n=20, d=32)
-  np.testing.assert_allclose(float(rep.vci(h, y, 5)), np_vci(h, y, 5),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    float(rep.vci(h, y, 5)), np_vci(h, y, 5), rtol=RTOL, atol=ATOL
+  )
 
 
 @pytest.mark.parametrize('seed', [0, 1])
 def test_uniformity_matches_reference(seed):
   h, _ = random_data(seed, n=40)
   for t in (0.5, 2.0, 10.0):
-    np.testing.assert_allclose(float(rep.uniformity(h, t)),
-                               np_uniformity(h, t), rtol=RTOL)
+    np.testing.assert_allclose(
+      float(rep.uniformity(h, t)), np_uniformity(h, t), rtol=RTOL
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -186,16 +197,19 @@ def test_effective_rank_of_isotropic_features_is_d(d):
   h = np.concatenate([eye, -eye])
   np.testing.assert_allclose(float(rep.effective_rank(h)), d, rtol=1e-5)
   np.testing.assert_allclose(
-      float(rep.effective_rank(np.eye(d, dtype=np.float32),
-                               matrix='features')), d, rtol=1e-5)
+    float(rep.effective_rank(np.eye(d, dtype=np.float32), matrix='features')),
+    d,
+    rtol=1e-5,
+  )
 
 
 def test_effective_rank_of_rank_one_features_is_one():
   rng = np.random.default_rng(0)
   h = np.outer(rng.normal(size=50), rng.normal(size=8)).astype(np.float32)
   np.testing.assert_allclose(float(rep.effective_rank(h)), 1.0, rtol=1e-4)
-  np.testing.assert_allclose(float(rep.effective_rank(h, matrix='features')),
-                             1.0, rtol=1e-4)
+  np.testing.assert_allclose(
+    float(rep.effective_rank(h, matrix='features')), 1.0, rtol=1e-4
+  )
 
 
 def test_effective_rank_of_known_spectrum():
@@ -203,7 +217,7 @@ def test_effective_rank_of_known_spectrum():
   lam = np.array([2.0, 1.0, 1.0])
   rows = np.sqrt(3 * lam)[:, None] * np.eye(3)
   h = np.concatenate([rows, -rows]).astype(np.float32)
-  np.testing.assert_allclose(float(rep.effective_rank(h)), 2 ** 1.5, rtol=1e-5)
+  np.testing.assert_allclose(float(rep.effective_rank(h)), 2**1.5, rtol=1e-5)
 
 
 def test_effective_rank_of_constant_features_is_zero_not_nan():
@@ -229,20 +243,24 @@ def test_vci_and_traces_of_two_one_dimensional_classes(a):
   # rank(Sigma_B) = 1, so VCI = 1 - 1 / (1 + a^2) = a^2 / (1 + a^2).
   h = np.array([[-1 - a], [-1 + a], [1 - a], [1 + a]], np.float32)
   y = np.array([0, 0, 1, 1])
-  np.testing.assert_allclose(float(rep.vci(h, y, 2)), a * a / (1 + a * a),
-                             rtol=1e-5)
-  np.testing.assert_allclose(float(rep.within_class_trace(h, y, 2)), a * a,
-                             rtol=1e-6)
-  np.testing.assert_allclose(float(rep.between_class_trace(h, y, 2)), 1.0,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    float(rep.vci(h, y, 2)), a * a / (1 + a * a), rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    float(rep.within_class_trace(h, y, 2)), a * a, rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    float(rep.between_class_trace(h, y, 2)), 1.0, rtol=1e-6
+  )
 
 
 def test_vci_is_invariant_under_invertible_linear_maps():
   h, y = random_data(5)
   rng = np.random.default_rng(5)
   a = (rng.normal(size=(12, 12)) + 3 * np.eye(12)).astype(np.float32)
-  np.testing.assert_allclose(float(rep.vci(h @ a.T, y, 5)),
-                             float(rep.vci(h, y, 5)), rtol=1e-3)
+  np.testing.assert_allclose(
+    float(rep.vci(h @ a.T, y, 5)), float(rep.vci(h, y, 5)), rtol=1e-3
+  )
 
 
 def test_vci_is_one_without_between_class_variance():
@@ -258,8 +276,9 @@ def test_vci_is_one_without_between_class_variance():
 def test_uniformity_of_antipodal_points_is_minus_four_t():
   h = np.array([[1.0, 0.0], [-1.0, 0.0]], np.float32)
   for t in (0.5, 2.0, 7.0):
-    np.testing.assert_allclose(float(rep.uniformity(h, t)),
-                               math.log(math.exp(-4 * t)), rtol=1e-6)
+    np.testing.assert_allclose(
+      float(rep.uniformity(h, t)), math.log(math.exp(-4 * t)), rtol=1e-6
+    )
 
 
 def test_uniformity_normalises_and_is_zero_for_one_direction():
@@ -279,10 +298,12 @@ def test_absent_classes_are_excluded_not_nan():
   compact = rep.representation_metrics(h, y_compact, 3)
   for name, value in sparse.items():
     assert np.isfinite(float(value)), name
-    np.testing.assert_allclose(float(value), float(compact[name]), rtol=1e-5,
-                               err_msg=name)
-  np.testing.assert_allclose(float(sparse['vci']), np_vci(h, y_sparse, 10),
-                             rtol=RTOL)
+    np.testing.assert_allclose(
+      float(value), float(compact[name]), rtol=1e-5, err_msg=name
+    )
+  np.testing.assert_allclose(
+    float(sparse['vci']), np_vci(h, y_sparse, 10), rtol=RTOL
+  )
 
 
 def test_mask_equals_the_subset():
@@ -290,11 +311,21 @@ def test_mask_equals_the_subset():
   mask = np.random.default_rng(7).random(60) < 0.6
   masked = rep.representation_metrics(h, y, 5, mask)
   subset = rep.representation_metrics(h[mask], y[mask], 5)
-  assert set(masked) == {'effective_rank', 'vci', 'within_class_trace',
-                         'between_class_trace', 'uniformity'}
+  assert set(masked) == {
+    'effective_rank',
+    'vci',
+    'within_class_trace',
+    'between_class_trace',
+    'uniformity',
+  }
   for name in masked:
-    np.testing.assert_allclose(float(masked[name]), float(subset[name]),
-                               rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(
+      float(masked[name]),
+      float(subset[name]),
+      rtol=1e-4,
+      atol=1e-6,
+      err_msg=name,
+    )
 
 
 def test_representation_metrics_jit_and_exports():
@@ -302,11 +333,13 @@ def test_representation_metrics_jit_and_exports():
   jitted = jax.jit(evaluation.representation_metrics, static_argnums=2)(h, y, 5)
   eager = rep.representation_metrics(h, y, 5)
   for name in eager:
-    np.testing.assert_allclose(float(jitted[name]), float(eager[name]),
-                               rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(
+      float(jitted[name]), float(eager[name]), rtol=1e-5, err_msg=name
+    )
   vci_jit = jax.jit(functools.partial(evaluation.vci, num_classes=5))
-  np.testing.assert_allclose(float(vci_jit(h, y)), float(eager['vci']),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    float(vci_jit(h, y)), float(eager['vci']), rtol=1e-5
+  )
   assert callable(evaluation.make_evaluate_fn)
 
 
@@ -327,14 +360,17 @@ def test_make_feature_fn_returns_the_subset_embeddings():
   model = models.build('small_cnn', 10, width=8, embedding_dim=16)
   preprocess = lambda x, key: x.astype(np.float32) / 255.0
   variables = model.init(jax.random.key(0), preprocess(images[:1], None))
-  feature_fn = rep.make_feature_fn(model, preprocess, images, labels,
-                                   batch_size=10, max_examples=25)
+  feature_fn = rep.make_feature_fn(
+    model, preprocess, images, labels, batch_size=10, max_examples=25
+  )
   features, subset_labels = feature_fn(variables)
   assert isinstance(features, np.ndarray) and features.shape == (25, 16)
   np.testing.assert_array_equal(subset_labels, labels[:25])
-  direct, _ = model.apply(variables['params'], {}, preprocess(images[:25], None),
-                          train=False)
-  np.testing.assert_allclose(features, np.asarray(direct['embedding']),
-                             rtol=1e-5, atol=1e-5)
+  direct, _ = model.apply(
+    variables['params'], {}, preprocess(images[:25], None), train=False
+  )
+  np.testing.assert_allclose(
+    features, np.asarray(direct['embedding']), rtol=1e-5, atol=1e-5
+  )
   with pytest.raises(ValueError, match='No examples'):
     rep.make_feature_fn(model, preprocess, images, labels, max_examples=0)

@@ -26,23 +26,47 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'scaling.ipynb')
 
 # Tiny work: compile time dominates, rounds take milliseconds.
-TINY = dict(local_steps=1, batch_size=2, examples_per_client=4,
-            image_shape=(8, 8, 1), rounds=1)
+TINY = dict(
+  local_steps=1,
+  batch_size=2,
+  examples_per_client=4,
+  image_shape=(8, 8, 1),
+  rounds=1,
+)
 
 
-def ok_result(algorithm='fedavg', clients=10, factor=1, seconds=0.5,
-              peak_device_mb=None, **overrides):
+def ok_result(
+  algorithm='fedavg',
+  clients=10,
+  factor=1,
+  seconds=0.5,
+  peak_device_mb=None,
+  **overrides,
+):
   """A result row as `measure_point` returns it, with made-up numbers."""
   point = scaling.Point(algorithm, clients, clients * factor)
-  row = {**dataclasses.asdict(point), 'executor': 'host',
-         'unroll': True, 'status': 'ok', 'note': '', 'backend': 'cpu',
-         'device': 'Test CPU, 2 cores', 'jax_version': '0.0',
-         'seconds_per_round': seconds, 'seconds_min': seconds,
-         'seconds_max': seconds, 'cohort_seconds': 0.01,
-         'compile_seconds': 1.0, 'client_steps_per_second': clients / seconds,
-         'peak_rss_mb': 400.0 + clients, 'peak_device_mb': peak_device_mb,
-         'data_mb': 0.1 * factor * clients, 'client_table_mb': 0.0,
-         'train_loss': 2.3, 'wall_seconds': 5.0 + 2 * seconds}
+  row = {
+    **dataclasses.asdict(point),
+    'executor': 'host',
+    'unroll': True,
+    'status': 'ok',
+    'note': '',
+    'backend': 'cpu',
+    'device': 'Test CPU, 2 cores',
+    'jax_version': '0.0',
+    'seconds_per_round': seconds,
+    'seconds_min': seconds,
+    'seconds_max': seconds,
+    'cohort_seconds': 0.01,
+    'compile_seconds': 1.0,
+    'client_steps_per_second': clients / seconds,
+    'peak_rss_mb': 400.0 + clients,
+    'peak_device_mb': peak_device_mb,
+    'data_mb': 0.1 * factor * clients,
+    'client_table_mb': 0.0,
+    'train_loss': 2.3,
+    'wall_seconds': 5.0 + 2 * seconds,
+  }
   row.update(overrides)
   return row
 
@@ -61,24 +85,32 @@ def test_import_registers_no_flags():
 
 def test_synthetic_federation_shapes_and_partition():
   images, labels, partition = scaling.synthetic_federation(
-      5, 3, image_shape=(4, 4, 1), num_classes=10, seed=1)
+    5, 3, image_shape=(4, 4, 1), num_classes=10, seed=1
+  )
   assert images.shape == (15, 4, 4, 1) and images.dtype == np.uint8
   assert labels.shape == (15,) and labels.dtype == np.int32
   assert labels.min() >= 0 and labels.max() < 10
   assert len(partition) == 5
   # Every example belongs to exactly one client, E per client.
-  np.testing.assert_array_equal(np.sort(np.concatenate(list(partition))),
-                                np.arange(15))
+  np.testing.assert_array_equal(
+    np.sort(np.concatenate(list(partition))), np.arange(15)
+  )
   assert all(len(p) == 3 for p in partition)
 
 
 def test_make_grid_order_populations_and_cap():
-  points = scaling.make_grid([100, 10], [10, 1], ['fedavg', 'fedquad'],
-                             max_total_clients=500, rounds=2)
+  points = scaling.make_grid(
+    [100, 10], [10, 1], ['fedavg', 'fedquad'], max_total_clients=500, rounds=2
+  )
   keys = [(p.algorithm, p.clients_per_round, p.num_clients) for p in points]
-  assert keys == [('fedavg', 10, 10), ('fedavg', 10, 100), ('fedavg', 100, 100),
-                  ('fedquad', 10, 10), ('fedquad', 10, 100),
-                  ('fedquad', 100, 100)]  # 100 x 10 > 500 is left out.
+  assert keys == [
+    ('fedavg', 10, 10),
+    ('fedavg', 10, 100),
+    ('fedavg', 100, 100),
+    ('fedquad', 10, 10),
+    ('fedquad', 10, 100),
+    ('fedquad', 100, 100),
+  ]  # 100 x 10 > 500 is left out.
   assert all(p.rounds == 2 for p in points)
 
 
@@ -97,7 +129,10 @@ def test_predict_scales_rounds_linearly_and_keeps_fixed_cost():
 
 
 def test_run_grid_skips_points_predicted_too_long(monkeypatch):
-  points = [scaling.Point('fedavg', 10, 10), scaling.Point('fedavg', 1000, 1000)]
+  points = [
+    scaling.Point('fedavg', 10, 10),
+    scaling.Point('fedavg', 1000, 1000),
+  ]
   calls = []
 
   def fake_measure(point, *, timeout=None):
@@ -112,12 +147,21 @@ def test_run_grid_skips_points_predicted_too_long(monkeypatch):
 
 
 def test_table_rows_for_measured_and_skipped_points():
-  skipped = scaling.not_measured(scaling.Point('fedquad', 10000, 100000),
-                                 'skipped', 'predicted 2000 s > --max_seconds=900')
+  skipped = scaling.not_measured(
+    scaling.Point('fedquad', 10000, 100000),
+    'skipped',
+    'predicted 2000 s > --max_seconds=900',
+  )
   section = scaling.format_section(
-      [ok_result(clients=10), ok_result(clients=10, peak_device_mb=123.4),
-       skipped], device='Test CPU, 2 cores', backend='cpu',
-      command='python -m launch.scaling')
+    [
+      ok_result(clients=10),
+      ok_result(clients=10, peak_device_mb=123.4),
+      skipped,
+    ],
+    device='Test CPU, 2 cores',
+    backend='cpu',
+    command='python -m launch.scaling',
+  )
   lines = section.strip().splitlines()
   columns = len(scaling.COLUMNS) + 1
   rows = [line for line in lines if line.startswith('| fed')]
@@ -131,14 +175,21 @@ def test_table_rows_for_measured_and_skipped_points():
 
 
 def test_save_outputs_writes_json_markdown_and_png(tmp_path):
-  results = [ok_result(a, c, f, seconds=0.01 * c, peak_device_mb=50.0 * c)
-             for a in ('fedavg', 'fedquad') for c in (10, 100) for f in (1, 10)]
-  paths = dict(results_path=str(tmp_path / 'r.json'),
-               table_path=str(tmp_path / 'sub' / 't.md'),
-               plot_path=str(tmp_path / 'p.png'))
+  results = [
+    ok_result(a, c, f, seconds=0.01 * c, peak_device_mb=50.0 * c)
+    for a in ('fedavg', 'fedquad')
+    for c in (10, 100)
+    for f in (1, 10)
+  ]
+  paths = dict(
+    results_path=str(tmp_path / 'r.json'),
+    table_path=str(tmp_path / 'sub' / 't.md'),
+    plot_path=str(tmp_path / 'p.png'),
+  )
   for _ in range(2):  # The markdown is appended to, the header written once.
-    scaling.save_outputs(results, device='Test CPU', backend='cpu',
-                         command='x', **paths)
+    scaling.save_outputs(
+      results, device='Test CPU', backend='cpu', command='x', **paths
+    )
   with open(paths['results_path']) as f:
     assert json.load(f) == json.loads(json.dumps(results))
   markdown = open(paths['table_path']).read()
@@ -159,8 +210,13 @@ def test_tiny_point_in_process(algorithm):
   # auto: the host loop on CPU, one vmapped program on an accelerator.
   expected = 'host' if jax.default_backend() == 'cpu' else 'vmap'
   assert result['status'] == 'ok' and result['executor'] == expected
-  for key in ('seconds_per_round', 'cohort_seconds', 'peak_rss_mb', 'data_mb',
-              'client_steps_per_second'):
+  for key in (
+    'seconds_per_round',
+    'cohort_seconds',
+    'peak_rss_mb',
+    'data_mb',
+    'client_steps_per_second',
+  ):
     assert math.isfinite(result[key]) and result[key] > 0, key
   assert result['compile_seconds'] >= 0
   assert result['client_table_mb'] == 0  # No per-client state in either.
@@ -173,7 +229,8 @@ def test_tiny_point_in_process(algorithm):
 
 def test_tiny_point_in_subprocess_reports_its_own_peak():
   result = scaling.measure_in_subprocess(
-      scaling.Point('fedavg', 2, 4, **TINY), timeout=120)
+    scaling.Point('fedavg', 2, 4, **TINY), timeout=120
+  )
   assert result['status'] == 'ok', result.get('note')
   assert result['peak_rss_mb'] > 0 and result['wall_seconds'] > 0
   assert result['seconds_per_round'] > 0
@@ -181,7 +238,8 @@ def test_tiny_point_in_subprocess_reports_its_own_peak():
 
 def test_failing_child_is_reported_not_raised():
   result = scaling.measure_in_subprocess(
-      scaling.Point('no_such_algorithm', 2, 2, **TINY), timeout=120)
+    scaling.Point('no_such_algorithm', 2, 2, **TINY), timeout=120
+  )
   assert result['status'] == 'failed'
   assert "ValueError: Unknown algorithm 'no_such_algorithm'" in result['note']
 
@@ -196,7 +254,9 @@ def notebook_code_cells():
     notebook = json.load(f)
   assert notebook['nbformat'] == 4
   code = [c for c in notebook['cells'] if c['cell_type'] == 'code']
-  assert all(not c['outputs'] for c in code), 'commit the notebook without outputs'
+  assert all(not c['outputs'] for c in code), (
+    'commit the notebook without outputs'
+  )
   return [''.join(c['source']) for c in code]
 
 
@@ -204,12 +264,21 @@ def run_cells(cells, tmp_path):
   """Runs code cells as one script in a fresh process, as a kernel would."""
   script = tmp_path / 'notebook.py'
   script.write_text('\n\n'.join(cells) + '\n')
-  env = dict(os.environ, SCALING_TINY='1', MPLBACKEND='Agg',
-             SCALING_OUTPUT_DIR=str(tmp_path / 'out'))
-  return subprocess.run([sys.executable, str(script)],
-                        cwd=os.path.dirname(NOTEBOOK), env=env,
-                        capture_output=True, text=True, timeout=300,
-                        check=False)
+  env = dict(
+    os.environ,
+    SCALING_TINY='1',
+    MPLBACKEND='Agg',
+    SCALING_OUTPUT_DIR=str(tmp_path / 'out'),
+  )
+  return subprocess.run(
+    [sys.executable, str(script)],
+    cwd=os.path.dirname(NOTEBOOK),
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
 
 
 def test_notebook_runs_on_tiny_settings(tmp_path):

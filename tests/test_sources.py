@@ -23,22 +23,31 @@ def _no_env_dir(monkeypatch):
 
 # ------------------------------------------------------------------- IDX ----
 
+
 def _idx_bytes(magic, array):
   """Builds an IDX file by hand: big-endian magic, big-endian dims, raw bytes."""
-  header = struct.pack('>I', magic) + b''.join(struct.pack('>I', d) for d in array.shape)
+  header = struct.pack('>I', magic) + b''.join(
+    struct.pack('>I', d) for d in array.shape
+  )
   return header + array.astype(np.uint8).tobytes()
 
 
 def _mnist_split(n, seed):
-  images = np.random.RandomState(seed).randint(0, 256, size=(n, 28, 28)).astype(np.uint8)
+  images = (
+    np.random.RandomState(seed)
+    .randint(0, 256, size=(n, 28, 28))
+    .astype(np.uint8)
+  )
   images[0, 3, 7] = 201  # A pixel we check by position.
   labels = (np.arange(n) * 3 + seed) % 10
   return images, labels.astype(np.uint8)
 
 
 def _write_idx(directory, prefix, images, labels, gz):
-  files = {f'{prefix}-images-idx3-ubyte': _idx_bytes(0x803, images),
-           f'{prefix}-labels-idx1-ubyte': _idx_bytes(0x801, labels)}
+  files = {
+    f'{prefix}-images-idx3-ubyte': _idx_bytes(0x803, images),
+    f'{prefix}-labels-idx1-ubyte': _idx_bytes(0x801, labels),
+  }
   for base, data in files.items():
     if gz:
       with gzip.open(os.path.join(directory, base + '.gz'), 'wb') as f:
@@ -132,11 +141,15 @@ def test_fashion_mnist_missing_dir(tmp_path):
 
 
 def test_mnist_missing_without_dir():
-  with pytest.raises(sources.DatasetNotFoundError, match='t10k-images-idx3-ubyte.*MNIST site'):
+  with pytest.raises(
+    sources.DatasetNotFoundError, match='t10k-images-idx3-ubyte.*MNIST site'
+  ):
     sources.load('mnist', 'test')
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION_DIR), reason='dataset-fashion-mnist not installed')
+@pytest.mark.skipif(
+  not os.path.isdir(FASHION_DIR), reason='dataset-fashion-mnist not installed'
+)
 def test_real_fashion_mnist():
   for split, n in (('train', 60000), ('test', 10000)):
     ds = sources.load('fashion_mnist', split)
@@ -148,6 +161,7 @@ def test_real_fashion_mnist():
 
 # ----------------------------------------------------------------- CIFAR ----
 
+
 def _cifar_batch(n, seed, num_classes):
   """Returns (pickled dict fields, expected HWC images, labels)."""
   rng = np.random.RandomState(seed)
@@ -158,7 +172,7 @@ def _cifar_batch(n, seed, num_classes):
   for i in range(n):
     for c in range(3):
       for y in range(32):
-        rows[i, c * 1024 + y * 32:c * 1024 + y * 32 + 32] = hwc[i, y, :, c]
+        rows[i, c * 1024 + y * 32 : c * 1024 + y * 32 + 32] = hwc[i, y, :, c]
   labels = [int(v) for v in rng.randint(0, num_classes, size=n)]
   return rows, hwc, labels
 
@@ -167,7 +181,10 @@ def _cifar_files(name):
   """Returns ({member: pickled bytes}, {split: (images, labels)})."""
   if name == 'cifar10':
     key, num_classes = b'labels', 10
-    layout = {'train': [f'data_batch_{i}' for i in range(1, 6)], 'test': ['test_batch']}
+    layout = {
+      'train': [f'data_batch_{i}' for i in range(1, 6)],
+      'test': ['test_batch'],
+    }
   else:
     key, num_classes = b'fine_labels', 100
     layout = {'train': ['train'], 'test': ['test']}
@@ -189,7 +206,10 @@ def _cifar_files(name):
 
 
 _FOLDER = {'cifar10': 'cifar-10-batches-py', 'cifar100': 'cifar-100-python'}
-_ARCHIVE = {'cifar10': 'cifar-10-python.tar.gz', 'cifar100': 'cifar-100-python.tar.gz'}
+_ARCHIVE = {
+  'cifar10': 'cifar-10-python.tar.gz',
+  'cifar100': 'cifar-100-python.tar.gz',
+}
 
 
 def _write_tar(path, folder, files):
@@ -274,6 +294,7 @@ def test_cifar_wrong_row_size(tmp_path):
 
 # ---------------------------------------------------------------- digits ----
 
+
 def test_digits():
   train = sources.load('digits', 'train')
   test = sources.load('digits', 'test')
@@ -286,20 +307,33 @@ def test_digits():
   assert train.images.max() == 255 and train.images.min() == 0
   # Scaling: every value is round(k * 255 / 16) for some count k in 0..16.
   allowed = np.round(np.arange(17) * 255 / 16)
-  assert np.isin(np.concatenate([train.images.ravel(), test.images.ravel()]), allowed).all()
+  assert np.isin(
+    np.concatenate([train.images.ravel(), test.images.ravel()]), allowed
+  ).all()
   # Disjoint: no test image (with its label) also appears in train.
-  train_keys = {(im.tobytes(), int(l)) for im, l in zip(train.images, train.labels)}
-  test_keys = {(im.tobytes(), int(l)) for im, l in zip(test.images, test.labels)}
-  assert len(test_keys) == len(test.labels)  # Sklearn digits have no exact duplicates.
+  train_keys = {
+    (im.tobytes(), int(l)) for im, l in zip(train.images, train.labels)
+  }
+  test_keys = {
+    (im.tobytes(), int(l)) for im, l in zip(test.images, test.labels)
+  }
+  assert len(test_keys) == len(
+    test.labels
+  )  # Sklearn digits have no exact duplicates.
   assert not train_keys & test_keys
   # Every (image, label) pair matches sklearn's own data, scaled independently here.
   from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+
   raw = load_digits()
   scaled = (raw.images * 255 / 16 + 0.5).astype(np.uint8)[..., None]
-  assert train_keys | test_keys == {(im.tobytes(), int(l)) for im, l in zip(scaled, raw.target)}
+  assert train_keys | test_keys == {
+    (im.tobytes(), int(l)) for im, l in zip(scaled, raw.target)
+  }
   # Stratified: each class is about 20% test.
   for c in range(10):
-    frac = np.sum(test.labels == c) / (np.sum(test.labels == c) + np.sum(train.labels == c))
+    frac = np.sum(test.labels == c) / (
+      np.sum(test.labels == c) + np.sum(train.labels == c)
+    )
     assert abs(frac - 0.2) < 0.01
   again = sources.load('digits', 'test')
   np.testing.assert_array_equal(again.images, test.images)
@@ -315,10 +349,11 @@ def test_bad_split():
 
 # ------------------------------------------------------------------ TFDS ----
 
+
 def test_unknown_name_goes_to_tfds(tmp_path):
   missing = str(tmp_path / 'no_tfds_here')
   try:
-    import tensorflow_datasets  # pylint: disable=unused-import,g-import-not-at-top
+    import tensorflow_datasets  # noqa: F401  # pylint: disable=g-import-not-at-top
   except ImportError:
     with pytest.raises(ImportError, match=r'pip install -e \.\[tfds\]'):
       sources.load('svhn_cropped', 'train', data_dir=missing)
@@ -330,5 +365,11 @@ def test_unknown_name_goes_to_tfds(tmp_path):
 
 
 def test_listing():
-  assert set(sources.DATASETS) == {'digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100'}
+  assert set(sources.DATASETS) == {
+    'digits',
+    'mnist',
+    'fashion_mnist',
+    'cifar10',
+    'cifar100',
+  }
   assert issubclass(sources.DatasetNotFoundError, FileNotFoundError)

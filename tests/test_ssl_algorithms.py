@@ -24,7 +24,7 @@ import pytest
 from fedjax_metric import algorithms, engine, optimizers
 from fedjax_metric.algorithms import fedalignuniform as fau
 from fedjax_metric.algorithms import fedu2, fedx, l_dawa, ssd
-from fedjax_metric.data import augment, cohort as cohort_lib
+from fedjax_metric.data import augment
 from fedjax_metric.models import make_model_fns
 
 SERVER = optimizers.make_server_optimizer('sgd')
@@ -41,8 +41,11 @@ class TwoLinear(nn.Module):
     del train, mask
     x = images.reshape(images.shape[0], -1)
     h = nn.Dense(DIM, name='enc')(x)
-    return {'embedding': h, 'projection': nn.Dense(DIM, name='proj')(h),
-            'features': []}
+    return {
+      'embedding': h,
+      'projection': nn.Dense(DIM, name='proj')(h),
+      'features': [],
+    }
 
 
 def two_linear():
@@ -60,21 +63,38 @@ def raw_batch(size=8, seed=0, padded=2):
   return raw, mask
 
 
-def make_ctx(server_state, *, client_id=0, slot=0, key=None, num_steps=3.0,
-             num_examples=20.0, client_row=()):
+def make_ctx(
+  server_state,
+  *,
+  client_id=0,
+  slot=0,
+  key=None,
+  num_steps=3.0,
+  num_examples=20.0,
+  client_row=(),
+):
   return engine.ClientContext(
-      server_state=server_state, client_row=client_row, local_state=(),
-      client_id=jnp.int32(client_id), slot=jnp.int32(slot),
-      key=jax.random.key(7) if key is None else key,
-      step=jnp.int32(0), learning_rate=jnp.float32(0.1),
-      num_steps=jnp.float32(num_steps),
-      num_examples=jnp.float32(num_examples), scan_batches=None)
+    server_state=server_state,
+    client_row=client_row,
+    local_state=(),
+    client_id=jnp.int32(client_id),
+    slot=jnp.int32(slot),
+    key=jax.random.key(7) if key is None else key,
+    step=jnp.int32(0),
+    learning_rate=jnp.float32(0.1),
+    num_steps=jnp.float32(num_steps),
+    num_examples=jnp.float32(num_examples),
+    scan_batches=None,
+  )
 
 
 def batch_of(raw, mask):
-  return engine.Batch(jnp.zeros(raw.shape, jnp.float32),
-                      jnp.zeros(len(raw), jnp.int32), jnp.asarray(mask),
-                      jnp.asarray(raw))
+  return engine.Batch(
+    jnp.zeros(raw.shape, jnp.float32),
+    jnp.zeros(len(raw), jnp.int32),
+    jnp.asarray(mask),
+    jnp.asarray(raw),
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -84,8 +104,10 @@ def batch_of(raw, mask):
 
 def np_params(variables):
   p = variables['params']
-  return {k: {n: np.asarray(v, np.float64) for n, v in p[k].items()}
-          for k in ('enc', 'proj')}
+  return {
+    k: {n: np.asarray(v, np.float64) for n, v in p[k].items()}
+    for k in ('enc', 'proj')
+  }
 
 
 def np_forward(theta, x):
@@ -98,12 +120,16 @@ def unit(v):
 
 
 def np_align(p1, p2, real):
-  return np.mean([np.sum((unit(p1[i]) - unit(p2[i]))**2) for i in real])
+  return np.mean([np.sum((unit(p1[i]) - unit(p2[i])) ** 2) for i in real])
 
 
 def np_uniform(p, real, t=2.0):
-  vals = [np.exp(-t * np.sum((unit(p[i]) - unit(p[j]))**2))
-          for i in real for j in real if i != j]
+  vals = [
+    np.exp(-t * np.sum((unit(p[i]) - unit(p[j])) ** 2))
+    for i in real
+    for j in real
+    if i != j
+  ]
   return math.log(np.mean(vals))
 
 
@@ -111,7 +137,7 @@ def np_dsr(p, p_frozen, scaling, real):
   total = 0.0
   for i in real:
     target = unit(unit(p_frozen[i]) @ scaling @ scaling.T)
-    total += np.sum((unit(p[i]) - target)**2)
+    total += np.sum((unit(p[i]) - target) ** 2)
   return math.sqrt(total) / len(real)
 
 
@@ -133,7 +159,7 @@ def np_decorrelation(z, real, eps=1e-8):
   n, d = x.shape
   xh = (x - x.mean(0)) / np.sqrt(eps + x.var(0, ddof=1))
   corr = xh.T @ xh
-  off = sum(corr[i, j]**2 for i in range(d) for j in range(d) if i != j)
+  off = sum(corr[i, j] ** 2 for i in range(d) for j in range(d) if i != j)
   return off / (d * (d - 1)) / n
 
 
@@ -168,8 +194,9 @@ def np_relational(z1, z2, anchors, real, anchor_real, t, t2):
 
 
 def flatten(theta):
-  return np.concatenate([theta[k][n].ravel() for k in sorted(theta)
-                         for n in sorted(theta[k])])
+  return np.concatenate(
+    [theta[k][n].ravel() for k in sorted(theta) for n in sorted(theta[k])]
+  )
 
 
 def unflatten(vec, like):
@@ -178,7 +205,7 @@ def unflatten(vec, like):
     out[k] = {}
     for n in sorted(like[k]):
       size = like[k][n].size
-      out[k][n] = vec[at:at + size].reshape(like[k][n].shape)
+      out[k][n] = vec[at : at + size].reshape(like[k][n].shape)
       at += size
   return out
 
@@ -192,7 +219,8 @@ def fd_grad(fn, theta, eps=1e-6):
     up[i] += eps
     down[i] -= eps
     grad[i] = (fn(unflatten(up, theta)) - fn(unflatten(down, theta))) / (
-        2 * eps)
+      2 * eps
+    )
   return unflatten(grad, theta)
 
 
@@ -200,23 +228,25 @@ def jax_value_and_grad(alg, variables, batch, ctx):
   params = variables['params']
   with jax.default_matmul_precision(HIGHEST):
     (loss, _), grads = jax.value_and_grad(alg.client_loss, has_aux=True)(
-        params, {}, batch, ctx)
-  return float(loss), {k: {n: np.asarray(v, np.float64)
-                           for n, v in grads[k].items()}
-                       for k in ('enc', 'proj')}
+      params, {}, batch, ctx
+    )
+  return float(loss), {
+    k: {n: np.asarray(v, np.float64) for n, v in grads[k].items()}
+    for k in ('enc', 'proj')
+  }
 
 
 def assert_grads_close(got, want, atol=2e-4):
   for k in want:
     for n in want[k]:
-      np.testing.assert_allclose(got[k][n], want[k][n], atol=atol,
-                                 err_msg=f'{k}/{n}')
+      np.testing.assert_allclose(
+        got[k][n], want[k][n], atol=atol, err_msg=f'{k}/{n}'
+      )
 
 
 def views_np(raw, key, order='ssd'):
   with jax.default_matmul_precision(HIGHEST):
-    v1, v2 = augment.make_two_view_augment(order=order)(jnp.asarray(raw),
-                                                        key)
+    v1, v2 = augment.make_two_view_augment(order=order)(jnp.asarray(raw), key)
   return np.asarray(v1, np.float64), np.asarray(v2, np.float64)
 
 
@@ -237,8 +267,9 @@ def test_ssd_client_loss_matches_numpy(assign):
   assert scalings.shape == (3, DIM, DIM)
   raw, mask = raw_batch()
   ctx = make_ctx(state, client_id=2, slot=0)
-  got_loss, got_grad = jax_value_and_grad(alg, variables, batch_of(raw, mask),
-                                          ctx)
+  got_loss, got_grad = jax_value_and_grad(
+    alg, variables, batch_of(raw, mask), ctx
+  )
   x1, x2 = views_np(raw, ctx.key)
   real = np.flatnonzero(mask)
   s = scalings[2] if assign == 'client_id' else scalings[0]
@@ -249,20 +280,29 @@ def test_ssd_client_loss_matches_numpy(assign):
     h2, p2 = np_forward(theta, x2)
     _, f1 = np_forward(frozen, x1)
     _, f2 = np_forward(frozen, x2)
-    return (np_align(p1, p2, real)
-            + (np_uniform(p1, real) + np_uniform(p2, real)) / 2
-            + (np_dsr(p1, f1, s, real) + np_dsr(p2, f2, s, real)) / 2
-            + 0.1 * (np_kl_projector_to_encoder(h1, p1, real)
-                     + np_kl_projector_to_encoder(h2, p2, real)) / 2)
+    return (
+      np_align(p1, p2, real)
+      + (np_uniform(p1, real) + np_uniform(p2, real)) / 2
+      + (np_dsr(p1, f1, s, real) + np_dsr(p2, f2, s, real)) / 2
+      + 0.1
+      * (
+        np_kl_projector_to_encoder(h1, p1, real)
+        + np_kl_projector_to_encoder(h2, p2, real)
+      )
+      / 2
+    )
 
   assert got_loss == pytest.approx(loss(theta0), rel=1e-5, abs=1e-6)
   assert_grads_close(got_grad, fd_grad(loss, theta0))
   # The two assignments pick different matrices for client 2 in slot 0.
   other = scalings[0] if assign == 'client_id' else scalings[2]
-  assert abs(np_dsr(np_forward(theta0, x1)[1], np_forward(theta0, x1)[1],
-                    other, real)
-             - np_dsr(np_forward(theta0, x1)[1], np_forward(theta0, x1)[1],
-                      s, real)) > 1e-4
+  assert (
+    abs(
+      np_dsr(np_forward(theta0, x1)[1], np_forward(theta0, x1)[1], other, real)
+      - np_dsr(np_forward(theta0, x1)[1], np_forward(theta0, x1)[1], s, real)
+    )
+    > 1e-4
+  )
 
 
 def test_ssd_scaling_matrices_live_in_server_extra():
@@ -288,18 +328,22 @@ def test_fedalignuniform_and_feddecorr_losses_match_numpy():
   for name in ('fedalignuniform', 'feddecorr'):
     alg = algorithms.REGISTRY[name](model, server_optimizer=SERVER)
     ctx = make_ctx(alg.init_server(variables, 2, jax.random.key(0)))
-    got_loss, got_grad = jax_value_and_grad(alg, variables,
-                                            batch_of(raw, mask), ctx)
+    got_loss, got_grad = jax_value_and_grad(
+      alg, variables, batch_of(raw, mask), ctx
+    )
     x1, x2 = views_np(raw, ctx.key)
 
     def loss(theta, name=name, x1=x1, x2=x2):
       h1, p1 = np_forward(theta, x1)
       h2, p2 = np_forward(theta, x2)
-      value = np_align(p1, p2, real) + (np_uniform(p1, real)
-                                        + np_uniform(p2, real)) / 2
+      value = (
+        np_align(p1, p2, real)
+        + (np_uniform(p1, real) + np_uniform(p2, real)) / 2
+      )
       if name == 'feddecorr':
-        value += 0.1 * (np_decorrelation(h1, real)
-                        + np_decorrelation(h2, real)) / 2
+        value += (
+          0.1 * (np_decorrelation(h1, real) + np_decorrelation(h2, real)) / 2
+        )
       return value
 
     assert got_loss == pytest.approx(loss(theta0), rel=1e-5), name
@@ -317,8 +361,9 @@ def test_fedu2_loss_is_nt_xent_plus_weighted_regulariser():
   for weight in (0.0, 0.01, 1.0):
     alg = fedu2.make(model, server_optimizer=SERVER, fur_weight=weight)
     ctx = make_ctx(alg.init_server(variables, 2, jax.random.key(0)))
-    values[weight], grad = jax_value_and_grad(alg, variables,
-                                              batch_of(raw, mask), ctx)
+    values[weight], grad = jax_value_and_grad(
+      alg, variables, batch_of(raw, mask), ctx
+    )
     if weight == 0.0:
       k_views = jax.random.split(ctx.key, 3)[0]
       x1, x2 = views_np(raw, k_views, order='fedu2')
@@ -354,7 +399,8 @@ def test_fedx_loss_matches_numpy():
   ctx = make_ctx(state)
   with jax.default_matmul_precision(HIGHEST):
     (got, _), grads = jax.value_and_grad(alg.client_loss, has_aux=True)(
-        local, {}, batch_of(raw, mask), ctx)
+      local, {}, batch_of(raw, mask), ctx
+    )
   k_views, k_random = jax.random.split(ctx.key)
   x1, x2 = views_np(raw_a, k_views, order='fedu2')
   xr = views_np(raw_r, k_random, order='fedu2')[0]
@@ -372,15 +418,20 @@ def test_fedx_loss_matches_numpy():
     z1, z2, zr = (np_forward(theta, x)[1] for x in (x1, x2, xr))
     q1, q2 = pred(theta, z1), pred(theta, z2)
     g2, gr = (np_forward(theta_global, x)[1] for x in (x2, xr))
-    return (np_nt_xent(z1, z2, real, 0.1, False)
-            + np_nt_xent(q1, g2, real, 0.1, False)
-            + np_relational(z1, z2, zr, real, real, 0.1, 0.1)
-            + np_relational(q1, q2, gr, real, real, 0.1, 0.1))
+    return (
+      np_nt_xent(z1, z2, real, 0.1, False)
+      + np_nt_xent(q1, g2, real, 0.1, False)
+      + np_relational(z1, z2, zr, real, real, 0.1, 0.1)
+      + np_relational(q1, q2, gr, real, real, 0.1, 0.1)
+    )
 
   assert float(got) == pytest.approx(loss(theta_local), rel=1e-5)
   eps = 1e-6
-  for key, name in (('enc', 'kernel'), ('proj', 'bias'),
-                    (fedx.PREDICTOR, 'fc1')):
+  for key, name in (
+    ('enc', 'kernel'),
+    ('proj', 'bias'),
+    (fedx.PREDICTOR, 'fc1'),
+  ):
     leaf = theta_local[key][name]
     if isinstance(leaf, dict):
       leaf, path = leaf['kernel'], (key, name, 'kernel')
@@ -398,8 +449,9 @@ def test_fedx_loss_matches_numpy():
     got_leaf = grads
     for part in path:
       got_leaf = got_leaf[part]
-    np.testing.assert_allclose(np.asarray(got_leaf), want, atol=2e-4,
-                               err_msg=str(path))
+    np.testing.assert_allclose(
+      np.asarray(got_leaf), want, atol=2e-4, err_msg=str(path)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -408,19 +460,31 @@ def test_fedx_loss_matches_numpy():
 
 
 def schedule(fn, n, *, batch_size, epochs, num_steps, seed=0):
-  return fn(np.arange(100, 100 + n), None, np.random.default_rng(seed),
-            num_steps=num_steps, batch_size=batch_size, local_epochs=epochs,
-            local_steps=0)
+  return fn(
+    np.arange(100, 100 + n),
+    None,
+    np.random.default_rng(seed),
+    num_steps=num_steps,
+    batch_size=batch_size,
+    local_epochs=epochs,
+    local_steps=0,
+  )
 
 
 def test_drop_last_and_single_example_batches():
   # n = 10, B = 4: batches of 4, 4, 2 per epoch.
-  idx, mask = schedule(fau.make_ssl_client_batches(drop_last=True), 10,
-                       batch_size=4, epochs=2, num_steps=6)
+  idx, mask = schedule(
+    fau.make_ssl_client_batches(drop_last=True),
+    10,
+    batch_size=4,
+    epochs=2,
+    num_steps=6,
+  )
   assert mask.sum(1).tolist() == [4, 4, 0, 4, 4, 0]
   # n = 9, B = 4: batches of 4, 4, 1; the one-example batch is skipped.
-  idx, mask = schedule(fau.make_ssl_client_batches(), 9, batch_size=4,
-                       epochs=1, num_steps=3)
+  idx, mask = schedule(
+    fau.make_ssl_client_batches(), 9, batch_size=4, epochs=1, num_steps=3
+  )
   assert mask.sum(1).tolist() == [4, 4, 0]
   assert sorted(idx[mask].tolist()) != list(range(100, 109))  # one left out
   assert len(set(idx[mask].tolist())) == 8
@@ -432,8 +496,9 @@ def test_random_batch_is_an_independent_epoch_of_the_same_shape():
   assert idx.shape == (3, 8)
   first, second = idx[:, :4][mask[:, :4]], idx[:, 4:][mask[:, 4:]]
   np.testing.assert_array_equal(mask[:, :4], mask[:, 4:])
-  assert sorted(first.tolist()) == sorted(second.tolist()) == list(
-      range(100, 110))
+  assert (
+    sorted(first.tolist()) == sorted(second.tolist()) == list(range(100, 110))
+  )
   assert first.tolist() != second.tolist()
 
 
@@ -453,8 +518,9 @@ def test_client_final_weights_by_local_batches():
   alg = algorithms.REGISTRY['ssd'](model, server_optimizer=SERVER)
   state = alg.init_server(variables, 2, jax.random.key(0))
   end = jax.tree.map(lambda v: v + 0.5, state.variables)
-  delta, weight, _ = alg.client_final(make_ctx(state, num_steps=7.0,
-                                               num_examples=900.0), end)
+  delta, weight, _ = alg.client_final(
+    make_ctx(state, num_steps=7.0, num_examples=900.0), end
+  )
   assert float(weight) == 7.0
   np.testing.assert_allclose(delta['params']['enc']['bias'], 0.5, atol=1e-6)
   with pytest.raises(ValueError, match='weighting'):
@@ -558,9 +624,14 @@ def test_min_norm_weights_match_released_solver(n, seed):
   real = np.zeros(slots, bool)
   real[where] = True
   with jax.default_matmul_precision(HIGHEST):
-    got = np.asarray(fedu2.min_norm_weights(
-        jnp.asarray(g, jnp.float32), jnp.asarray(w0, jnp.float32),
-        jnp.asarray(real)), np.float64)
+    got = np.asarray(
+      fedu2.min_norm_weights(
+        jnp.asarray(g, jnp.float32),
+        jnp.asarray(w0, jnp.float32),
+        jnp.asarray(real),
+      ),
+      np.float64,
+    )
   want = NumpyMinNormSolver.solve(gram, init)
   np.testing.assert_allclose(got[where], want, atol=2e-4)
   assert np.all(got[~real] == 0)
@@ -578,8 +649,9 @@ def test_min_norm_weights_match_released_solver(n, seed):
 
 def test_min_norm_weights_two_clients_keep_their_weights():
   gram = jnp.asarray([[4.0, -1.0], [-1.0, 4.0]])
-  got = fedu2.min_norm_weights(gram, jnp.asarray([0.25, 0.75]),
-                               jnp.asarray([True, True]))
+  got = fedu2.min_norm_weights(
+    gram, jnp.asarray([0.25, 0.75]), jnp.asarray([True, True])
+  )
   np.testing.assert_allclose(got, [0.25, 0.75], atol=1e-7)
 
 
@@ -598,36 +670,62 @@ def test_eua_server_update_matches_numpy():
   slot_mask = np.array([True, True, True, False])
   weights = np.array([3.0, 1.0, 2.0, 0.0])
   deltas, rows = [], []
-  for c, cid in enumerate(ids[:3]):
-    d = jax.tree.map(lambda v: jnp.asarray(rng.normal(size=v.shape),
-                                           jnp.float32), variables)
+  for c in range(3):
+    d = jax.tree.map(
+      lambda v: jnp.asarray(rng.normal(size=v.shape), jnp.float32), variables
+    )
     deltas.append(d)
     rows.append({'delta': d['params'], 'weight': jnp.float32(weights[c])})
   stacked = jax.tree.map(lambda *x: jnp.stack(x), *rows)
   table = engine.scatter_rows(table, jnp.asarray(ids[:3]), stacked)
   update_sum = jax.tree.map(
-      lambda *x: sum(w * v for w, v in zip(weights[:3], x)), *deltas)
-  aggregate = engine.Aggregate(update_sum, jnp.float32(weights.sum()),
-                               jnp.float32(3), jnp.asarray(ids),
-                               jnp.asarray(slot_mask))
+    lambda *x: sum(w * v for w, v in zip(weights[:3], x)), *deltas
+  )
+  aggregate = engine.Aggregate(
+    update_sum,
+    jnp.float32(weights.sum()),
+    jnp.float32(3),
+    jnp.asarray(ids),
+    jnp.asarray(slot_mask),
+  )
   with jax.default_matmul_precision(HIGHEST):
     new = alg.server_update(state, aggregate, table)
-  flat = [np.concatenate([np.ravel(np.asarray(x, np.float64))
-                          for x in jax.tree.leaves(d['params'])])
-          for d in deltas]
+  flat = [
+    np.concatenate(
+      [
+        np.ravel(np.asarray(x, np.float64))
+        for x in jax.tree.leaves(d['params'])
+      ]
+    )
+    for d in deltas
+  ]
   vecs = [2 * f / np.linalg.norm(f) for f in flat]
   gram = np.array([[a @ b for b in vecs] for a in vecs])
   lam = NumpyMinNormSolver.solve(gram, weights[:3] / weights[:3].sum())
   step = 8.0 * sum(l * v for l, v in zip(lam, vecs))
-  old = np.concatenate([np.ravel(np.asarray(x, np.float64))
-                        for x in jax.tree.leaves(variables['params'])])
-  got = np.concatenate([np.ravel(np.asarray(x, np.float64))
-                        for x in jax.tree.leaves(new.variables['params'])])
+  old = np.concatenate(
+    [
+      np.ravel(np.asarray(x, np.float64))
+      for x in jax.tree.leaves(variables['params'])
+    ]
+  )
+  got = np.concatenate(
+    [
+      np.ravel(np.asarray(x, np.float64))
+      for x in jax.tree.leaves(new.variables['params'])
+    ]
+  )
   np.testing.assert_allclose(got, old + step, atol=2e-4)
-  want_mean = sum(w * np.asarray(d['batch_stats']['bn']['mean'])
-                  for w, d in zip(weights[:3], deltas)) / weights.sum()
-  np.testing.assert_allclose(new.variables['batch_stats']['bn']['mean'],
-                             want_mean, atol=1e-6)
+  want_mean = (
+    sum(
+      w * np.asarray(d['batch_stats']['bn']['mean'])
+      for w, d in zip(weights[:3], deltas)
+    )
+    / weights.sum()
+  )
+  np.testing.assert_allclose(
+    new.variables['batch_stats']['bn']['mean'], want_mean, atol=1e-6
+  )
   assert int(new.round) == 1
 
 
@@ -645,8 +743,9 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
   # undefined; that case is tested below).
   variables = jax.tree.map(lambda v: v + 0.1, variables)
   variables = {**variables, 'batch_stats': {'bn': {'var': jnp.ones(3)}}}
-  alg = l_dawa.make(model, server_optimizer=SERVER, scope=scope,
-                    warmup_rounds=3)
+  alg = l_dawa.make(
+    model, server_optimizer=SERVER, scope=scope, warmup_rounds=3
+  )
   state, table = engine.init_state(alg, variables, 3)
   state = state._replace(round=jnp.int32(round_idx))
   rng = np.random.default_rng(1)
@@ -654,18 +753,24 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
   steps = [2.0, 5.0, 3.0]
   for k in range(3):
     end = jax.tree.map(
-        lambda v: v + jnp.asarray(0.3 * rng.normal(size=v.shape),
-                                  jnp.float32), variables)
+      lambda v: v + jnp.asarray(0.3 * rng.normal(size=v.shape), jnp.float32),
+      variables,
+    )
     ends.append(end)
     with jax.default_matmul_precision(HIGHEST):
       u, w, _ = alg.client_final(make_ctx(state, num_steps=steps[k]), end)
     updates.append(u)
     weights.append(float(w))
   update_sum = jax.tree.map(
-      lambda *x: sum(w * v for w, v in zip(weights, x)), *updates)
-  aggregate = engine.Aggregate(update_sum, jnp.float32(sum(weights)),
-                               jnp.float32(3), jnp.arange(3),
-                               jnp.ones(3, bool))
+    lambda *x: sum(w * v for w, v in zip(weights, x)), *updates
+  )
+  aggregate = engine.Aggregate(
+    update_sum,
+    jnp.float32(sum(weights)),
+    jnp.float32(3),
+    jnp.arange(3),
+    jnp.ones(3, bool),
+  )
   with jax.default_matmul_precision(HIGHEST):
     new = alg.server_update(state, aggregate, table)
   glob = jax.tree.map(lambda v: np.asarray(v, np.float64), variables)
@@ -686,8 +791,7 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
       total = np.zeros_like(g)
       for k, lk in enumerate(leaves_k):
         if scope == 'layer':
-          cos = np.sum(lk[i] * g) / (np.linalg.norm(lk[i]) *
-                                     np.linalg.norm(g))
+          cos = np.sum(lk[i] * g) / (np.linalg.norm(lk[i]) * np.linalg.norm(g))
           delta = min(cos, 1.0)
         else:
           delta = whole[k]
@@ -697,10 +801,16 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
 
 
 def test_l_dawa_zero_global_layer_keeps_weight_one():
-  local = {'a': jnp.asarray([1.0, 2.0]), 'b': jnp.asarray([0.0, 0.0]),
-           's': jnp.asarray(3.0)}
-  glob = {'a': jnp.asarray([2.0, 4.0]), 'b': jnp.asarray([0.0, 0.0]),
-          's': jnp.asarray(1.0)}
+  local = {
+    'a': jnp.asarray([1.0, 2.0]),
+    'b': jnp.asarray([0.0, 0.0]),
+    's': jnp.asarray(3.0),
+  }
+  glob = {
+    'a': jnp.asarray([2.0, 4.0]),
+    'b': jnp.asarray([0.0, 0.0]),
+    's': jnp.asarray(1.0),
+  }
   got = l_dawa.divergence_weights(local, glob)
   assert float(got['a']) == pytest.approx(1.0)  # clipped at 1
   assert float(got['b']) == 1.0 and float(got['s']) == 1.0

@@ -31,8 +31,9 @@ def _binomial_ok(count, n, p, sigmas=5.0):
 
 
 _boxes = jax.jit(
-    jax.vmap(augment.sample_crop_box, in_axes=(0, None, None, None, None)),
-    static_argnums=(1, 2, 3, 4))
+  jax.vmap(augment.sample_crop_box, in_axes=(0, None, None, None, None)),
+  static_argnums=(1, 2, 3, 4),
+)
 
 
 def _torchvision_box(rng, height, width, scale, ratio):
@@ -52,8 +53,9 @@ def _torchvision_box(rng, height, width, scale, ratio):
 def test_crop_boxes_lie_in_the_scale_and_ratio_ranges(height, width):
   scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
   keys = jax.random.split(jax.random.key(0), 3000)
-  top, left, h, w = (np.asarray(a) for a in
-                     _boxes(keys, height, width, scale, ratio))
+  top, left, h, w = (
+    np.asarray(a) for a in _boxes(keys, height, width, scale, ratio)
+  )
   assert (h >= 1).all() and (w >= 1).all()
   assert (top >= 0).all() and (top + h <= height).all()
   assert (left >= 0).all() and (left + w <= width).all()
@@ -73,33 +75,42 @@ def test_crop_box_distribution_matches_torchvision_loop():
   scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
   n = 4000
   keys = jax.random.split(jax.random.key(1), n)
-  _, _, h, w = (np.asarray(a, np.float64) for a in
-                _boxes(keys, height, width, scale, ratio))
+  _, _, h, w = (
+    np.asarray(a, np.float64) for a in _boxes(keys, height, width, scale, ratio)
+  )
   rng = np.random.RandomState(0)
-  ref = np.array([_torchvision_box(rng, height, width, scale, ratio)
-                  for _ in range(n)], np.float64)
+  ref = np.array(
+    [_torchvision_box(rng, height, width, scale, ratio) for _ in range(n)],
+    np.float64,
+  )
   ref_h, ref_w = ref[:, 2], ref[:, 3]
   area, ref_area = h * w / (height * width), ref_h * ref_w / (height * width)
   # Valid candidates need s r <= 1 and s / r <= 1, so large areas are rarer
   # than under U[0.08, 1]: the mean sits below 0.54.
   assert ref_area.mean() < 0.52
   quantiles = [0.1, 0.25, 0.5, 0.75, 0.9]
-  np.testing.assert_allclose(np.quantile(area, quantiles),
-                             np.quantile(ref_area, quantiles), atol=0.03)
+  np.testing.assert_allclose(
+    np.quantile(area, quantiles), np.quantile(ref_area, quantiles), atol=0.03
+  )
   log_r, ref_log_r = np.log(w / h), np.log(ref_w / ref_h)
-  np.testing.assert_allclose(np.quantile(log_r, quantiles),
-                             np.quantile(ref_log_r, quantiles), atol=0.03)
+  np.testing.assert_allclose(
+    np.quantile(log_r, quantiles), np.quantile(ref_log_r, quantiles), atol=0.03
+  )
 
 
-@pytest.mark.parametrize('height, width, expected', [
-    (16, 16, (0, 0, 16, 16)),     # Ratio 1 is in range: the whole image.
-    (10, 40, (0, 13, 10, 13)),    # Too wide: h = 10, w = round(10 * 4/3).
-    (40, 10, (13, 0, 13, 10)),    # Too tall: w = 10, h = round(10 / (3/4)).
-])
+@pytest.mark.parametrize(
+  'height, width, expected',
+  [
+    (16, 16, (0, 0, 16, 16)),  # Ratio 1 is in range: the whole image.
+    (10, 40, (0, 13, 10, 13)),  # Too wide: h = 10, w = round(10 * 4/3).
+    (40, 10, (13, 0, 13, 10)),  # Too tall: w = 10, h = round(10 / (3/4)).
+  ],
+)
 def test_crop_box_falls_back_to_a_centre_crop(height, width, expected):
   # Area fractions >= 2 never fit, so all 10 candidates fail.
-  box = augment.sample_crop_box(jax.random.key(2), height, width, (2.0, 3.0),
-                                (3 / 4, 4 / 3))
+  box = augment.sample_crop_box(
+    jax.random.key(2), height, width, (2.0, 3.0), (3 / 4, 4 / 3)
+  )
   assert tuple(int(v) for v in box) == expected
 
 
@@ -109,7 +120,7 @@ def test_crop_box_falls_back_to_a_centre_crop(height, width, expected):
 def _numpy_resized_crop(image, top, left, h, w, out_h, out_w):
   """Half-pixel bilinear resize of the crop, float64 loops (torch's
   interpolate(mode='bilinear', align_corners=False))."""
-  crop = image[top:top + h, left:left + w].astype(np.float64)
+  crop = image[top : top + h, left : left + w].astype(np.float64)
   out = np.zeros((out_h, out_w, image.shape[2]))
 
   def taps(o, n_in, n_out):
@@ -122,8 +133,9 @@ def _numpy_resized_crop(image, top, left, h, w, out_h, out_w):
     y0, y1, fy = taps(i, h, out_h)
     for j in range(out_w):
       x0, x1, fx = taps(j, w, out_w)
-      out[i, j] = ((1 - fy) * ((1 - fx) * crop[y0, x0] + fx * crop[y0, x1])
-                   + fy * ((1 - fx) * crop[y1, x0] + fx * crop[y1, x1]))
+      out[i, j] = (1 - fy) * (
+        (1 - fx) * crop[y0, x0] + fx * crop[y0, x1]
+      ) + fy * ((1 - fx) * crop[y1, x0] + fx * crop[y1, x1])
   return out
 
 
@@ -133,23 +145,28 @@ def test_numpy_bilinear_reference_agrees_with_jax_image_resize():
   image = np.random.RandomState(3).rand(5, 7, 2)
   ref = _numpy_resized_crop(image, 0, 0, 5, 7, 13, 10)
   with jax.default_matmul_precision('highest'):
-    other = jax.image.resize(jnp.asarray(image, jnp.float32), (13, 10, 2),
-                             'linear', antialias=False)
+    other = jax.image.resize(
+      jnp.asarray(image, jnp.float32), (13, 10, 2), 'linear', antialias=False
+    )
   np.testing.assert_allclose(other, ref, atol=1e-5)
 
 
-@pytest.mark.parametrize('box, out_size', [
-    ((2, 3, 5, 7), (13, 10)),   # Up-sample a crop: edges must not leak.
-    ((0, 0, 9, 11), (9, 11)),   # Identity.
-    ((1, 2, 8, 9), (4, 3)),     # Down-sample.
-    ((4, 6, 1, 1), (3, 3)),     # A single pixel.
-])
+@pytest.mark.parametrize(
+  'box, out_size',
+  [
+    ((2, 3, 5, 7), (13, 10)),  # Up-sample a crop: edges must not leak.
+    ((0, 0, 9, 11), (9, 11)),  # Identity.
+    ((1, 2, 8, 9), (4, 3)),  # Down-sample.
+    ((4, 6, 1, 1), (3, 3)),  # A single pixel.
+  ],
+)
 def test_resized_crop_matches_numpy_bilinear(box, out_size):
   image = _image(4, (9, 11, 3))
   ref = _numpy_resized_crop(image / 255.0, *box, *out_size)
   with jax.default_matmul_precision('highest'):
     out = jax.jit(augment.resized_crop, static_argnums=5)(
-        jnp.asarray(image), *box, out_size)
+      jnp.asarray(image), *box, out_size
+    )
   assert out.dtype == jnp.float32 and out.shape == out_size + (3,)
   np.testing.assert_allclose(out, ref, atol=1e-6)
 
@@ -159,7 +176,8 @@ def test_random_resized_crop_is_resized_crop_of_the_sampled_box():
   keys = jax.random.split(jax.random.key(6), 4)
   boxes = np.stack(_boxes(keys, 12, 12, (0.08, 1.0), (3 / 4, 4 / 3)), axis=1)
   crops = jax.jit(jax.vmap(augment.random_resized_crop, in_axes=(None, 0)))(
-      jnp.asarray(image), keys)
+    jnp.asarray(image), keys
+  )
   for box, crop in zip(boxes, crops, strict=True):
     ref = _numpy_resized_crop(image / 255.0, *box, 12, 12)
     np.testing.assert_allclose(crop, ref, atol=1e-6)
@@ -173,8 +191,11 @@ def test_flip_rate_and_values(p):
   image = _image(6, (4, 5, 3))
   n = 2000
   keys = jax.random.split(jax.random.key(7), n)
-  out = np.asarray(jax.jit(jax.vmap(
-      lambda k: augment.horizontal_flip(jnp.asarray(image), k, p=p)))(keys))
+  out = np.asarray(
+    jax.jit(
+      jax.vmap(lambda k: augment.horizontal_flip(jnp.asarray(image), k, p=p))
+    )(keys)
+  )
   x = image.astype(np.float32) / np.float32(255.0)
   flipped = (out == x[:, ::-1]).all(axis=(1, 2, 3))
   kept = (out == x).all(axis=(1, 2, 3))
@@ -188,14 +209,19 @@ def test_grayscale_rate_and_luma(p):
   n = 2000
   keys = jax.random.split(jax.random.key(9), n)
   with jax.default_matmul_precision('highest'):
-    out = np.asarray(jax.jit(jax.vmap(
-        lambda k: augment.random_grayscale(jnp.asarray(image), k, p=p)))(keys))
+    out = np.asarray(
+      jax.jit(
+        jax.vmap(lambda k: augment.random_grayscale(jnp.asarray(image), k, p=p))
+      )(keys)
+    )
   x = image.astype(np.float64) / 255.0
   luma = sum(w * x[..., c] for c, w in enumerate(LUMA))
-  converted = np.array([np.allclose(o, luma[..., None], atol=1e-6)
-                        for o in out])
+  converted = np.array(
+    [np.allclose(o, luma[..., None], atol=1e-6) for o in out]
+  )
   kept = (out == image.astype(np.float32) / np.float32(255.0)).all(
-      axis=(1, 2, 3))
+    axis=(1, 2, 3)
+  )
   assert (converted ^ kept).all()
   assert _binomial_ok(converted.sum(), n, p)
 
@@ -221,29 +247,37 @@ def test_brightness_contrast_saturation_match_formulas():
   xj = jnp.asarray(x, jnp.float32)
   luma = sum(w * x[..., c] for c, w in enumerate(LUMA))
   for f in (0.0, 0.3, 1.0, 1.7):
-    np.testing.assert_allclose(augment.adjust_brightness(xj, f),
-                               np.clip(f * x, 0, 1), atol=1e-6)
-    np.testing.assert_allclose(augment.adjust_contrast(xj, f),
-                               np.clip(f * x + (1 - f) * luma.mean(), 0, 1),
-                               atol=1e-6)
     np.testing.assert_allclose(
-        augment.adjust_saturation(xj, f),
-        np.clip(f * x + (1 - f) * luma[..., None], 0, 1), atol=1e-6)
+      augment.adjust_brightness(xj, f), np.clip(f * x, 0, 1), atol=1e-6
+    )
+    np.testing.assert_allclose(
+      augment.adjust_contrast(xj, f),
+      np.clip(f * x + (1 - f) * luma.mean(), 0, 1),
+      atol=1e-6,
+    )
+    np.testing.assert_allclose(
+      augment.adjust_saturation(xj, f),
+      np.clip(f * x + (1 - f) * luma[..., None], 0, 1),
+      atol=1e-6,
+    )
   # 1 channel: contrast blends with the plain mean, saturation does nothing.
   g = x[..., :1]
-  np.testing.assert_allclose(augment.adjust_contrast(jnp.asarray(g), 0.4),
-                             np.clip(0.4 * g + 0.6 * g.mean(), 0, 1),
-                             atol=1e-6)
-  np.testing.assert_allclose(augment.adjust_saturation(jnp.asarray(g), 0.4),
-                             g, atol=1e-7)
+  np.testing.assert_allclose(
+    augment.adjust_contrast(jnp.asarray(g), 0.4),
+    np.clip(0.4 * g + 0.6 * g.mean(), 0, 1),
+    atol=1e-6,
+  )
+  np.testing.assert_allclose(
+    augment.adjust_saturation(jnp.asarray(g), 0.4), g, atol=1e-7
+  )
 
 
 @pytest.mark.parametrize('shift', [0.0, 0.1, -0.2, 0.5, -0.5, 0.37])
 def test_hue_matches_colorsys(shift):
   x = _float_image(12, (5, 6, 3))
-  x[0, 0] = (0.3, 0.3, 0.3)   # Grey: hue undefined, must stay grey.
+  x[0, 0] = (0.3, 0.3, 0.3)  # Grey: hue undefined, must stay grey.
   x[0, 1] = (1.0, 0.0, 0.0)
-  x[0, 2] = (0.2, 0.9, 0.9)   # Ties between max channels.
+  x[0, 2] = (0.2, 0.9, 0.9)  # Ties between max channels.
   x[0, 3] = (0.0, 0.0, 0.0)
   ref = np.zeros_like(x)
   for i in range(x.shape[0]):
@@ -254,18 +288,27 @@ def test_hue_matches_colorsys(shift):
   np.testing.assert_allclose(out, ref, atol=2e-6)
 
 
-@pytest.mark.parametrize('kwargs', [
+@pytest.mark.parametrize(
+  'kwargs',
+  [
     {'brightness': 0, 'contrast': 0, 'saturation': 0, 'hue': 0, 'p': 1.0},
-    {'brightness': (1, 1), 'contrast': (1, 1), 'saturation': (1, 1),
-     'hue': (0, 0), 'p': 1.0},
+    {
+      'brightness': (1, 1),
+      'contrast': (1, 1),
+      'saturation': (1, 1),
+      'hue': (0, 0),
+      'p': 1.0,
+    },
     {'p': 0.0},
-])
+  ],
+)
 def test_jitter_is_the_identity_at_zero_strength_or_probability(kwargs):
   image = _image(13)
   expected = image.astype(np.float32) / np.float32(255.0)
   keys = jax.random.split(jax.random.key(14), 8)
-  out = jax.jit(jax.vmap(lambda k: augment.color_jitter(
-      jnp.asarray(image), k, **kwargs)))(keys)
+  out = jax.jit(
+    jax.vmap(lambda k: augment.color_jitter(jnp.asarray(image), k, **kwargs))
+  )(keys)
   for o in out:
     np.testing.assert_array_equal(o, expected)
 
@@ -275,22 +318,33 @@ def test_jitter_factor_range_and_apply_rate():
   x = _float_image(14, (4, 4, 3), 0.05, 0.5)
   n = 1000
   keys = jax.random.split(jax.random.key(15), n)
-  jitter = jax.jit(jax.vmap(lambda k: augment.color_jitter(
-      jnp.asarray(x, jnp.float32), k, brightness=0.8, contrast=0,
-      saturation=0, hue=0, p=0.8)))
+  jitter = jax.jit(
+    jax.vmap(
+      lambda k: augment.color_jitter(
+        jnp.asarray(x, jnp.float32),
+        k,
+        brightness=0.8,
+        contrast=0,
+        saturation=0,
+        hue=0,
+        p=0.8,
+      )
+    )
+  )
   out = np.asarray(jitter(keys), np.float64)
   factors = (out / x).reshape(n, -1)
   # One factor per image.
-  np.testing.assert_allclose(factors, np.broadcast_to(factors[:, :1],
-                                                      factors.shape),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    factors, np.broadcast_to(factors[:, :1], factors.shape), rtol=1e-5
+  )
   f = factors[:, 0]
   applied = ~np.isclose(f, 1.0, atol=1e-6)
   assert _binomial_ok(applied.sum(), n, 0.8)
   assert f.min() >= 0.2 - 1e-6 and f.max() <= 1.8 + 1e-6
   # Uniform on [0.2, 1.8]: quartiles at 0.6, 1.0, 1.4.
-  np.testing.assert_allclose(np.quantile(f[applied], [0.25, 0.5, 0.75]),
-                             [0.6, 1.0, 1.4], atol=0.08)
+  np.testing.assert_allclose(
+    np.quantile(f[applied], [0.25, 0.5, 0.75]), [0.6, 1.0, 1.4], atol=0.08
+  )
 
 
 def test_jitter_order_is_random_per_example():
@@ -300,17 +354,24 @@ def test_jitter_order_is_random_per_example():
   x = jnp.asarray(_float_image(16, (4, 4, 3)), jnp.float32)
   c, h = 0.5, 0.25
   hue_then_contrast = np.asarray(
-      augment.adjust_contrast(augment.adjust_hue(x, h), c))
+    augment.adjust_contrast(augment.adjust_hue(x, h), c)
+  )
   contrast_then_hue = np.asarray(
-      augment.adjust_hue(augment.adjust_contrast(x, c), h))
+    augment.adjust_hue(augment.adjust_contrast(x, c), h)
+  )
   assert not np.allclose(hue_then_contrast, contrast_then_hue, atol=1e-3)
   keys = jax.random.split(jax.random.key(17), 200)
-  out = np.asarray(jax.jit(jax.vmap(lambda k: augment.color_jitter(
-      x, k, brightness=0, contrast=(c, c), saturation=0, hue=(h, h),
-      p=1.0)))(keys))
+  out = np.asarray(
+    jax.jit(
+      jax.vmap(
+        lambda k: augment.color_jitter(
+          x, k, brightness=0, contrast=(c, c), saturation=0, hue=(h, h), p=1.0
+        )
+      )
+    )(keys)
+  )
   first = np.array([np.allclose(o, hue_then_contrast, atol=1e-5) for o in out])
-  second = np.array([np.allclose(o, contrast_then_hue, atol=1e-5)
-                     for o in out])
+  second = np.array([np.allclose(o, contrast_then_hue, atol=1e-5) for o in out])
   assert (first ^ second).all()
   assert _binomial_ok(first.sum(), 200, 0.5)
 
@@ -329,9 +390,16 @@ def test_jitter_rejects_bad_strengths():
 @pytest.mark.parametrize('order, channels', [('ssd', 3), ('fedu2', 1)])
 def test_pipeline_is_the_identity_without_randomness(order, channels):
   images = np.stack([_image(s, (8, 8, channels)) for s in range(3)])
-  augment_fn = jax.jit(augment.make_two_view_augment(
-      crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), jitter_p=0.0,
-      grayscale_p=0.0, flip_p=0.0, order=order))
+  augment_fn = jax.jit(
+    augment.make_two_view_augment(
+      crop_scale=(1.0, 1.0),
+      crop_ratio=(1.0, 1.0),
+      jitter_p=0.0,
+      grayscale_p=0.0,
+      flip_p=0.0,
+      order=order,
+    )
+  )
   view1, view2 = augment_fn(jnp.asarray(images), jax.random.key(0))
   expected = images.astype(np.float32) / np.float32(255.0)
   assert view1.dtype == jnp.float32
@@ -342,9 +410,16 @@ def test_pipeline_is_the_identity_without_randomness(order, channels):
 @pytest.mark.parametrize('order', ['ssd', 'fedu2'])
 def test_pipeline_applies_flip_and_grayscale_probabilities(order):
   images = np.stack([_image(s, (6, 7, 3)) for s in range(2)])
-  augment_fn = jax.jit(augment.make_two_view_augment(
-      crop_scale=(1.0, 1.0), crop_ratio=(7 / 6, 7 / 6), jitter=(0, 0, 0, 0),
-      grayscale_p=1.0, flip_p=1.0, order=order))
+  augment_fn = jax.jit(
+    augment.make_two_view_augment(
+      crop_scale=(1.0, 1.0),
+      crop_ratio=(7 / 6, 7 / 6),
+      jitter=(0, 0, 0, 0),
+      grayscale_p=1.0,
+      flip_p=1.0,
+      order=order,
+    )
+  )
   view1, view2 = augment_fn(jnp.asarray(images), jax.random.key(0))
   x = images.astype(np.float64)[:, :, ::-1] / 255.0
   luma = sum(w * x[..., c] for c, w in enumerate(LUMA))[..., None]
@@ -376,10 +451,14 @@ def test_fedu2_order_defaults_to_its_crop_scale():
   images = jnp.asarray(np.stack([_image(s, (8, 8, 3)) for s in range(4)]))
   key = jax.random.key(3)
   no_jitter = (0, 0, 0, 0)  # Skipped at trace time: a small program.
-  default = jax.jit(augment.make_two_view_augment(
-      order='fedu2', jitter=no_jitter))(images, key)
-  explicit = jax.jit(augment.make_two_view_augment(
-      order='fedu2', jitter=no_jitter, crop_scale=(0.2, 1.0)))(images, key)
+  default = jax.jit(
+    augment.make_two_view_augment(order='fedu2', jitter=no_jitter)
+  )(images, key)
+  explicit = jax.jit(
+    augment.make_two_view_augment(
+      order='fedu2', jitter=no_jitter, crop_scale=(0.2, 1.0)
+    )
+  )(images, key)
   np.testing.assert_array_equal(default[0], explicit[0])
   np.testing.assert_array_equal(default[1], explicit[1])
   with pytest.raises(ValueError, match='order'):
@@ -388,10 +467,12 @@ def test_fedu2_order_defaults_to_its_crop_scale():
 
 def test_out_size_and_vmap_over_keys():
   images = jnp.asarray(np.stack([_image(s, (8, 8, 3)) for s in range(2)]))
-  view1, view2 = jax.jit(augment.make_two_view_augment(
-      out_size=(6, 10), jitter=(0, 0, 0, 0)))(images, jax.random.key(4))
+  view1, view2 = jax.jit(
+    augment.make_two_view_augment(out_size=(6, 10), jitter=(0, 0, 0, 0))
+  )(images, jax.random.key(4))
   assert view1.shape == view2.shape == (2, 6, 10, 3)
   # The per-example op vmaps over keys as well as images.
   crops = jax.jit(jax.vmap(augment.random_resized_crop, in_axes=(None, 0)))(
-      images[0], jax.random.split(jax.random.key(5), 3))
+    images[0], jax.random.split(jax.random.key(5), 3)
+  )
   assert crops.shape == (3, 8, 8, 3)

@@ -16,13 +16,11 @@ import json
 import math
 import os
 
+from absl import flags
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from absl import flags
 
 from configs import common
 from configs import fedavg as fedavg_config
@@ -46,11 +44,15 @@ class Encoder(nn.Module):
 def setup(**overrides):
   rng = np.random.default_rng(0)
   train = sources.ArrayDataset(
-      rng.integers(0, 256, (40, 6, 6, 1)).astype(np.uint8),
-      rng.integers(0, 3, 40).astype(np.int32), 3)
+    rng.integers(0, 256, (40, 6, 6, 1)).astype(np.uint8),
+    rng.integers(0, 3, 40).astype(np.int32),
+    3,
+  )
   test = sources.ArrayDataset(
-      rng.integers(0, 256, (20, 6, 6, 1)).astype(np.uint8),
-      rng.integers(0, 3, 20).astype(np.int32), 3)
+    rng.integers(0, 256, (20, 6, 6, 1)).astype(np.uint8),
+    rng.integers(0, 3, 20).astype(np.int32),
+    3,
+  )
   # The clients hold 22 of the 40 training examples.
   clients = [np.arange(0, 12), np.arange(30, 40)]
   model = make_model_fns(Encoder(), (1, 6, 6, 1))
@@ -67,31 +69,40 @@ def np_features(variables, images):
 
 
 def test_knn_monitor_sees_unit_scaled_encoder_features_of_client_data(
-    monkeypatch):
+  monkeypatch,
+):
   model, variables, train, test, clients, config = setup()
   seen = {}
 
   def fake_knn(bank, bank_labels, queries, query_labels, **kwargs):
-    seen.update(bank=bank, bank_labels=bank_labels, queries=queries,
-                query_labels=query_labels, **kwargs)
+    seen.update(
+      bank=bank,
+      bank_labels=bank_labels,
+      queries=queries,
+      query_labels=query_labels,
+      **kwargs,
+    )
     return 0.5
 
   monkeypatch.setattr(downstream, 'knn_accuracy', fake_knn)
-  every, _ = ssl_eval.make_ssl_evaluator(model, train, test, clients, config,
-                                         batch_size=7)
+  every, _ = ssl_eval.make_ssl_evaluator(
+    model, train, test, clients, config, batch_size=7
+  )
   with jax.default_matmul_precision('highest'):
     assert every(variables) == {'knn_accuracy': 0.5}
   pool = np.concatenate(clients)
-  np.testing.assert_allclose(seen['bank'], np_features(variables,
-                                                       train.images[pool]),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    seen['bank'], np_features(variables, train.images[pool]), atol=1e-5
+  )
   np.testing.assert_array_equal(seen['bank_labels'], train.labels[pool])
-  np.testing.assert_allclose(seen['queries'],
-                             np_features(variables, test.images), atol=1e-5)
+  np.testing.assert_allclose(
+    seen['queries'], np_features(variables, test.images), atol=1e-5
+  )
   assert seen['k'] == 200 and seen['temperature'] == 0.1
   # Subsets of the bank and of the queries.
   model, variables, train, test, clients, config = setup(
-      knn_bank_examples=5, knn_test_examples=8)
+    knn_bank_examples=5, knn_test_examples=8
+  )
   every, _ = ssl_eval.make_ssl_evaluator(model, train, test, clients, config)
   every(variables)
   assert seen['bank'].shape == (5, 5) and seen['queries'].shape == (8, 5)
@@ -100,16 +111,21 @@ def test_knn_monitor_sees_unit_scaled_encoder_features_of_client_data(
 
 def test_final_metrics_and_their_inputs(monkeypatch):
   model, variables, train, test, clients, config = setup(
-      linear_epochs=3, finetune_epochs=1, finetune_evals=1,
-      finetune_fractions=(0.5,), finetune_batch_size=4,
-      quality_examples=15)
+    linear_epochs=3,
+    finetune_epochs=1,
+    finetune_evals=1,
+    finetune_fractions=(0.5,),
+    finetune_batch_size=4,
+    quality_examples=15,
+  )
   tuned = []
   real_fine_tune = downstream.fine_tune
 
   def spy(model_apply, variables, images, labels, *args, **kwargs):
     tuned.append((np.asarray(images), np.asarray(labels)))
-    return real_fine_tune(model_apply, variables, images, labels, *args,
-                          **kwargs)
+    return real_fine_tune(
+      model_apply, variables, images, labels, *args, **kwargs
+    )
 
   monkeypatch.setattr(downstream, 'fine_tune', spy)
   _, final = ssl_eval.make_ssl_evaluator(model, train, test, clients, config)
@@ -128,14 +144,20 @@ def test_final_metrics_and_their_inputs(monkeypatch):
   # first 15 test features, re-derived in float64.
   f = np_features(variables, test.images)[:15]
   u = f / np.linalg.norm(f, axis=1, keepdims=True)
-  pairs = [math.exp(-2 * np.sum((u[i] - u[j])**2))
-           for i in range(15) for j in range(15) if i != j]
+  pairs = [
+    math.exp(-2 * np.sum((u[i] - u[j]) ** 2))
+    for i in range(15)
+    for j in range(15)
+    if i != j
+  ]
   assert metrics['test_uniformity'] == pytest.approx(
-      math.log(np.mean(pairs)), abs=1e-4)
+    math.log(np.mean(pairs)), abs=1e-4
+  )
   s = np.linalg.svd(f, compute_uv=False)
   p = s / s.sum()
   assert metrics['test_effective_rank'] == pytest.approx(
-      math.exp(-np.sum(p * np.log(p))), rel=1e-4)
+    math.exp(-np.sum(p * np.log(p))), rel=1e-4
+  )
 
 
 def test_fraction_names():
@@ -165,7 +187,8 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
   workdir = str(tmp_path / 'run')
   summary = train_lib.run(config, workdir)
   metrics = evaluate_lib.evaluate(
-      workdir, overrides=['ssl_eval.linear_epochs=1'])
+    workdir, overrides=['ssl_eval.linear_epochs=1']
+  )
   assert metrics['round'] == 1
   assert metrics['knn_accuracy'] == pytest.approx(summary['knn_accuracy'])
   assert 0.0 <= metrics['linear_probe_accuracy'] <= 1.0
@@ -183,10 +206,12 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
   export_dir = metrics['export_dir']
   assert export_dir == os.path.join(workdir, 'export', 'round_1')
   model, variables, preprocess, description = evaluate_lib.load_export(
-      export_dir)
+    export_dir
+  )
   assert description['round'] == 1 and description['algorithm'] == 'ssd'
   assert description['input_mean'] == [0.0] and description['input_std'] == [
-      1.0]
+    1.0
+  ]
   assert 'batch_stats' in variables  # The ResNet-style encoder's BN.
   train_split = sources.load('digits', 'train')
   test_split = sources.load('digits', 'test')
@@ -197,16 +222,21 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
     params = variables['params']
     state = {k: v for k, v in variables.items() if k != 'params'}
     with jax.default_matmul_precision('highest'):
-      out, _ = model.apply(params, state, preprocess(images, None),
-                           train=False)
+      out, _ = model.apply(params, state, preprocess(images, None), train=False)
     return np.asarray(out['embedding'])
 
-  np.testing.assert_allclose(preprocess(test_split.images[:2], None),
-                             test_split.images[:2] / 255.0, atol=1e-7)
+  np.testing.assert_allclose(
+    preprocess(test_split.images[:2], None),
+    test_split.images[:2] / 255.0,
+    atol=1e-7,
+  )
   knn = downstream.knn_accuracy(
-      embed(train_split.images[pool]), train_split.labels[pool],
-      embed(test_split.images), test_split.labels,
-      num_classes=test_split.num_classes)
+    embed(train_split.images[pool]),
+    train_split.labels[pool],
+    embed(test_split.images),
+    test_split.labels,
+    num_classes=test_split.num_classes,
+  )
   assert knn == pytest.approx(summary['knn_accuracy'], abs=2e-3)
 
 
@@ -224,21 +254,21 @@ def test_export_of_a_classifier_gives_the_runs_test_accuracy(tmp_path):
   results = []
   for npz in (False, True):
     model, variables, preprocess, description = evaluate_lib.load_export(
-        metrics['export_dir'], npz=npz)
+      metrics['export_dir'], npz=npz
+    )
     assert description['model']['name'] == config.model.name
     assert description['num_classes'] == 10
     assert description['input_shape'] == list(test_split.images.shape[1:])
     # The run's evaluation scaling: the training set's channel statistics.
     x = sources.load('digits', 'train').images.astype(np.float64) / 255.0
-    np.testing.assert_allclose(description['input_mean'], [x.mean()],
-                               rtol=1e-5)
-    np.testing.assert_allclose(description['input_std'], [x.std()],
-                               rtol=1e-5)
+    np.testing.assert_allclose(description['input_mean'], [x.mean()], rtol=1e-5)
+    np.testing.assert_allclose(description['input_std'], [x.std()], rtol=1e-5)
     params = variables['params']
     state = {k: v for k, v in variables.items() if k != 'params'}
     with jax.default_matmul_precision('highest'):
-      out, _ = model.apply(params, state,
-                           preprocess(test_split.images, None), train=False)
+      out, _ = model.apply(
+        params, state, preprocess(test_split.images, None), train=False
+      )
     logits = np.asarray(out['logits'], np.float64)
     results.append(logits)
     accuracy = np.mean(np.argmax(logits, axis=1) == test_split.labels)

@@ -15,9 +15,13 @@ import pytest
 from fedjax_metric import models
 
 TINY = {
-    'ssl_resnet18': {'width': 4, 'projector_hidden': 16, 'projection_dim': 8},
-    'ssl_cnn': {'width': 4, 'embedding_dim': 8, 'projector_hidden': 16,
-                'projection_dim': 6},
+  'ssl_resnet18': {'width': 4, 'projector_hidden': 16, 'projection_dim': 8},
+  'ssl_cnn': {
+    'width': 4,
+    'embedding_dim': 8,
+    'projector_hidden': 16,
+    'projection_dim': 6,
+  },
 }
 
 
@@ -27,10 +31,13 @@ def _init(model, x, seed=0):
 
 def _abstract_counts(model, shape):
   """{collection: #scalars} of the model's variables, without running it."""
-  variables = jax.eval_shape(model.init, jax.random.key(0),
-                             jnp.zeros((1,) + shape))
-  return {k: sum(math.prod(x.shape) for x in jax.tree.leaves(v))
-          for k, v in variables.items()}
+  variables = jax.eval_shape(
+    model.init, jax.random.key(0), jnp.zeros((1,) + shape)
+  )
+  return {
+    k: sum(math.prod(x.shape) for x in jax.tree.leaves(v))
+    for k, v in variables.items()
+  }
 
 
 def _conv(k, c_in, c_out, bias):
@@ -66,11 +73,14 @@ def _resnet18_encoder_counts(w):
 # --------------------------------------------------------------------- shapes
 
 
-@pytest.mark.parametrize('name, shape, emb', [
+@pytest.mark.parametrize(
+  'name, shape, emb',
+  [
     ('ssl_resnet18', (8, 8, 1), 32),
     ('ssl_cnn', (28, 28, 1), 8),
     ('ssl_cnn', (8, 8, 3), 8),
-])
+  ],
+)
 def test_output_shapes_and_batch_stats(name, shape, emb):
   model = models.build(name, 10, **TINY[name])
   x = jax.random.uniform(jax.random.key(1), (3,) + shape)
@@ -78,8 +88,9 @@ def test_output_shapes_and_batch_stats(name, shape, emb):
   assert set(params) == {'encoder', 'projector'}
   assert set(state) == {'batch_stats'}
   assert set(state['batch_stats']) == {'encoder', 'projector'}
-  out, new_state = model.apply(params, state, x, train=True,
-                                     mask=jnp.ones(3, bool))
+  out, new_state = model.apply(
+    params, state, x, train=True, mask=jnp.ones(3, bool)
+  )
   assert set(out) == {'embedding', 'projection', 'features'}
   assert out['embedding'].shape == (3, emb)
   assert out['projection'].shape == (3, TINY[name]['projection_dim'])
@@ -87,8 +98,12 @@ def test_output_shapes_and_batch_stats(name, shape, emb):
   assert (out['embedding'] >= 0).all()  # Post-ReLU representation.
   assert (out['projection'] < 0).any()  # Linear output: no ReLU.
   assert jax.tree.structure(new_state) == jax.tree.structure(state)
-  assert not all(np.allclose(a, b) for a, b in zip(
-      jax.tree.leaves(new_state), jax.tree.leaves(state), strict=True))
+  assert not all(
+    np.allclose(a, b)
+    for a, b in zip(
+      jax.tree.leaves(new_state), jax.tree.leaves(state), strict=True
+    )
+  )
 
 
 @pytest.mark.parametrize('norm', ['none', 'group'])
@@ -111,37 +126,50 @@ def test_ssl_resnet18_param_count_matches_hand_count():
   assert encoder == 11_173_962 - _dense(512, 10) == 11_168_832
   assert projector == 2_103_808
   assert _abstract_counts(models.build('ssl_resnet18', 10), (32, 32, 3)) == {
-      'params': encoder + projector,
-      'batch_stats': 2 * (encoder_norms + projector_norms)}
+    'params': encoder + projector,
+    'batch_stats': 2 * (encoder_norms + projector_norms),
+  }
   assert encoder + projector == 13_272_640
   # Another width and projector: the formula is not tuned to one config.
   encoder, encoder_norms = _resnet18_encoder_counts(8)
   projector, projector_norms = _projector_counts(64, 96, 32)
-  model = models.build('ssl_resnet18', 100, width=8, projector_hidden=96,
-                       projection_dim=32)
+  model = models.build(
+    'ssl_resnet18', 100, width=8, projector_hidden=96, projection_dim=32
+  )
   assert _abstract_counts(model, (32, 32, 3)) == {
-      'params': encoder + projector,
-      'batch_stats': 2 * (encoder_norms + projector_norms)}
+    'params': encoder + projector,
+    'batch_stats': 2 * (encoder_norms + projector_norms),
+  }
 
 
 @pytest.mark.parametrize('shape', [(28, 28, 1), (32, 32, 3)])
 def test_ssl_cnn_param_count_matches_hand_count(shape):
   h, w, c = shape
   side_h, side_w = -(-h // 4), -(-w // 4)  # Two stride-2 SAME convs.
-  encoder = (_conv(3, c, 32, False) + _conv(3, 32, 64, False)
-             + 2 * (32 + 64) + _dense(64 * side_h * side_w, 128))
+  encoder = (
+    _conv(3, c, 32, False)
+    + _conv(3, 32, 64, False)
+    + 2 * (32 + 64)
+    + _dense(64 * side_h * side_w, 128)
+  )
   projector, projector_norms = _projector_counts(128, 512, 128)
   if shape == (28, 28, 1):
     assert encoder + projector == 553_184
   assert _abstract_counts(models.build('ssl_cnn', 10), shape) == {
-      'params': encoder + projector,
-      'batch_stats': 2 * (32 + 64 + projector_norms)}
+    'params': encoder + projector,
+    'batch_stats': 2 * (32 + 64 + projector_norms),
+  }
   # Without a norm the convs get biases back.
-  no_norm = (_conv(3, c, 32, True) + _conv(3, 32, 64, True)
-             + _dense(64 * side_h * side_w, 128)
-             + _dense(128, 512) + _dense(512, 128))
+  no_norm = (
+    _conv(3, c, 32, True)
+    + _conv(3, 32, 64, True)
+    + _dense(64 * side_h * side_w, 128)
+    + _dense(128, 512)
+    + _dense(512, 128)
+  )
   assert _abstract_counts(models.build('ssl_cnn', 10, norm='none'), shape) == {
-      'params': no_norm}
+    'params': no_norm
+  }
 
 
 # ------------------------------------------------------------------ semantics
@@ -164,8 +192,9 @@ def test_projection_is_the_projector_of_the_embedding():
   var = np.asarray(stats['var'], np.float64)
   h = np.asarray(out['embedding'], np.float64)
   hidden = h @ proj['fc1']['kernel'] + proj['fc1']['bias']
-  hidden = ((hidden - mean) / np.sqrt(var + 1e-5)
-            * proj['BatchNorm_0']['scale'] + proj['BatchNorm_0']['bias'])
+  hidden = (hidden - mean) / np.sqrt(var + 1e-5) * proj['BatchNorm_0'][
+    'scale'
+  ] + proj['BatchNorm_0']['bias']
   z = np.maximum(hidden, 0.0) @ proj['fc2']['kernel'] + proj['fc2']['bias']
   np.testing.assert_allclose(out['projection'], z, rtol=1e-4, atol=1e-5)
 
@@ -184,8 +213,9 @@ def test_ssl_resnet18_encoder_is_the_resnet18_trunk():
     for train in (False, True):
       out, _ = ssl_model.apply(params, state, x, train=train)
       ref, _ = ref_model.apply(ref_params, ref_state, x, train=train)
-      np.testing.assert_allclose(out['embedding'], ref['embedding'],
-                                 rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(
+        out['embedding'], ref['embedding'], rtol=1e-5, atol=1e-6
+      )
 
 
 def test_masked_batchnorm_ignores_padded_examples():
@@ -199,8 +229,9 @@ def test_masked_batchnorm_ignores_padded_examples():
   params, state = _init(model, x)
   mask = jnp.arange(real + 2) < real
   junk_a = x.at[real:].set(100.0)
-  junk_b = x.at[real:].set(-7.0 * jax.random.normal(jax.random.key(6),
-                                                     (2,) + shape))
+  junk_b = x.at[real:].set(
+    -7.0 * jax.random.normal(jax.random.key(6), (2,) + shape)
+  )
   apply = model.apply
   with jax.default_matmul_precision('highest'):
     out_a, state_a = apply(params, state, junk_a, train=True, mask=mask)
@@ -209,16 +240,17 @@ def test_masked_batchnorm_ignores_padded_examples():
     out_r, state_r = apply(params, state, x[:real], train=True, mask=None)
   for out in (out_a, out_b):
     for key in ('embedding', 'projection'):
-      np.testing.assert_allclose(out[key][:real], out_r[key], rtol=1e-4,
-                                 atol=1e-4)
+      np.testing.assert_allclose(
+        out[key][:real], out_r[key], rtol=1e-4, atol=1e-4
+      )
   for s in (state_a, state_b):
-    for a, r in zip(jax.tree.leaves(s), jax.tree.leaves(state_r),
-                    strict=True):
+    for a, r in zip(jax.tree.leaves(s), jax.tree.leaves(state_r), strict=True):
       np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)
   # The projector's statistics moved too (BN1d also honours the mask).
   moved = state_r['batch_stats']['projector']['BatchNorm_0']['mean']
   assert not np.allclose(
-      moved, state['batch_stats']['projector']['BatchNorm_0']['mean'])
+    moved, state['batch_stats']['projector']['BatchNorm_0']['mean']
+  )
 
 
 def test_gradients_are_finite_at_degenerate_batches():
@@ -229,14 +261,14 @@ def test_gradients_are_finite_at_degenerate_batches():
 
   def loss(p, x, mask):
     out, _ = model.apply(p, state, x, train=True, mask=mask)
-    return jnp.sum(out['projection']**2) + jnp.sum(out['embedding'])
+    return jnp.sum(out['projection'] ** 2) + jnp.sum(out['embedding'])
 
   grad = jax.jit(jax.grad(loss))
   cases = [
-      (jnp.zeros((3,) + shape), jnp.ones(3, bool)),  # All-zero images.
-      (jnp.ones((3,) + shape), jnp.ones(3, bool)),   # Coincident images.
-      # One real example: zero batch variance; padding is garbage.
-      (jnp.full((3,) + shape, 5.0), jnp.array([True, False, False])),
+    (jnp.zeros((3,) + shape), jnp.ones(3, bool)),  # All-zero images.
+    (jnp.ones((3,) + shape), jnp.ones(3, bool)),  # Coincident images.
+    # One real example: zero batch variance; padding is garbage.
+    (jnp.full((3,) + shape, 5.0), jnp.array([True, False, False])),
   ]
   for x, mask in cases:
     grads = grad(params, x, mask)

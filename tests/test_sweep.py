@@ -27,15 +27,19 @@ FEDAVG = os.path.join(REPO, 'configs', 'fedavg.py') + ':runlocal'
 
 def test_parse_assignments_and_grid_order():
   grid = sweep.parse_assignments(
-      'partition.alpha=0.1,0.3; seed=0,1,2;model.widths=(8,16,32),(4,8,16)')
-  assert grid == [('partition.alpha', ['0.1', '0.3']),
-                  ('seed', ['0', '1', '2']),
-                  ('model.widths', ['(8,16,32)', '(4,8,16)'])]
+    'partition.alpha=0.1,0.3; seed=0,1,2;model.widths=(8,16,32),(4,8,16)'
+  )
+  assert grid == [
+    ('partition.alpha', ['0.1', '0.3']),
+    ('seed', ['0', '1', '2']),
+    ('model.widths', ['(8,16,32)', '(4,8,16)']),
+  ]
   points = sweep.grid_points(grid[:2])
   assert len(points) == 6
   # The last key varies fastest.
-  assert points[:3] == [{'partition.alpha': '0.1', 'seed': s}
-                        for s in ('0', '1', '2')]
+  assert points[:3] == [
+    {'partition.alpha': '0.1', 'seed': s} for s in ('0', '1', '2')
+  ]
   assert sweep.parse_assignments('') == []
   for bad in ('seed', 'seed=', '=1', 'seed=1;seed=2'):
     with pytest.raises(ValueError):
@@ -43,15 +47,23 @@ def test_parse_assignments_and_grid_order():
 
 
 def test_apply_overrides_types_and_unknown_keys():
-  config = sweep.resolve(FEDAVG, {
-      'seed': '3', 'local.learning_rate': '0.5', 'progress': 'false',
-      'dataset.augmentation': 'flip', 'partition.alpha': '1'})
+  config = sweep.resolve(
+    FEDAVG,
+    {
+      'seed': '3',
+      'local.learning_rate': '0.5',
+      'progress': 'false',
+      'dataset.augmentation': 'flip',
+      'partition.alpha': '1',
+    },
+  )
   assert config.seed == 3 and isinstance(config.seed, int)
   assert config.local.learning_rate == 0.5
   assert config.progress is False
   assert config.dataset.augmentation == 'flip'
-  assert config.partition.alpha == 1.0 and isinstance(config.partition.alpha,
-                                                      float)
+  assert config.partition.alpha == 1.0 and isinstance(
+    config.partition.alpha, float
+  )
   with pytest.raises(KeyError, match='num_round'):
     sweep.resolve(FEDAVG, {'num_round': '3'})
   with pytest.raises(ValueError):
@@ -60,9 +72,11 @@ def test_apply_overrides_types_and_unknown_keys():
 
 def test_points_get_distinct_workdirs(tmp_path):
   points = sweep.make_points(
-      str(tmp_path),
-      [FEDAVG, FEDAVG.replace('runlocal', 'runlocal,dataset=digits')],
-      {'num_rounds': '1'}, sweep.parse_assignments('seed=0,1'))
+    str(tmp_path),
+    [FEDAVG, FEDAVG.replace('runlocal', 'runlocal,dataset=digits')],
+    {'num_rounds': '1'},
+    sweep.parse_assignments('seed=0,1'),
+  )
   assert len(points) == 4
   assert len({p.workdir for p in points}) == 4
   assert all(p.overrides['num_rounds'] == '1' for p in points)
@@ -86,53 +100,63 @@ def _finish_fake(point, rounds=None, drop=(), **config_changes):
 
 def test_point_status(tmp_path):
   [point] = sweep.make_points(str(tmp_path), [FEDAVG], {'seed': '1'}, [])
-  assert sweep.point_status(point) == 'todo'          # Nothing there.
-  _finish_fake(point)                                 # Started, no summary.
+  assert sweep.point_status(point) == 'todo'  # Nothing there.
+  _finish_fake(point)  # Started, no summary.
   assert sweep.point_status(point) == 'todo'
-  _finish_fake(point, rounds=1)                       # Stopped early.
+  _finish_fake(point, rounds=1)  # Stopped early.
   assert sweep.point_status(point) == 'todo'
   _finish_fake(point, rounds=2)
   assert sweep.point_status(point) == 'done'
-  _finish_fake(point, rounds=2, progress=False)       # Logging differs only.
+  _finish_fake(point, rounds=2, progress=False)  # Logging differs only.
   assert sweep.point_status(point) == 'done'
   _finish_fake(point, rounds=2, drop=('precision', 'local.epoch_decay'))
   assert sweep.point_status(point) == 'done'
-  _finish_fake(point, rounds=2, num_rounds=1)         # More rounds asked for.
+  _finish_fake(point, rounds=2, num_rounds=1)  # More rounds asked for.
   assert sweep.point_status(point) == 'todo'
-  _finish_fake(point, rounds=2, seed=7)               # Another experiment.
+  _finish_fake(point, rounds=2, seed=7)  # Another experiment.
   assert sweep.point_status(point) == 'conflict'
 
 
 def test_run_points_parallel_skips_finished_and_reports_failures(tmp_path):
-  points = sweep.make_points(str(tmp_path), [FEDAVG], {},
-                             sweep.parse_assignments('seed=0,1,2'))
-  expected = {p.workdir: sweep.config_dict(sweep.resolve(p.spec, p.overrides))
-              for p in points}
+  points = sweep.make_points(
+    str(tmp_path), [FEDAVG], {}, sweep.parse_assignments('seed=0,1,2')
+  )
+  expected = {
+    p.workdir: sweep.config_dict(sweep.resolve(p.spec, p.overrides))
+    for p in points
+  }
   for workdir, config in expected.items():
     os.makedirs(workdir)
     with open(os.path.join(workdir, 'expected.json'), 'w') as f:
       json.dump(config, f)
-  child = ('import json, os, sys, time; w = sys.argv[1]; time.sleep(0.3); '
-           'c = json.load(open(os.path.join(w, "expected.json"))); '
-           'json.dump(c, open(os.path.join(w, "config.json"), "w")); '
-           'json.dump({"rounds_completed": c["num_rounds"]}, '
-           'open(os.path.join(w, "summary.json"), "w")); '
-           'print(json.load(open(os.path.join(w, "sweep_point.json"))))')
+  child = (
+    'import json, os, sys, time; w = sys.argv[1]; time.sleep(0.3); '
+    'c = json.load(open(os.path.join(w, "expected.json"))); '
+    'json.dump(c, open(os.path.join(w, "config.json"), "w")); '
+    'json.dump({"rounds_completed": c["num_rounds"]}, '
+    'open(os.path.join(w, "summary.json"), "w")); '
+    'print(json.load(open(os.path.join(w, "sweep_point.json"))))'
+  )
   command = lambda w: [sys.executable, '-c', child, w]
   messages = []
-  outcomes = sweep.run_points(points, parallel=2, command=command,
-                              say=messages.append)
+  outcomes = sweep.run_points(
+    points, parallel=2, command=command, say=messages.append
+  )
   assert set(outcomes.values()) == {'done'}
   assert sum(m.startswith('start') for m in messages) == 3
   # The child saw its point file; its output went to the log.
   with open(os.path.join(points[0].workdir, sweep.LOG_FILE)) as f:
     assert "'seed': '0'" in f.read()
-  again = sweep.run_points(points, command=lambda w: ['false'],
-                           say=messages.append)
+  again = sweep.run_points(
+    points, command=lambda w: ['false'], say=messages.append
+  )
   assert set(again.values()) == {'skipped'}
   os.remove(os.path.join(points[1].workdir, 'summary.json'))
-  failed = sweep.run_points(points, command=lambda w: [
-      sys.executable, '-c', 'raise SystemExit(3)'], say=messages.append)
+  failed = sweep.run_points(
+    points,
+    command=lambda w: [sys.executable, '-c', 'raise SystemExit(3)'],
+    say=messages.append,
+  )
   assert failed[points[1].workdir] == 'failed (rc=3)'
   assert failed[points[0].workdir] == 'skipped'
   with pytest.raises(ValueError):
@@ -140,8 +164,9 @@ def test_run_points_parallel_skips_finished_and_reports_failures(tmp_path):
 
 
 def test_run_point_trains_a_runlocal_config(tmp_path):
-  [point] = sweep.make_points(str(tmp_path), [FEDAVG],
-                              {'num_rounds': '1', 'seed': '4'}, [])
+  [point] = sweep.make_points(
+    str(tmp_path), [FEDAVG], {'num_rounds': '1', 'seed': '4'}, []
+  )
   assert sweep.point_status(point) == 'todo'
   sweep.write_point_file(point)
   summary = sweep.run_point(point.workdir)
@@ -157,13 +182,28 @@ def test_run_point_trains_a_runlocal_config(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def _fake_run(root, name, *, algorithm, alpha, seed, accuracies,
-              finished=True, lr=0.1, extra_summary=None):
+def _fake_run(
+  root,
+  name,
+  *,
+  algorithm,
+  alpha,
+  seed,
+  accuracies,
+  finished=True,
+  lr=0.1,
+  extra_summary=None,
+):
   workdir = os.path.join(root, name)
   os.makedirs(workdir)
-  config = {'algorithm': algorithm, 'seed': seed, 'num_rounds': len(accuracies),
-            'partition': {'alpha': alpha, 'method': 'dirichlet'},
-            'local': {'learning_rate': lr}, 'progress': True}
+  config = {
+    'algorithm': algorithm,
+    'seed': seed,
+    'num_rounds': len(accuracies),
+    'partition': {'alpha': alpha, 'method': 'dirichlet'},
+    'local': {'learning_rate': lr},
+    'progress': True,
+  }
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     json.dump(config, f)
   with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
@@ -171,18 +211,33 @@ def _fake_run(root, name, *, algorithm, alpha, seed, accuracies,
       f.write(json.dumps({'round': r, 'test_accuracy': a}) + '\n')
   if finished:
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump({'rounds_completed': len(accuracies),
-                 'test_accuracy': accuracies[-1], **(extra_summary or {})}, f)
+      json.dump(
+        {
+          'rounds_completed': len(accuracies),
+          'test_accuracy': accuracies[-1],
+          **(extra_summary or {}),
+        },
+        f,
+      )
   return workdir
 
 
 ACCURACIES = {  # (algorithm, alpha) -> per-seed curves over 4 rounds
-    ('fedavg', 0.1): [[.50, .60, .70, .72], [.40, .55, .65, .70],
-                      [.45, .65, .60, .74]],
-    ('fedrcl', 0.1): [[.52, .62, .75, .80], [.48, .60, .72, .78],
-                      [.50, .61, .70, .79]],
-    ('fedavg', 0.3): [[.60, .70, .80, .81], [.62, .72, .79, .83],
-                      [.61, .70, .81, .80]],
+  ('fedavg', 0.1): [
+    [0.50, 0.60, 0.70, 0.72],
+    [0.40, 0.55, 0.65, 0.70],
+    [0.45, 0.65, 0.60, 0.74],
+  ],
+  ('fedrcl', 0.1): [
+    [0.52, 0.62, 0.75, 0.80],
+    [0.48, 0.60, 0.72, 0.78],
+    [0.50, 0.61, 0.70, 0.79],
+  ],
+  ('fedavg', 0.3): [
+    [0.60, 0.70, 0.80, 0.81],
+    [0.62, 0.72, 0.79, 0.83],
+    [0.61, 0.70, 0.81, 0.80],
+  ],
 }
 
 
@@ -190,19 +245,35 @@ ACCURACIES = {  # (algorithm, alpha) -> per-seed curves over 4 rounds
 def fake_root(tmp_path):
   for (algorithm, alpha), curves in ACCURACIES.items():
     for seed, curve in enumerate(curves):
-      _fake_run(str(tmp_path), f'{algorithm}_{alpha}_{seed}',
-                algorithm=algorithm, alpha=alpha, seed=seed, accuracies=curve,
-                extra_summary={'test_probe': 0.5 + seed / 10})
-  _fake_run(str(tmp_path), 'unfinished', algorithm='fedavg', alpha=0.1,
-            seed=9, accuracies=[.1, .2], finished=False)
+      _fake_run(
+        str(tmp_path),
+        f'{algorithm}_{alpha}_{seed}',
+        algorithm=algorithm,
+        alpha=alpha,
+        seed=seed,
+        accuracies=curve,
+        extra_summary={'test_probe': 0.5 + seed / 10},
+      )
+  _fake_run(
+    str(tmp_path),
+    'unfinished',
+    algorithm='fedavg',
+    alpha=0.1,
+    seed=9,
+    accuracies=[0.1, 0.2],
+    finished=False,
+  )
   return str(tmp_path)
 
 
 def test_ema_is_bias_corrected_moving_average():
   x = [0.2, 0.6, 0.4, 0.9]
   # By hand: weights 0.9^(t-i) over x_1..x_t, normalised.
-  want = [sum(0.9**(t - i) * x[i] for i in range(t + 1))
-          / sum(0.9**(t - i) for i in range(t + 1)) for t in range(4)]
+  want = [
+    sum(0.9 ** (t - i) * x[i] for i in range(t + 1))
+    / sum(0.9 ** (t - i) for i in range(t + 1))
+    for t in range(4)
+  ]
   np.testing.assert_allclose(sweep.ema(x, 0.9), want, rtol=1e-12)
   assert sweep.ema(x, 0.0).tolist() == x
   with pytest.raises(ValueError):
@@ -222,16 +293,25 @@ def test_pick_final_best_last_round():
       sweep.pick(rounds, values, bad)
 
 
-@pytest.mark.parametrize('at,reduce', [
-    ('final', lambda c: c[-1]), ('best', max),
-    ('last:2', lambda c: (c[-1] + c[-2]) / 2)])
+@pytest.mark.parametrize(
+  'at,reduce',
+  [
+    ('final', lambda c: c[-1]),
+    ('best', max),
+    ('last:2', lambda c: (c[-1] + c[-2]) / 2),
+  ],
+)
 def test_table_mean_std_n_per_cell(fake_root, at, reduce):
   runs = sweep.find_runs([fake_root])
   assert len(runs) == 9  # The unfinished run is left out...
   assert len(sweep.find_runs([fake_root], include_unfinished=True)) == 10
-  table = sweep.build_table(runs, rows=['algorithm'],
-                            cols=['partition.alpha'], metrics=['test_accuracy'],
-                            at=at)
+  table = sweep.build_table(
+    runs,
+    rows=['algorithm'],
+    cols=['partition.alpha'],
+    metrics=['test_accuracy'],
+    at=at,
+  )
   assert table.row_labels == ['fedavg', 'fedrcl']
   assert table.columns == [('0.1', 'test_accuracy'), ('0.3', 'test_accuracy')]
   for (algorithm, alpha), curves in ACCURACIES.items():
@@ -242,22 +322,28 @@ def test_table_mean_std_n_per_cell(fake_root, at, reduce):
     # Sample standard deviation, written out.
     m = sum(values) / 3
     assert cell.std == pytest.approx(
-        math.sqrt(sum((v - m) ** 2 for v in values) / 2))
+      math.sqrt(sum((v - m) ** 2 for v in values) / 2)
+    )
   assert table.cells[('fedrcl', '0.3', 'test_accuracy')] is None
 
 
 def test_table_ema_metric_and_summary_only_metric(fake_root):
   runs = sweep.find_runs([fake_root])
-  table = sweep.build_table(runs, rows=['algorithm'], cols=['partition.alpha'],
-                            metrics=['test_accuracy_ema', 'test_probe'],
-                            at='final', ema_decay=0.5)
+  table = sweep.build_table(
+    runs,
+    rows=['algorithm'],
+    cols=['partition.alpha'],
+    metrics=['test_accuracy_ema', 'test_probe'],
+    at='final',
+    ema_decay=0.5,
+  )
   cell = table.cells[('fedrcl', '0.1', 'test_accuracy_ema')]
   finals = []
   for c in ACCURACIES[('fedrcl', 0.1)]:
     s = 0.0
     for x in c:
       s = 0.5 * s + 0.5 * x
-    finals.append(s / (1 - 0.5**len(c)))
+    finals.append(s / (1 - 0.5 ** len(c)))
   assert cell.mean == pytest.approx(np.mean(finals))
   probe = table.cells[('fedavg', '0.3', 'test_probe')]
   assert probe.mean == pytest.approx(0.6)
@@ -266,40 +352,64 @@ def test_table_ema_metric_and_summary_only_metric(fake_root):
 def test_table_refuses_mixed_cells_and_repeated_seeds(fake_root, tmp_path):
   runs = sweep.find_runs([fake_root])
   with pytest.raises(ValueError, match='partition.alpha'):
-    sweep.build_table(runs, rows=['algorithm'], cols=[],
-                      metrics=['test_accuracy'], at='final')
-  _fake_run(fake_root, 'other_lr', algorithm='fedavg', alpha=0.3, seed=5,
-            accuracies=[.5, .5, .5, .5], lr=0.01)
+    sweep.build_table(
+      runs, rows=['algorithm'], cols=[], metrics=['test_accuracy'], at='final'
+    )
+  _fake_run(
+    fake_root,
+    'other_lr',
+    algorithm='fedavg',
+    alpha=0.3,
+    seed=5,
+    accuracies=[0.5, 0.5, 0.5, 0.5],
+    lr=0.01,
+  )
   runs = sweep.find_runs([fake_root])
   with pytest.raises(ValueError, match='local.learning_rate'):
-    sweep.build_table(runs, rows=['algorithm'], cols=['partition.alpha'],
-                      metrics=['test_accuracy'], at='final')
-  selected = [r for r in runs if sweep.matches(r, {'local.learning_rate':
-                                                   '0.1'})]
+    sweep.build_table(
+      runs,
+      rows=['algorithm'],
+      cols=['partition.alpha'],
+      metrics=['test_accuracy'],
+      at='final',
+    )
+  selected = [
+    r for r in runs if sweep.matches(r, {'local.learning_rate': '0.1'})
+  ]
   assert len(selected) == 9
   # A field only one run's config.json has (added in between) is ignored.
-  newer = [r._replace(config={**r.config, 'new.field': 1}) if r.config['seed']
-           == 0 else r for r in selected]
+  newer = [
+    r._replace(config={**r.config, 'new.field': 1})
+    if r.config['seed'] == 0
+    else r
+    for r in selected
+  ]
   sweep.group_runs(newer, ['algorithm'], ['partition.alpha'])
   twin = str(tmp_path / 'twin')
-  _fake_run(twin, 'a', algorithm='fedavg', alpha=0.3, seed=0, accuracies=[.5])
-  _fake_run(twin, 'b', algorithm='fedavg', alpha=0.3, seed=0, accuracies=[.6])
+  _fake_run(twin, 'a', algorithm='fedavg', alpha=0.3, seed=0, accuracies=[0.5])
+  _fake_run(twin, 'b', algorithm='fedavg', alpha=0.3, seed=0, accuracies=[0.6])
   with pytest.raises(ValueError, match='same seed'):
     sweep.group_runs(sweep.find_runs([twin]), ['algorithm'], [])
 
 
 def test_markdown_and_csv(fake_root):
   runs = sweep.find_runs([fake_root])
-  table = sweep.build_table(runs, rows=['algorithm'], cols=['partition.alpha'],
-                            metrics=['test_accuracy'], at='final',
-                            order=['fedrcl'])
-  text = sweep.format_markdown(table, rename={'fedrcl': 'FedRCL',
-                                              '0.1': 'alpha 0.1'})
+  table = sweep.build_table(
+    runs,
+    rows=['algorithm'],
+    cols=['partition.alpha'],
+    metrics=['test_accuracy'],
+    at='final',
+    order=['fedrcl'],
+  )
+  text = sweep.format_markdown(
+    table, rename={'fedrcl': 'FedRCL', '0.1': 'alpha 0.1'}
+  )
   lines = text.strip().split('\n')
   assert lines[0] == '| run | alpha 0.1 | 0.3 |'
   assert lines[2].startswith('| FedRCL | 79.00 ± 1.00 (n=3) |')  # order first
-  mean = np.mean([.72, .70, .74]) * 100
-  std = np.std([.72, .70, .74], ddof=1) * 100
+  mean = np.mean([0.72, 0.70, 0.74]) * 100
+  std = np.std([0.72, 0.70, 0.74], ddof=1) * 100
   assert f'{mean:.2f} ± {std:.2f} (n=3)' in lines[3]
   text = sweep.format_csv(table).strip()
   rows = [line.split(',') for line in text.split('\n')]
@@ -311,16 +421,21 @@ def test_markdown_and_csv(fake_root):
 def test_mean_curve_and_plot(fake_root, tmp_path):
   runs = sweep.find_runs([fake_root])
   groups = sweep.group_runs(runs, ['algorithm'], ['partition.alpha'])
-  rounds, mean, std, n = sweep.mean_curve(groups[('fedavg', '0.1')],
-                                          'test_accuracy')
+  rounds, mean, std, n = sweep.mean_curve(
+    groups[('fedavg', '0.1')], 'test_accuracy'
+  )
   curves = np.array(ACCURACIES[('fedavg', 0.1)])
   np.testing.assert_array_equal(rounds, [1, 2, 3, 4])
   np.testing.assert_allclose(mean, curves.mean(0))
   np.testing.assert_allclose(std, curves.std(0, ddof=1))
   assert n == 3
-  out = sweep.plot_curves(runs, str(tmp_path / 'plots' / 'c.png'),
-                          rows=['algorithm'], cols=['partition.alpha'],
-                          metric='test_accuracy')
+  out = sweep.plot_curves(
+    runs,
+    str(tmp_path / 'plots' / 'c.png'),
+    rows=['algorithm'],
+    cols=['partition.alpha'],
+    metric='test_accuracy',
+  )
   with open(out, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
@@ -328,9 +443,21 @@ def test_mean_curve_and_plot(fake_root, tmp_path):
 def test_table_command_line(fake_root, tmp_path):
   out = tmp_path / 't.csv'
   result = subprocess.run(
-      [sys.executable, '-m', 'launch.sweep', 'table', f'--root={fake_root}',
-       '--cols=partition.alpha', '--where=partition.alpha=0.3',
-       '--format=csv', f'--out={out}'],
-      cwd=REPO, capture_output=True, text=True, check=True)
+    [
+      sys.executable,
+      '-m',
+      'launch.sweep',
+      'table',
+      f'--root={fake_root}',
+      '--cols=partition.alpha',
+      '--where=partition.alpha=0.3',
+      '--format=csv',
+      f'--out={out}',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   assert result.stdout == out.read_text()
   assert result.stdout.strip().split('\n')[1].startswith('fedavg,0.3,')

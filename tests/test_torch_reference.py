@@ -30,8 +30,9 @@ from launch import torch_reference  # noqa: E402
 torch.set_num_threads(1)
 
 SLOW = pytest.mark.skipif(
-    os.environ.get('FEDJAX_SLOW_TORCH_TESTS') != '1',
-    reason='torch.compile / bench.py run: set FEDJAX_SLOW_TORCH_TESTS=1')
+  os.environ.get('FEDJAX_SLOW_TORCH_TESTS') != '1',
+  reason='torch.compile / bench.py run: set FEDJAX_SLOW_TORCH_TESTS=1',
+)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = [(8, 8, 1), (28, 28, 1), (32, 32, 3)]  # (H, W, C)
 POOLS = ['stride', 'avg', 'max']
@@ -40,7 +41,8 @@ POOLS = ['stride', 'avg', 'max']
 def _torch_model(shape, pool):
   h, w, c = shape
   return torch_reference.make_torch_small_cnn(
-      in_channels=c, image_size=(h, w), num_classes=10, pool=pool)
+    in_channels=c, image_size=(h, w), num_classes=10, pool=pool
+  )
 
 
 @pytest.mark.parametrize('pool', POOLS)
@@ -57,35 +59,45 @@ def test_output_shape(shape, pool):
 def test_param_count_matches_jax(shape, pool):
   h, w, c = shape
   variables = SmallCNN(num_classes=10, pool=pool).init(
-      jax.random.key(0), jnp.zeros((1, h, w, c)), train=False)
+    jax.random.key(0), jnp.zeros((1, h, w, c)), train=False
+  )
   jax_leaves = jax.tree_util.tree_leaves(variables['params'])
   torch_params = list(_torch_model(shape, pool).parameters())
   assert sum(p.numel() for p in torch_params) == sum(x.size for x in jax_leaves)
   # Same layers too: JAX conv kernels are HWIO, torch's OIHW.
   jax_shapes = sorted(
-      tuple(x.shape) if x.ndim != 4 else
-      (x.shape[3], x.shape[2], x.shape[0], x.shape[1])
-      for x in jax_leaves)
+    tuple(x.shape)
+    if x.ndim != 4
+    else (x.shape[3], x.shape[2], x.shape[0], x.shape[1])
+    for x in jax_leaves
+  )
   torch_shapes = sorted(
-      # Linear is [out, in].
-      tuple(p.shape) if p.ndim != 2 else tuple(p.shape[::-1])
-      for p in torch_params)
+    # Linear is [out, in].
+    tuple(p.shape) if p.ndim != 2 else tuple(p.shape[::-1])
+    for p in torch_params
+  )
   assert jax_shapes == torch_shapes
 
 
 def test_fedquad_twin_has_the_same_layers_as_jax():
   from fedjax_metric import models  # pylint: disable=g-import-not-at-top
+
   variables = models.build('fedquad_cnn', 10, (28, 28, 1)).init(
-      jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+    jax.random.key(0), jnp.zeros((1, 28, 28, 1))
+  )
   jax_shapes = sorted(
-      tuple(x.shape) if x.ndim != 4 else
-      (x.shape[3], x.shape[2], x.shape[0], x.shape[1])
-      for x in jax.tree_util.tree_leaves(variables['params']))
-  twin = torch_reference.make_torch_model('fedquad_cnn', in_channels=1,
-                                          image_size=(28, 28))
+    tuple(x.shape)
+    if x.ndim != 4
+    else (x.shape[3], x.shape[2], x.shape[0], x.shape[1])
+    for x in jax.tree_util.tree_leaves(variables['params'])
+  )
+  twin = torch_reference.make_torch_model(
+    'fedquad_cnn', in_channels=1, image_size=(28, 28)
+  )
   torch_shapes = sorted(
-      tuple(p.shape) if p.ndim != 2 else tuple(p.shape[::-1])
-      for p in twin.parameters())
+    tuple(p.shape) if p.ndim != 2 else tuple(p.shape[::-1])
+    for p in twin.parameters()
+  )
   assert jax_shapes == torch_shapes
   assert tuple(twin(torch.zeros(3, 1, 28, 28)).shape) == (3, 10)
 
@@ -93,8 +105,14 @@ def test_fedquad_twin_has_the_same_layers_as_jax():
 def test_time_fedquad_rounds_tiny():
   """BatchNorm's integer counter must not break the FedAvg accumulation."""
   result = torch_reference.time_torch_rounds(
-      clients_per_round=2, local_steps=1, batch_size=4, image_shape=(8, 8, 1),
-      model='fedquad_cnn', num_rounds=1, warmup_rounds=0)
+    clients_per_round=2,
+    local_steps=1,
+    batch_size=4,
+    image_shape=(8, 8, 1),
+    model='fedquad_cnn',
+    num_rounds=1,
+    warmup_rounds=0,
+  )
   assert result['median'] > 0
 
 
@@ -105,8 +123,13 @@ def test_unknown_pool_raises():
 
 def test_time_torch_rounds_tiny():
   result = torch_reference.time_torch_rounds(
-      clients_per_round=2, local_steps=2, batch_size=4, image_shape=(8, 8, 1),
-      num_rounds=2, warmup_rounds=1)
+    clients_per_round=2,
+    local_steps=2,
+    batch_size=4,
+    image_shape=(8, 8, 1),
+    num_rounds=2,
+    warmup_rounds=1,
+  )
   assert len(result['seconds_per_round']) == 2
   for key in ('median', 'min', 'client_steps_per_second'):
     assert math.isfinite(result[key]) and result[key] > 0
@@ -119,8 +142,10 @@ def test_time_torch_rounds_tiny():
 def _data(n=64, shape=(8, 8, 1)):
   h, w, c = shape
   g = torch.Generator().manual_seed(1)
-  return (torch.randn(n, c, h, w, generator=g),
-          torch.randint(10, (n,), generator=g))
+  return (
+    torch.randn(n, c, h, w, generator=g),
+    torch.randint(10, (n,), generator=g),
+  )
 
 
 def test_fedavg_lr_zero_keeps_global_exactly():
@@ -130,9 +155,16 @@ def test_fedavg_lr_zero_keeps_global_exactly():
   client_model = _torch_model((8, 8, 1), 'stride')
   before = {k: v.clone() for k, v in global_model.state_dict().items()}
   torch_reference.fedavg_round(
-      global_model, client_model, images, labels, clients_per_round=2,
-      local_steps=2, batch_size=4, lr=0.0,
-      generator=torch.Generator().manual_seed(0))
+    global_model,
+    client_model,
+    images,
+    labels,
+    clients_per_round=2,
+    local_steps=2,
+    batch_size=4,
+    lr=0.0,
+    generator=torch.Generator().manual_seed(0),
+  )
   after = global_model.state_dict()
   for k, v in before.items():
     assert torch.equal(v, after[k]), k
@@ -161,15 +193,23 @@ def test_fedavg_is_mean_of_client_models():
     finals.append({k: v.detach().clone() for k, v in m.state_dict().items()})
 
   torch_reference.fedavg_round(
-      global_model, client_model, images, labels,
-      clients_per_round=num_clients, local_steps=steps, batch_size=batch, lr=lr,
-      generator=torch.Generator().manual_seed(0))
+    global_model,
+    client_model,
+    images,
+    labels,
+    clients_per_round=num_clients,
+    local_steps=steps,
+    batch_size=batch,
+    lr=lr,
+    generator=torch.Generator().manual_seed(0),
+  )
   after = global_model.state_dict()
   for k in start:
     expected = torch.stack([f[k] for f in finals]).mean(0)
     assert not torch.equal(after[k], start[k]), k
-    np.testing.assert_allclose(after[k].numpy(), expected.numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      after[k].numpy(), expected.numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -187,11 +227,23 @@ def test_draw_batch_indices_are_the_loops_draws():
   for use_indices in (False, True):
     global_model, client_model = copy.deepcopy(start), copy.deepcopy(start)
     g = torch.Generator().manual_seed(3)
-    idx = (torch_reference.draw_batch_indices(64, 3, 2, 4, generator=g)
-           if use_indices else None)
+    idx = (
+      torch_reference.draw_batch_indices(64, 3, 2, 4, generator=g)
+      if use_indices
+      else None
+    )
     torch_reference.fedavg_round(
-        global_model, client_model, images, labels, clients_per_round=3,
-        local_steps=2, batch_size=4, lr=0.1, generator=g, batch_indices=idx)
+      global_model,
+      client_model,
+      images,
+      labels,
+      clients_per_round=3,
+      local_steps=2,
+      batch_size=4,
+      lr=0.1,
+      generator=g,
+      batch_indices=idx,
+    )
     results.append(global_model.state_dict())
   for k in results[0]:
     assert torch.equal(results[0][k], results[1][k]), k
@@ -199,7 +251,8 @@ def test_draw_batch_indices_are_the_loops_draws():
 
 def test_draw_batch_indices_shape_and_range():
   idx = torch_reference.draw_batch_indices(
-      10, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    10, 3, 4, 5, generator=torch.Generator().manual_seed(0)
+  )
   assert idx.shape == (3, 4, 5) and idx.dtype == torch.int64
   assert int(idx.min()) >= 0 and int(idx.max()) < 10
   assert len(set(idx.flatten().tolist())) > 1
@@ -214,14 +267,24 @@ def test_pick_device_follows_jax_backend():
 def test_unknown_variant_raises():
   with pytest.raises(ValueError):
     torch_reference.time_torch_rounds(
-        clients_per_round=1, local_steps=1, batch_size=2,
-        image_shape=(8, 8, 1), variant='jit')
+      clients_per_round=1,
+      local_steps=1,
+      batch_size=2,
+      image_shape=(8, 8, 1),
+      variant='jit',
+    )
 
 
 def test_time_vmap_rounds_tiny():
   result = torch_reference.time_torch_rounds(
-      clients_per_round=2, local_steps=2, batch_size=4, image_shape=(8, 8, 1),
-      num_rounds=2, warmup_rounds=1, variant='vmap')
+    clients_per_round=2,
+    local_steps=2,
+    batch_size=4,
+    image_shape=(8, 8, 1),
+    num_rounds=2,
+    warmup_rounds=1,
+    variant='vmap',
+  )
   assert result['variant'] == 'vmap' and result['device'] == 'cpu'
   assert len(result['seconds_per_round']) == 2
   assert len(result['warmup_seconds']) == 1
@@ -236,30 +299,49 @@ def test_time_vmap_rounds_tiny():
 
 def _model(name):
   return torch_reference.make_torch_model(
-      name, in_channels=1, image_size=(8, 8)).train()
+    name, in_channels=1, image_size=(8, 8)
+  ).train()
 
 
-def _loop_and_vmap(name, *, lr=0.1, clients=3, steps=2, batch=4,
-                   compile_step=False):
+def _loop_and_vmap(
+  name, *, lr=0.1, clients=3, steps=2, batch=4, compile_step=False
+):
   """Start state, loop result and vmap result from the same weights and
   batches."""
   images, labels = _data()
   torch.manual_seed(0)
   start = _model(name)
   idx = torch_reference.draw_batch_indices(
-      images.shape[0], clients, steps, batch,
-      generator=torch.Generator().manual_seed(0))
+    images.shape[0],
+    clients,
+    steps,
+    batch,
+    generator=torch.Generator().manual_seed(0),
+  )
   loop_global, client = copy.deepcopy(start), copy.deepcopy(start)
   torch_reference.fedavg_round(
-      loop_global, client, images, labels, clients_per_round=clients,
-      local_steps=steps, batch_size=batch, lr=lr, batch_indices=idx)
+    loop_global,
+    client,
+    images,
+    labels,
+    clients_per_round=clients,
+    local_steps=steps,
+    batch_size=batch,
+    lr=lr,
+    batch_indices=idx,
+  )
   vmap_global = copy.deepcopy(start)
-  step = torch_reference.make_vmap_sgd_step(vmap_global, lr=lr,
-                                            compile_step=compile_step)
-  torch_reference.fedavg_round_vmap(vmap_global, images, labels, idx,
-                                    sgd_step=step)
-  return (start.state_dict(), loop_global.state_dict(),
-          vmap_global.state_dict())
+  step = torch_reference.make_vmap_sgd_step(
+    vmap_global, lr=lr, compile_step=compile_step
+  )
+  torch_reference.fedavg_round_vmap(
+    vmap_global, images, labels, idx, sgd_step=step
+  )
+  return (
+    start.state_dict(),
+    loop_global.state_dict(),
+    vmap_global.state_dict(),
+  )
 
 
 @pytest.mark.parametrize('name', ['small_cnn', 'fedquad_cnn'])
@@ -267,13 +349,15 @@ def test_vmap_round_equals_loop(name):
   start, loop, vmapped = _loop_and_vmap(name)
   assert loop.keys() == vmapped.keys()
   for k, v in loop.items():
-    np.testing.assert_allclose(vmapped[k].numpy(), v.numpy(), rtol=1e-5,
-                               atol=1e-5, err_msg=k)
+    np.testing.assert_allclose(
+      vmapped[k].numpy(), v.numpy(), rtol=1e-5, atol=1e-5, err_msg=k
+    )
     if k.endswith('num_batches_tracked'):
       # Not averaged: both keep the global counter.
       assert torch.equal(v, start[k]) and torch.equal(vmapped[k], start[k])
-    elif not (name == 'fedquad_cnn' and k.startswith('convs.')
-              and k.endswith('.bias')):
+    elif not (
+      name == 'fedquad_cnn' and k.startswith('convs.') and k.endswith('.bias')
+    ):
       # Everything else moves (BatchNorm cancels the conv biases' gradient),
       # so the two rounds are not compared as two copies of the start.
       assert not torch.allclose(v, start[k], atol=1e-4), k
@@ -293,7 +377,8 @@ def test_loop_batchnorm_buffers_are_the_client_mean():
   start = _model('fedquad_cnn')
   clients, steps, batch, lr = 3, 2, 4, 0.1
   idx = torch_reference.draw_batch_indices(
-      64, clients, steps, batch, generator=torch.Generator().manual_seed(0))
+    64, clients, steps, batch, generator=torch.Generator().manual_seed(0)
+  )
   finals = []
   for k in range(clients):
     m = copy.deepcopy(start)
@@ -305,16 +390,25 @@ def test_loop_batchnorm_buffers_are_the_client_mean():
     finals.append(m.state_dict())
   global_model, client = copy.deepcopy(start), copy.deepcopy(start)
   torch_reference.fedavg_round(
-      global_model, client, images, labels, clients_per_round=clients,
-      local_steps=steps, batch_size=batch, lr=lr, batch_indices=idx)
+    global_model,
+    client,
+    images,
+    labels,
+    clients_per_round=clients,
+    local_steps=steps,
+    batch_size=batch,
+    lr=lr,
+    batch_indices=idx,
+  )
   after = global_model.state_dict()
   for k, v in after.items():
     if not v.is_floating_point():
       assert torch.equal(v, start.state_dict()[k]), k
       continue
     expected = torch.stack([f[k].double() for f in finals]).mean(0)
-    np.testing.assert_allclose(v.numpy(), expected.numpy(), rtol=1e-5,
-                               atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(
+      v.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6, err_msg=k
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -331,8 +425,9 @@ def test_compiled_vmap_round_equals_eager(name):
   except torch._inductor.exc.InvalidCxxCompiler as e:  # pylint: disable=protected-access
     pytest.skip(f'torch.compile does not work here: {e}')
   for k, v in eager.items():
-    np.testing.assert_allclose(compiled[k].numpy(), v.numpy(), rtol=1e-5,
-                               atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(
+      compiled[k].numpy(), v.numpy(), rtol=1e-5, atol=1e-6, err_msg=k
+    )
 
 
 @SLOW
@@ -340,10 +435,24 @@ def test_bench_times_torch_forms_and_ratios(tmp_path):
   out = tmp_path / 'bench.md'
   env = dict(os.environ, PYTHONPATH=REPO_ROOT, JAX_PLATFORMS='cpu')
   proc = subprocess.run(
-      [sys.executable, '-m', 'launch.bench', '--clients=2', '--local_steps=1',
-       '--batch_size=4', '--image_shape=8,8,1', '--rounds=1',
-       '--executors=host,torch_vmap', f'--out={out}'],
-      cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+    [
+      sys.executable,
+      '-m',
+      'launch.bench',
+      '--clients=2',
+      '--local_steps=1',
+      '--batch_size=4',
+      '--image_shape=8,8,1',
+      '--rounds=1',
+      '--executors=host,torch_vmap',
+      f'--out={out}',
+    ],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   table = out.read_text()
   rows = {}
@@ -351,12 +460,18 @@ def test_bench_times_torch_forms_and_ratios(tmp_path):
     if line.startswith('| 2 |'):
       cells = [cell.strip() for cell in line.strip('|').split('|')]
       rows[cells[1]] = cells
-  assert set(rows) == {'host', 'pytorch vmap', 'pytorch vmap + compile',
-                       'pytorch loop'}
+  assert set(rows) == {
+    'host',
+    'pytorch vmap',
+    'pytorch vmap + compile',
+    'pytorch loop',
+  }
   medians = {name: float(cells[2]) for name, cells in rows.items()}
   best_label = rows['host'][9].split('(', 1)[1].rstrip(')')
-  assert medians[best_label] <= min(
-      m for n, m in medians.items() if n.startswith('pytorch')) + 1e-3
+  assert (
+    medians[best_label]
+    <= min(m for n, m in medians.items() if n.startswith('pytorch')) + 1e-3
+  )
   assert rows['pytorch loop'][8] == '1.00x'
   assert rows[best_label][9] == f'1.00x ({best_label})'
   for name, cells in rows.items():

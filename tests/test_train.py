@@ -17,13 +17,16 @@ from fedjax_metric import train
 from fedjax_metric.data import sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(os.path.basename(p)[:-3]
-                 for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
-                 if not os.path.basename(p).startswith(('_', 'common')))
+CONFIGS = sorted(
+  os.path.basename(p)[:-3]
+  for p in glob.glob(os.path.join(ROOT, 'configs', '*.py'))
+  if not os.path.basename(p).startswith(('_', 'common'))
+)
 
 
 def load_config(name, arg='runlocal'):
   import importlib
+
   module = importlib.import_module(f'configs.{name}')
   config = module.get_config(arg)
   config.unlock()
@@ -37,16 +40,20 @@ def read_metrics(workdir):
 
 
 def final_params(workdir):
-  with ocp.CheckpointManager(os.path.join(os.path.abspath(workdir),
-                                          'checkpoints')) as m:
+  with ocp.CheckpointManager(
+    os.path.join(os.path.abspath(workdir), 'checkpoints')
+  ) as m:
     restored = m.restore(m.latest_step())
   return restored['server_state']
 
 
 # Each evaluation protocol's headline metric (a fraction in [0, 1]).
-HEADLINE = {'classification': 'test_accuracy',
-            'embedding_knn': 'test_knn_accuracy',
-            'one_class': 'auroc_mean', 'ssl': 'knn_accuracy'}
+HEADLINE = {
+  'classification': 'test_accuracy',
+  'embedding_knn': 'test_knn_accuracy',
+  'one_class': 'auroc_mean',
+  'ssl': 'knn_accuracy',
+}
 
 
 @pytest.mark.parametrize('name', CONFIGS)
@@ -56,8 +63,13 @@ def test_every_config_runs_locally(name, tmp_path):
   summary = train.run(config, str(tmp_path))
   assert summary['rounds_completed'] == 2
   assert 0.0 <= summary[headline] <= 1.0
-  for f in ('config.json', 'metrics.jsonl', 'summary.json', 'partition.json',
-            'partition.png'):
+  for f in (
+    'config.json',
+    'metrics.jsonl',
+    'summary.json',
+    'partition.json',
+    'partition.png',
+  ):
     assert os.path.exists(tmp_path / f), f
   assert glob.glob(str(tmp_path / 'events.out.tfevents.*'))
   rows = read_metrics(tmp_path)
@@ -89,12 +101,16 @@ def test_resume_equals_uninterrupted_run(tmp_path):
   a, b = final_params(straight), final_params(resumed)
   for x, y in zip(jax_leaves(a), jax_leaves(b)):
     np.testing.assert_array_equal(x, y)
-  assert ([r['round'] for r in read_metrics(resumed)] == [1, 2, 3, 4])
-  assert read_metrics(straight)[-1]['test_loss'] == read_metrics(resumed)[-1]['test_loss']
+  assert [r['round'] for r in read_metrics(resumed)] == [1, 2, 3, 4]
+  assert (
+    read_metrics(straight)[-1]['test_loss']
+    == read_metrics(resumed)[-1]['test_loss']
+  )
 
 
 def jax_leaves(tree):
   import jax
+
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
@@ -105,6 +121,13 @@ def test_finished_run_is_not_redone_or_lost(tmp_path):
   again = train.run(config, str(tmp_path))
   assert again == summary
   assert os.path.getmtime(tmp_path / 'metrics.jsonl') == stamp
+  # A config.json written before a field existed is not a different config.
+  with open(tmp_path / 'config.json') as f:
+    older = json.load(f)
+  del older['precision'], older['partition']['min_size']
+  with open(tmp_path / 'config.json', 'w') as f:
+    json.dump(older, f)
+  assert train.run(config, str(tmp_path)) == summary
 
 
 def test_different_config_in_same_workdir_is_refused(tmp_path):
@@ -141,30 +164,48 @@ def test_impossible_partition_is_a_clear_error(tmp_path):
 
 
 def run_cli(*args, cwd=ROOT):
-  return subprocess.run([sys.executable, '-m', 'launch.main', *args],
-                        cwd=cwd, capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, '-m', 'launch.main', *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def test_cli_overrides_and_locked_config(tmp_path):
-  ok = run_cli('--config=configs/fedavg.py:runlocal', '--config.num_rounds=1',
-               '--config.seed=3', '--config.partition.alpha=0.3',
-               '--config.progress=False', f'--workdir={tmp_path}/a')
+  ok = run_cli(
+    '--config=configs/fedavg.py:runlocal',
+    '--config.num_rounds=1',
+    '--config.seed=3',
+    '--config.partition.alpha=0.3',
+    '--config.progress=False',
+    f'--workdir={tmp_path}/a',
+  )
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert 'test_accuracy=' in ok.stdout
   with open(tmp_path / 'a' / 'config.json') as f:
     saved = json.load(f)
-  assert (saved['num_rounds'], saved['seed'], saved['partition']['alpha']) == (1, 3, 0.3)
-  bad = run_cli('--config=configs/fedavg.py:runlocal', '--config.num_round=1',
-                f'--workdir={tmp_path}/b')
+  assert (saved['num_rounds'], saved['seed'], saved['partition']['alpha']) == (
+    1,
+    3,
+    0.3,
+  )
+  bad = run_cli(
+    '--config=configs/fedavg.py:runlocal',
+    '--config.num_round=1',
+    f'--workdir={tmp_path}/b',
+  )
   assert bad.returncode != 0
   assert 'num_round' in bad.stderr
 
 
 @pytest.mark.skipif(
-    jax.default_backend() != 'cpu',
-    reason="train.run shards over the default backend's devices and this "
-    'test needs 4 (a one-GPU machine has 1); test_engine runs the sharded '
-    'round on 4 explicit CPU devices everywhere.')
+  jax.default_backend() != 'cpu',
+  reason="train.run shards over the default backend's devices and this "
+  'test needs 4 (a one-GPU machine has 1); test_engine runs the sharded '
+  'round on 4 explicit CPU devices everywhere.',
+)
 def test_run_with_sharded_vmap_equals_host_executor(tmp_path):
   """3 clients per round on 4 devices: 4 slots, one padding slot."""
   finals = {}
@@ -194,8 +235,13 @@ def test_representation_metrics_are_logged_when_enabled(tmp_path):
   config.representation_examples = 200
   train.run(config, str(tmp_path))
   row = read_metrics(tmp_path)[-1]
-  for name in ('effective_rank', 'vci', 'within_class_trace',
-               'between_class_trace', 'uniformity'):
+  for name in (
+    'effective_rank',
+    'vci',
+    'within_class_trace',
+    'between_class_trace',
+    'uniformity',
+  ):
     assert np.isfinite(row[f'test_{name}']), name
   assert 1.0 <= row['test_effective_rank'] <= 16  # runlocal embedding_dim
 

@@ -40,15 +40,22 @@ def real_rows(mask, b):
 
 def ref_alignment(p1, p2, mask=None):
   m = real_rows(mask, len(p1))
-  return np.array([np.sum((n64(p1[i]) - n64(p2[i]))**2) if m[i] else 0.0
-                   for i in range(len(p1))])
+  return np.array(
+    [
+      np.sum((n64(p1[i]) - n64(p2[i])) ** 2) if m[i] else 0.0
+      for i in range(len(p1))
+    ]
+  )
 
 
 def ref_uniformity(p, t, mask=None):
   m = real_rows(mask, len(p))
   rows = [n64(p[i]) for i in range(len(p)) if m[i]]
-  vals = [np.exp(-t * np.sum((rows[i] - rows[j])**2))
-          for i in range(len(rows)) for j in range(i + 1, len(rows))]
+  vals = [
+    np.exp(-t * np.sum((rows[i] - rows[j]) ** 2))
+    for i in range(len(rows))
+    for j in range(i + 1, len(rows))
+  ]
   return float(np.log(np.mean(vals))) if vals else 0.0
 
 
@@ -66,7 +73,7 @@ def ref_dsr(p, s, form, mask=None, target=None):
     else:
       tgt = z @ s @ s.T
       tgt = n64(tgt) if form == 'code' else tgt
-    total += np.sum((z - tgt)**2)
+    total += np.sum((z - tgt) ** 2)
     n += 1
   if n == 0:
     return 0.0
@@ -111,8 +118,9 @@ def ref_nt_xent(z1, z2, temp, self_in, mask=None):
 
 def ref_nt_xent_fedu2_code(z1, z2, temp):
   """Literal transcription of FedU2's nt_xent_loss (inputs normalised)."""
-  z = np.concatenate([np.stack([n64(v) for v in z1]),
-                      np.stack([n64(v) for v in z2])])
+  z = np.concatenate(
+    [np.stack([n64(v) for v in z1]), np.stack([n64(v) for v in z2])]
+  )
   b = len(z1)
   sim = (z @ z.T) * (1 - np.eye(2 * b))
   logits = sim / temp
@@ -150,9 +158,9 @@ def ref_decorr(z, form, mask=None, eps=1e-8):
   if form == 'code':
     if d < 2:
       return 0.0
-    off = [c[i, j]**2 for i in range(d) for j in range(d) if i != j]
+    off = [c[i, j] ** 2 for i in range(d) for j in range(d) if i != j]
     return float(np.mean(off) / n)
-  return float(np.sum((c / n)**2) / d**2)
+  return float(np.sum((c / n) ** 2) / d**2)
 
 
 def softmax64(v):
@@ -174,16 +182,20 @@ def ref_relational(z1, z2, a, t, t2, form, mask=None, anchor_mask=None):
     r1, r2 = softmax64(s1 / t), softmax64(s2 / t)
     if form == 'code':
       tgt = (softmax64(s1 / t2) + softmax64(s2 / t2)) / 2
-      kl1 = sum(tgt[k] * (np.log(tgt[k]) - np.log(r1[k]))
-                for k in range(len(tgt)))
-      kl2 = sum(tgt[k] * (np.log(tgt[k]) - np.log(r2[k]))
-                for k in range(len(tgt)))
+      kl1 = sum(
+        tgt[k] * (np.log(tgt[k]) - np.log(r1[k])) for k in range(len(tgt))
+      )
+      kl2 = sum(
+        tgt[k] * (np.log(tgt[k]) - np.log(r2[k])) for k in range(len(tgt))
+      )
     else:
       mid = (r1 + r2) / 2
-      kl1 = sum(r1[k] * (np.log(r1[k]) - np.log(mid[k]))
-                for k in range(len(mid)))
-      kl2 = sum(r2[k] * (np.log(r2[k]) - np.log(mid[k]))
-                for k in range(len(mid)))
+      kl1 = sum(
+        r1[k] * (np.log(r1[k]) - np.log(mid[k])) for k in range(len(mid))
+      )
+      kl2 = sum(
+        r2[k] * (np.log(r2[k]) - np.log(mid[k])) for k in range(len(mid))
+      )
     out[i] = (kl1 + kl2) / 2
   return out
 
@@ -202,15 +214,16 @@ def ref_fur(z, tangent, reference, projections, num_tangent_space, mask=None):
   rows = [i for i in range(len(z)) if m[i]]
   total = 0.0
   for b in rows:
-    log_r = np.stack([geoopt_logmap(tangent[b], n64(reference[i]))
-                      for i in rows])
+    log_r = np.stack(
+      [geoopt_logmap(tangent[b], n64(reference[i])) for i in rows]
+    )
     log_z = np.stack([geoopt_logmap(tangent[b], n64(z[i])) for i in rows])
     w = np.asarray(projections[b], np.float64)  # [K, D]
     sq = []
     for k in range(len(w)):
       a = np.sort(log_r @ w[k])
       c = np.sort(log_z @ w[k])
-      sq.extend((a - c)**2)
+      sq.extend((a - c) ** 2)
     total += np.mean(sq)
   return total / num_tangent_space
 
@@ -233,7 +246,8 @@ def assert_finite_grads(fn, *args):
   the forward or backward pass produced a NaN (also one a `where` drops)."""
   grad = jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=tuple(range(len(args))))
   err, grads = jax.jit(checkify.checkify(grad, errors=checkify.nan_checks))(
-      *args)
+    *args
+  )
   err.throw()
   for g in grads:
     assert np.isfinite(np.asarray(g)).all()
@@ -252,8 +266,12 @@ def numeric_grad(f, x, h=1e-6):
 
 
 def assert_grad_close(jax_grad, num):
-  np.testing.assert_allclose(np.asarray(jax_grad), num, rtol=2e-3,
-                             atol=2e-3 * max(1.0, np.abs(num).max()))
+  np.testing.assert_allclose(
+    np.asarray(jax_grad),
+    num,
+    rtol=2e-3,
+    atol=2e-3 * max(1.0, np.abs(num).max()),
+  )
 
 
 MASK = np.array([1, 1, 0, 1, 1, 0, 1], bool)
@@ -270,51 +288,75 @@ _REF = unit_rows(54, 7, 5)
 _PROJ = rand(55, 7, 3, 5)
 
 LOSSES = {
-    'alignment': (lambda x, m: losses.alignment_loss(x, _P2, mask=m),
-                  lambda x, m: ref_alignment(x, _P2, m)),
-    'uniformity': (lambda x, m: losses.uniformity_loss(x, mask=m),
-                   lambda x, m: ref_uniformity(x, 2.0, m)),
-    'uniformity_t5': (lambda x, m: losses.uniformity_loss(x, t=5.0, mask=m),
-                      lambda x, m: ref_uniformity(x, 5.0, m)),
-    'dsr_code': (lambda x, m: losses.dsr_loss(x, _S, mask=m),
-                 lambda x, m: ref_dsr(x, _S, 'code', m)),
-    'dsr_paper': (lambda x, m: losses.dsr_loss(x, _S, form='paper', mask=m),
-                  lambda x, m: ref_dsr(x, _S, 'paper', m)),
-    'pd': (lambda x, m: losses.projector_distillation_loss(_E, x, mask=m),
-           lambda x, m: ref_pd(_E, x, 0.5, m)),
-    'pd_paper': (
-        lambda x, m: losses.projector_distillation_loss(
-            _E, x, temperature=1.0, form='paper', mask=m),
-        lambda x, m: ref_pd(x, _E, 1.0, m)),
-    'pd_encoder_side': (
-        lambda x, m: losses.projector_distillation_loss(x, _E, mask=m),
-        lambda x, m: ref_pd(x, _E, 0.5, m)),
-    'nt_xent_fedu2': (lambda x, m: losses.nt_xent_loss(x, _P2, mask=m),
-                      lambda x, m: ref_nt_xent(x, _P2, 0.07, True, m)),
-    'nt_xent_simclr': (
-        lambda x, m: losses.nt_xent_loss(x, _P2, temperature=0.5,
-                                         self_in_denominator=False, mask=m),
-        lambda x, m: ref_nt_xent(x, _P2, 0.5, False, m)),
-    'decorr_code': (lambda x, m: losses.decorrelation_loss(x, mask=m),
-                    lambda x, m: ref_decorr(x, 'code', m)),
-    'decorr_paper': (
-        lambda x, m: losses.decorrelation_loss(x, form='paper', mask=m),
-        lambda x, m: ref_decorr(x, 'paper', m)),
-    'relational_code': (
-        lambda x, m: losses.relational_loss(x, _P2, _ANCHORS,
-                                            temperature=0.2,
-                                            target_temperature=0.05, mask=m),
-        lambda x, m: ref_relational(x, _P2, _ANCHORS, 0.2, 0.05, 'code', m)),
-    'relational_js': (
-        lambda x, m: losses.relational_loss(x, _P2, _ANCHORS, form='js',
-                                            mask=m),
-        lambda x, m: ref_relational(x, _P2, _ANCHORS, 0.1, 0.1, 'js', m)),
-    'fur': (lambda x, m: losses.tangent_sliced_wasserstein(
-        x, _TANGENT, _REF, _PROJ, mask=m),
-            lambda x, m: ref_fur(x, _TANGENT, _REF, _PROJ, 6, m)),
+  'alignment': (
+    lambda x, m: losses.alignment_loss(x, _P2, mask=m),
+    lambda x, m: ref_alignment(x, _P2, m),
+  ),
+  'uniformity': (
+    lambda x, m: losses.uniformity_loss(x, mask=m),
+    lambda x, m: ref_uniformity(x, 2.0, m),
+  ),
+  'uniformity_t5': (
+    lambda x, m: losses.uniformity_loss(x, t=5.0, mask=m),
+    lambda x, m: ref_uniformity(x, 5.0, m),
+  ),
+  'dsr_code': (
+    lambda x, m: losses.dsr_loss(x, _S, mask=m),
+    lambda x, m: ref_dsr(x, _S, 'code', m),
+  ),
+  'dsr_paper': (
+    lambda x, m: losses.dsr_loss(x, _S, form='paper', mask=m),
+    lambda x, m: ref_dsr(x, _S, 'paper', m),
+  ),
+  'pd': (
+    lambda x, m: losses.projector_distillation_loss(_E, x, mask=m),
+    lambda x, m: ref_pd(_E, x, 0.5, m),
+  ),
+  'pd_paper': (
+    lambda x, m: losses.projector_distillation_loss(
+      _E, x, temperature=1.0, form='paper', mask=m
+    ),
+    lambda x, m: ref_pd(x, _E, 1.0, m),
+  ),
+  'pd_encoder_side': (
+    lambda x, m: losses.projector_distillation_loss(x, _E, mask=m),
+    lambda x, m: ref_pd(x, _E, 0.5, m),
+  ),
+  'nt_xent_fedu2': (
+    lambda x, m: losses.nt_xent_loss(x, _P2, mask=m),
+    lambda x, m: ref_nt_xent(x, _P2, 0.07, True, m),
+  ),
+  'nt_xent_simclr': (
+    lambda x, m: losses.nt_xent_loss(
+      x, _P2, temperature=0.5, self_in_denominator=False, mask=m
+    ),
+    lambda x, m: ref_nt_xent(x, _P2, 0.5, False, m),
+  ),
+  'decorr_code': (
+    lambda x, m: losses.decorrelation_loss(x, mask=m),
+    lambda x, m: ref_decorr(x, 'code', m),
+  ),
+  'decorr_paper': (
+    lambda x, m: losses.decorrelation_loss(x, form='paper', mask=m),
+    lambda x, m: ref_decorr(x, 'paper', m),
+  ),
+  'relational_code': (
+    lambda x, m: losses.relational_loss(
+      x, _P2, _ANCHORS, temperature=0.2, target_temperature=0.05, mask=m
+    ),
+    lambda x, m: ref_relational(x, _P2, _ANCHORS, 0.2, 0.05, 'code', m),
+  ),
+  'relational_js': (
+    lambda x, m: losses.relational_loss(x, _P2, _ANCHORS, form='js', mask=m),
+    lambda x, m: ref_relational(x, _P2, _ANCHORS, 0.1, 0.1, 'js', m),
+  ),
+  'fur': (
+    lambda x, m: losses.tangent_sliced_wasserstein(
+      x, _TANGENT, _REF, _PROJ, mask=m
+    ),
+    lambda x, m: ref_fur(x, _TANGENT, _REF, _PROJ, 6, m),
+  ),
 }
-
-
 
 
 @functools.lru_cache(maxsize=None)
@@ -326,8 +368,11 @@ def jitted(name):
   """
   fn = LOSSES[name][0]
   grad = jax.grad(lambda v, m: jnp.sum(fn(v, m)))
-  return (jax.jit(fn), jax.jit(grad),
-          jax.jit(checkify.checkify(grad, errors=checkify.nan_checks)))
+  return (
+    jax.jit(fn),
+    jax.jit(grad),
+    jax.jit(checkify.checkify(grad, errors=checkify.nan_checks)),
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -369,11 +414,11 @@ def test_degenerate_inputs_finite_without_nan(name):
   fn, grad, checked_grad = jitted(name)
   one = np.ones((7, 5), np.float32)
   cases = [
-      (one, None),  # coincident rows
-      (np.zeros((7, 5), np.float32), None),  # zero rows
-      (rand(3, 7, 5), np.zeros(7, bool)),  # all masked
-      (rand(3, 7, 5), np.eye(7, dtype=bool)[0]),  # one real row
-      (np.concatenate([one[:3], -one[:4]]), None),  # antipodal rows
+    (one, None),  # coincident rows
+    (np.zeros((7, 5), np.float32), None),  # zero rows
+    (rand(3, 7, 5), np.zeros(7, bool)),  # all masked
+    (rand(3, 7, 5), np.eye(7, dtype=bool)[0]),  # one real row
+    (np.concatenate([one[:3], -one[:4]]), None),  # antipodal rows
   ]
   for x, mask in cases:
     mask = np.ones(7, bool) if mask is None else mask
@@ -407,21 +452,27 @@ def test_padding_invariant(name):
 class J:
   """The losses, jitted: one compilation per shape instead of one per
   primitive keeps the property tests below fast."""
+
   uniformity_loss = staticmethod(jax.jit(losses.uniformity_loss))
-  nt_xent_loss = staticmethod(jax.jit(
-      losses.nt_xent_loss, static_argnames=('self_in_denominator',)))
-  decorrelation_loss = staticmethod(jax.jit(
-      losses.decorrelation_loss, static_argnames=('form',)))
-  relational_loss = staticmethod(jax.jit(
-      losses.relational_loss, static_argnames=('form',)))
-  fedu2_uniform_regularizer = staticmethod(jax.jit(
-      losses.fedu2_uniform_regularizer))
-  tangent_sliced_wasserstein = staticmethod(jax.jit(
-      losses.tangent_sliced_wasserstein))
-  dsr_loss = staticmethod(jax.jit(losses.dsr_loss,
-                                  static_argnames=('form',)))
-  projector_distillation_loss = staticmethod(jax.jit(
-      losses.projector_distillation_loss))
+  nt_xent_loss = staticmethod(
+    jax.jit(losses.nt_xent_loss, static_argnames=('self_in_denominator',))
+  )
+  decorrelation_loss = staticmethod(
+    jax.jit(losses.decorrelation_loss, static_argnames=('form',))
+  )
+  relational_loss = staticmethod(
+    jax.jit(losses.relational_loss, static_argnames=('form',))
+  )
+  fedu2_uniform_regularizer = staticmethod(
+    jax.jit(losses.fedu2_uniform_regularizer)
+  )
+  tangent_sliced_wasserstein = staticmethod(
+    jax.jit(losses.tangent_sliced_wasserstein)
+  )
+  dsr_loss = staticmethod(jax.jit(losses.dsr_loss, static_argnames=('form',)))
+  projector_distillation_loss = staticmethod(
+    jax.jit(losses.projector_distillation_loss)
+  )
 
 
 def test_fur_padding_invariant():
@@ -429,10 +480,15 @@ def test_fur_padding_invariant():
   mask = np.array([1, 1, 1, 1, 0, 0, 0], bool)
   with jax.default_matmul_precision(HIGHEST):
     padded = J.tangent_sliced_wasserstein(
-        np.concatenate([x[:4], 50 * rand(9, 3, 5)]), _TANGENT,
-        np.concatenate([_REF[:4], unit_rows(10, 3, 5)]), _PROJ, mask=mask)
-    short = J.tangent_sliced_wasserstein(x[:4], _TANGENT[:4], _REF[:4],
-                                              _PROJ[:4])
+      np.concatenate([x[:4], 50 * rand(9, 3, 5)]),
+      _TANGENT,
+      np.concatenate([_REF[:4], unit_rows(10, 3, 5)]),
+      _PROJ,
+      mask=mask,
+    )
+    short = J.tangent_sliced_wasserstein(
+      x[:4], _TANGENT[:4], _REF[:4], _PROJ[:4]
+    )
   np.testing.assert_allclose(padded, short, **TOL)
 
 
@@ -441,8 +497,7 @@ def test_vmap_over_clients_matches_per_client_calls():
   scalings = ssd.scaling_matrices(3, 5, seed=1)
   p = rand(11, 3, 6, 5)
   with jax.default_matmul_precision(HIGHEST):
-    batched = jax.jit(jax.vmap(lambda x, s: J.dsr_loss(x, s)))(p,
-                                                                    scalings)
+    batched = jax.jit(jax.vmap(lambda x, s: J.dsr_loss(x, s)))(p, scalings)
     single = [J.dsr_loss(p[k], scalings[k]) for k in range(3)]
   np.testing.assert_allclose(batched, single, **TOL)
 
@@ -458,17 +513,18 @@ def test_uniformity_small_batches_and_extremes():
   assert abs(float(J.uniformity_loss(np.ones((5, 3), np.float32)))) < 1e-6
   # Two antipodal rows: U = -4t exactly; large t must not underflow to -inf.
   pair = np.array([[1, 0], [-1, 0]], np.float32)
-  np.testing.assert_allclose(J.uniformity_loss(pair, t=50.0), -200.0,
-                             rtol=1e-6)
+  np.testing.assert_allclose(J.uniformity_loss(pair, t=50.0), -200.0, rtol=1e-6)
 
 
 def test_uniformity_equals_evaluation_metric():
   """The training loss and the evaluation metric are the same quantity."""
   from fedjax_metric.evaluation import uniformity
+
   x = rand(4, 9, 6)
   with jax.default_matmul_precision(HIGHEST):
-    np.testing.assert_allclose(J.uniformity_loss(x),
-                               jax.jit(uniformity)(x), **TOL)
+    np.testing.assert_allclose(
+      J.uniformity_loss(x), jax.jit(uniformity)(x), **TOL
+    )
 
 
 @pytest.mark.parametrize('form', ['code', 'paper'])
@@ -485,10 +541,14 @@ def test_dsr_target_is_detached(form):
   scaled = [n64(v) @ s @ s.T for v in p0]
   frozen = [n64(t) for t in scaled] if form == 'code' else scaled
   with jax.default_matmul_precision(HIGHEST):
-    g = np.asarray(jax.grad(lambda v: J.dsr_loss(
-        v, s.astype(np.float32), form=form, mask=MASK))(p0))
+    g = np.asarray(
+      jax.grad(
+        lambda v: J.dsr_loss(v, s.astype(np.float32), form=form, mask=MASK)
+      )(p0)
+    )
   detached = numeric_grad(
-      lambda v: ref_dsr(v, s, form, MASK, target=frozen), p0)
+    lambda v: ref_dsr(v, s, form, MASK, target=frozen), p0
+  )
   assert_grad_close(g, detached)
   np.testing.assert_array_equal(g[~MASK], 0.0)
   attached = numeric_grad(lambda v: ref_dsr(v, s, form, MASK), p0)
@@ -504,14 +564,14 @@ def test_dsr_zero_when_target_equals_z_and_gradient_finite():
   eye = np.eye(4, dtype=np.float32)
   for form in ('code', 'paper'):
     assert float(J.dsr_loss(p, eye, form=form)) == 0.0
-    g = assert_finite_grads(lambda v: J.dsr_loss(v, eye, form=form),
-                            jnp.asarray(p))[0]
+    g = assert_finite_grads(
+      lambda v: J.dsr_loss(v, eye, form=form), jnp.asarray(p)
+    )[0]
     np.testing.assert_array_equal(np.asarray(g), 0.0)
   # A client with an empty direction set: S = Q orthogonal, S S^T = I, so
   # its target is z up to rounding and its loss ~ 0.
   s = ssd.scaling_matrices(5, 4, seed=0, directions_per_client=1)[4]
-  np.testing.assert_allclose(s.astype(np.float64) @ s.T, np.eye(4),
-                             atol=1e-5)
+  np.testing.assert_allclose(s.astype(np.float64) @ s.T, np.eye(4), atol=1e-5)
   q = rand(13, 6, 4)
   with jax.default_matmul_precision(HIGHEST):
     assert float(J.dsr_loss(q, s)) < 1e-5
@@ -525,54 +585,68 @@ def test_dsr_gradient_step_leans_towards_client_directions():
   sub = eigvec[:, eigval > 5]  # client 1's two scaled directions
   z = unit_rows(14, 32, 8)
   energy = lambda v: np.mean(
-      np.sum((np.stack([n64(r) for r in v]) @ sub)**2, axis=1))
-  step = z - 0.5 * np.asarray(jax.grad(lambda v: J.dsr_loss(v, scaling))(
-      z)) * len(z)
+    np.sum((np.stack([n64(r) for r in v]) @ sub) ** 2, axis=1)
+  )
+  step = z - 0.5 * np.asarray(
+    jax.grad(lambda v: J.dsr_loss(v, scaling))(z)
+  ) * len(z)
   assert energy(step) > energy(z) + 1e-3
 
 
 def test_projector_distillation_gradient_reaches_both_sides():
   e, p = rand(15, 4, 6), rand(16, 4, 6)
   ge, gp = jax.grad(
-      lambda a, b: jnp.sum(J.projector_distillation_loss(a, b)),
-      argnums=(0, 1))(e, p)
+    lambda a, b: jnp.sum(J.projector_distillation_loss(a, b)), argnums=(0, 1)
+  )(e, p)
   assert np.abs(np.asarray(ge)).min() > 0 and np.abs(np.asarray(gp)).max() > 0
   # Direction: KL(softmax(p) || softmax(e)), not the reverse.
   fwd = np.asarray(J.projector_distillation_loss(e, p))
   np.testing.assert_allclose(fwd, ref_pd(e, p, 0.5), **TOL)
   assert np.abs(fwd - ref_pd(p, e, 0.5)).max() > 1e-3
-  np.testing.assert_allclose(J.projector_distillation_loss(e, e), 0.0,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    J.projector_distillation_loss(e, e), 0.0, atol=1e-6
+  )
 
 
 def test_nt_xent_matches_released_code_transcriptions():
   z1, z2 = unit_rows(17, 6, 5), unit_rows(18, 6, 5)
   with jax.default_matmul_precision(HIGHEST):
     fedu2 = float(jnp.mean(J.nt_xent_loss(z1, z2, temperature=0.07)))
-    fedx = float(jnp.mean(J.nt_xent_loss(
-        z1 * 3.0, z2, temperature=0.1, self_in_denominator=False)))
-  np.testing.assert_allclose(fedu2, ref_nt_xent_fedu2_code(z1, z2, 0.07),
-                             rtol=2e-5)
-  np.testing.assert_allclose(fedx, ref_nt_xent_fedx_code(z1 * 3.0, z2, 0.1),
-                             rtol=2e-5)
+    fedx = float(
+      jnp.mean(
+        J.nt_xent_loss(z1 * 3.0, z2, temperature=0.1, self_in_denominator=False)
+      )
+    )
+  np.testing.assert_allclose(
+    fedu2, ref_nt_xent_fedu2_code(z1, z2, 0.07), rtol=2e-5
+  )
+  np.testing.assert_allclose(
+    fedx, ref_nt_xent_fedx_code(z1 * 3.0, z2, 0.1), rtol=2e-5
+  )
   # The two forms differ (the self term e^0 = 1 is in FedU2's denominator).
-  standard = float(jnp.mean(J.nt_xent_loss(
-      z1, z2, temperature=0.07, self_in_denominator=False)))
+  standard = float(
+    jnp.mean(
+      J.nt_xent_loss(z1, z2, temperature=0.07, self_in_denominator=False)
+    )
+  )
   assert fedu2 > standard
 
 
 def test_decorrelation_zero_for_uncorrelated_features_and_small_batches():
   # Centred columns with disjoint supports are exactly uncorrelated.
-  z = np.array([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 2],
-                [0, 0, -2]], np.float32)
+  z = np.array(
+    [[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 2], [0, 0, -2]],
+    np.float32,
+  )
   assert abs(float(J.decorrelation_loss(z))) < 1e-6
   assert float(J.decorrelation_loss(rand(1, 1, 4))) == 0.0
   assert float(J.decorrelation_loss(rand(1, 5, 1))) == 0.0
   # Perfectly correlated columns: every off-diagonal C_ij = n - 1.
   col = rand(2, 6, 1)
   n = 6
-  np.testing.assert_allclose(J.decorrelation_loss(np.tile(col, (1, 3))),
-                             (n - 1)**2 / n, rtol=1e-4)
+  np.testing.assert_allclose(
+    J.decorrelation_loss(np.tile(col, (1, 3))), (n - 1) ** 2 / n, rtol=1e-4
+  )
 
 
 def test_relational_properties():
@@ -580,20 +654,26 @@ def test_relational_properties():
   anchors = rand(20, 7, 4)
   # Same views and t = t2: target = each view's distribution, loss 0.
   np.testing.assert_allclose(
-      J.relational_loss(z, z, anchors, temperature=0.1,
-                             target_temperature=0.1), 0.0, atol=1e-5)
+    J.relational_loss(z, z, anchors, temperature=0.1, target_temperature=0.1),
+    0.0,
+    atol=1e-5,
+  )
   # The target is not detached: the gradient through it is part of the
   # reference match (gradient test above); here, anchors get gradient too.
-  ga = jax.grad(lambda a: jnp.sum(J.relational_loss(
-      z, rand(21, 5, 4), a)))(anchors)
+  ga = jax.grad(lambda a: jnp.sum(J.relational_loss(z, rand(21, 5, 4), a)))(
+    anchors
+  )
   assert np.abs(np.asarray(ga)).max() > 0
   anchor_mask = np.array([1, 0, 1, 1, 0, 1, 1], bool)
   with jax.default_matmul_precision(HIGHEST):
-    got = J.relational_loss(z, rand(21, 5, 4), anchors,
-                                 anchor_mask=anchor_mask)
+    got = J.relational_loss(z, rand(21, 5, 4), anchors, anchor_mask=anchor_mask)
   np.testing.assert_allclose(
-      got, ref_relational(z, rand(21, 5, 4), anchors, 0.1, 0.1, 'code',
-                          anchor_mask=anchor_mask), **TOL)
+    got,
+    ref_relational(
+      z, rand(21, 5, 4), anchors, 0.1, 0.1, 'code', anchor_mask=anchor_mask
+    ),
+    **TOL,
+  )
   with pytest.raises(ValueError):
     J.relational_loss(z, z, anchors, form='paper')
 
@@ -627,7 +707,8 @@ def test_fur_feature_at_or_opposite_its_tangent_point():
   with jax.default_matmul_precision(HIGHEST):
     got = float(fn(z, np.arange(7) != 1))
   np.testing.assert_allclose(
-      got, ref_fur(z, _TANGENT, _REF, _PROJ, 6, np.arange(7) != 1), **TOL)
+    got, ref_fur(z, _TANGENT, _REF, _PROJ, 6, np.arange(7) != 1), **TOL
+  )
 
 
 def test_unknown_forms_rejected():
@@ -668,8 +749,7 @@ def test_scaling_matrices_spectrum_and_orthogonal_subspaces(num_clients, dim):
       assert np.abs(bases[j].T @ bases[k]).max() < 1e-4
   # All scaled directions together are orthonormal: num_clients * m of them.
   union = np.concatenate(bases, axis=1)
-  np.testing.assert_allclose(union.T @ union, np.eye(union.shape[1]),
-                             atol=1e-4)
+  np.testing.assert_allclose(union.T @ union, np.eye(union.shape[1]), atol=1e-4)
 
 
 def test_scaling_matrices_deterministic_and_rotated():
@@ -685,8 +765,9 @@ def test_scaling_matrices_deterministic_and_rotated():
     diag = np.diag(c[k])
     np.testing.assert_array_equal(c[k], np.diag(diag))
     assert np.sum(np.isclose(diag, math.sqrt(10.0))) == 3
-  assert np.all(np.sum(np.stack([np.diag(c[k]) > 1 for k in range(3)]),
-                       axis=0) <= 1)
+  assert np.all(
+    np.sum(np.stack([np.diag(c[k]) > 1 for k in range(3)]), axis=0) <= 1
+  )
 
 
 def test_scaling_matrices_more_directions_than_dims():
@@ -694,8 +775,9 @@ def test_scaling_matrices_more_directions_than_dims():
   s = ssd.scaling_matrices(4, 10, seed=1, directions_per_client=4)
   counts = [scaled_subspace(s[k], 10.0)[1].shape[1] for k in range(4)]
   assert counts == [4, 4, 2, 0]
-  np.testing.assert_allclose(s[3].astype(np.float64) @ s[3].T, np.eye(10),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    s[3].astype(np.float64) @ s[3].T, np.eye(10), atol=1e-5
+  )
   # Default m = floor(D / K): 10 // 3 = 3, one direction unscaled for all.
   s = ssd.scaling_matrices(3, 10, seed=1)
   assert [scaled_subspace(s[k], 10.0)[1].shape[1] for k in range(3)] == [3] * 3
@@ -708,7 +790,8 @@ def test_cohort_scaling_position_vs_client_id():
   ids = np.array([3, 0, 4])
   np.testing.assert_array_equal(ssd.cohort_scaling(s, ids), s[:3])
   np.testing.assert_array_equal(
-      ssd.cohort_scaling(s, ids, assign='client_id'), s[ids])
+    ssd.cohort_scaling(s, ids, assign='client_id'), s[ids]
+  )
   with pytest.raises(ValueError):
     ssd.cohort_scaling(s, np.arange(6))
   with pytest.raises(ValueError):

@@ -34,8 +34,9 @@ from fedjax_metric.algorithms import oneclass_common as common
 from fedjax_metric.losses.oneclass import deepsvdd_center, deepsvdd_loss
 
 
-def make(model, *, server_optimizer, weighting='uniform', eps=0.1,
-         reduction='mean'):
+def make(
+  model, *, server_optimizer, weighting='uniform', eps=0.1, reduction='mean'
+):
   """Deep SVDD with one model per client, as an `engine.Algorithm`.
 
   Ruff et al., 'Deep One-Class Classification', ICML 2018, the One-Class
@@ -59,17 +60,20 @@ def make(model, *, server_optimizer, weighting='uniform', eps=0.1,
   del weighting  # Every client keeps its own model: there is no average.
   common.check_choice('reduction', reduction, common.REDUCTIONS)
   if not eps >= 0:
-    raise ValueError(f'eps must be >= 0, got {eps} '
-                     '(--config.algorithm_kwargs.eps).')
+    raise ValueError(
+      f'eps must be >= 0, got {eps} (--config.algorithm_kwargs.eps).'
+    )
   dim = common.embedding_dim(model)
   base = fedavg.make(model, server_optimizer=server_optimizer)
 
   def init_client(variables, key):
     del key
-    return {'variables': variables,
-            'center': jnp.zeros((dim,), jnp.float32),
-            # int32, not bool: 1 once the center is fixed.
-            'initialised': jnp.zeros((), jnp.int32)}
+    return {
+      'variables': variables,
+      'center': jnp.zeros((dim,), jnp.float32),
+      # int32, not bool: 1 once the center is fixed.
+      'initialised': jnp.zeros((), jnp.int32),
+    }
 
   def client_begin(ctx):
     row = ctx.client_row
@@ -80,24 +84,33 @@ def make(model, *, server_optimizer, weighting='uniform', eps=0.1,
 
     # A cond, so that one client at a time (the host executor) skips the
     # pass over its data after its first round; under vmap both run.
-    center = jax.lax.cond(row['initialised'] > 0, lambda: row['center'],
-                          first_center)
+    center = jax.lax.cond(
+      row['initialised'] > 0, lambda: row['center'], first_center
+    )
     return row['variables'], {'center': center}
 
   def client_loss(params, model_state, batch, ctx):
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
-    per_example = deepsvdd_loss(outputs['embedding'],
-                                ctx.local_state['center'], mask=batch.mask)
-    return (common.reduce_batch(per_example, batch.mask, reduction),
-            (model_state, {}))
+    outputs, model_state = model.apply(
+      params, model_state, batch.images, train=True, mask=batch.mask
+    )
+    per_example = deepsvdd_loss(
+      outputs['embedding'], ctx.local_state['center'], mask=batch.mask
+    )
+    return (
+      common.reduce_batch(per_example, batch.mask, reduction),
+      (model_state, {}),
+    )
 
   def client_final(ctx, end_variables):
     has_data = ctx.num_examples > 0
-    row = {'variables': end_variables, 'center': ctx.local_state['center'],
-           'initialised': jnp.ones((), jnp.int32)}
-    row = jax.tree.map(lambda new, old: jnp.where(has_data, new, old), row,
-                       ctx.client_row)
+    row = {
+      'variables': end_variables,
+      'center': ctx.local_state['center'],
+      'initialised': jnp.ones((), jnp.int32),
+    }
+    row = jax.tree.map(
+      lambda new, old: jnp.where(has_data, new, old), row, ctx.client_row
+    )
     # Nothing goes to the server; the weight only counts participants.
     return (), jnp.ones((), jnp.float32), row
 
@@ -105,6 +118,10 @@ def make(model, *, server_optimizer, weighting='uniform', eps=0.1,
     del aggregate, client_table
     return server_state._replace(round=server_state.round + 1)
 
-  return base._replace(init_client=init_client, client_begin=client_begin,
-                       client_loss=client_loss, client_final=client_final,
-                       server_update=server_update)
+  return base._replace(
+    init_client=init_client,
+    client_begin=client_begin,
+    client_loss=client_loss,
+    client_final=client_final,
+    server_update=server_update,
+  )

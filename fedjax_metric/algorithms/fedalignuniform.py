@@ -51,8 +51,10 @@ def check_positive(name, value, *, allow_zero=True):
   bad = value < 0 if allow_zero else value <= 0
   if bad:
     bound = '>= 0' if allow_zero else '> 0'
-    raise ValueError(f'{name} must be {bound} (got {value}); set '
-                     f'--config.algorithm_kwargs.{name} to a value {bound}.')
+    raise ValueError(
+      f'{name} must be {bound} (got {value}); set '
+      f'--config.algorithm_kwargs.{name} to a value {bound}.'
+    )
 
 
 def make_views(order='ssd'):
@@ -65,8 +67,7 @@ def make_views(order='ssd'):
   return augment_lib.make_two_view_augment(order=order)
 
 
-def two_view_forward(model, params, model_state, raw_images, mask, key,
-                     views):
+def two_view_forward(model, params, model_state, raw_images, mask, key, views):
   """Draws two views of ``raw_images`` and runs a training forward on each.
 
   As ``encoder(x1), encoder(x2)`` in the SSD and FedU2 released code
@@ -86,10 +87,12 @@ def two_view_forward(model, params, model_state, raw_images, mask, key,
     ``(outputs_1, outputs_2, new_model_state)``.
   """
   x1, x2 = views(raw_images, key)
-  out1, model_state = model.apply(params, model_state, x1, train=True,
-                                  mask=mask)
-  out2, model_state = model.apply(params, model_state, x2, train=True,
-                                  mask=mask)
+  out1, model_state = model.apply(
+    params, model_state, x1, train=True, mask=mask
+  )
+  out2, model_state = model.apply(
+    params, model_state, x2, train=True, mask=mask
+  )
   return out1, out2, model_state
 
 
@@ -110,8 +113,10 @@ def align_uniform_loss(p1, p2, mask, *, uniform_weight=1.0, t=2.0):
     ``(loss, alignment, uniformity)`` scalars.
   """
   align = losses.masked_mean(losses.alignment_loss(p1, p2, mask=mask), mask)
-  uniform = (losses.uniformity_loss(p1, t=t, mask=mask)
-             + losses.uniformity_loss(p2, t=t, mask=mask)) / 2.0
+  uniform = (
+    losses.uniformity_loss(p1, t=t, mask=mask)
+    + losses.uniformity_loss(p2, t=t, mask=mask)
+  ) / 2.0
   return align + uniform_weight * uniform, align, uniform
 
 
@@ -121,13 +126,21 @@ def output_width(model, variables, name='projection'):
   Needs ``model.input_shape`` (set by `models.build` from the dataset).
   """
   if model.input_shape is None:
-    raise ValueError('The model has no input_shape; build it with '
-                     'fedjax_metric.models.build(..., input_shape).')
-  params, model_state = variables['params'], {
-      k: v for k, v in variables.items() if k != 'params'}
+    raise ValueError(
+      'The model has no input_shape; build it with '
+      'fedjax_metric.models.build(..., input_shape).'
+    )
+  params, model_state = (
+    variables['params'],
+    {k: v for k, v in variables.items() if k != 'params'},
+  )
   out = jax.eval_shape(
-      lambda p, s: model.apply(p, s, jnp.zeros(model.input_shape),
-                               train=False)[0][name], params, model_state)
+    lambda p, s: model.apply(p, s, jnp.zeros(model.input_shape), train=False)[
+      0
+    ][name],
+    params,
+    model_state,
+  )
   return out.shape[-1]
 
 
@@ -136,8 +149,13 @@ def output_width(model, variables, name='projection'):
 # ---------------------------------------------------------------------------
 
 
-def make_ssl_client_batches(*, drop_last=False, min_batch_examples=2,
-                            random_batch=False, even_epochs_cap=0):
+def make_ssl_client_batches(
+  *,
+  drop_last=False,
+  min_batch_examples=2,
+  random_batch=False,
+  even_epochs_cap=0,
+):
   """An `engine.Algorithm.client_batches` schedule for two-view training.
 
   Starts from `cohort.client_batches` (a fresh permutation per local epoch,
@@ -169,19 +187,26 @@ def make_ssl_client_batches(*, drop_last=False, min_batch_examples=2,
     local_steps) -> (idx [S, B or 2B], mask [S, B or 2B])``.
   """
   if min_batch_examples < 0 or even_epochs_cap < 0:
-    raise ValueError('min_batch_examples and even_epochs_cap must be >= 0 '
-                     f'(got {min_batch_examples}, {even_epochs_cap}).')
+    raise ValueError(
+      'min_batch_examples and even_epochs_cap must be >= 0 '
+      f'(got {min_batch_examples}, {even_epochs_cap}).'
+    )
 
-  def client_batches(indices, labels, rng, *, num_steps, batch_size,
-                     local_epochs, local_steps):
+  def client_batches(
+    indices, labels, rng, *, num_steps, batch_size, local_epochs, local_steps
+  ):
     del labels
     n = len(indices)
     epochs = local_epochs
     if even_epochs_cap and local_steps == 0 and n > 0:
       per_epoch = math.ceil(n / batch_size)
       epochs = max(1, min(num_steps // per_epoch, even_epochs_cap))
-    shape = dict(num_steps=num_steps, batch_size=batch_size,
-                 local_epochs=epochs, local_steps=local_steps)
+    shape = dict(
+      num_steps=num_steps,
+      batch_size=batch_size,
+      local_epochs=epochs,
+      local_steps=local_steps,
+    )
     idx, mask = cohort_lib.client_batches(indices, rng, **shape)
     counts = mask.sum(axis=1)
     keep = counts >= max(min_batch_examples, 1)
@@ -209,6 +234,7 @@ def batches_per_epoch(ctx):
   Returns:
     float32 scalar.
   """
+
   def count(carry, batch):
     seen, steps = carry
     real = jnp.sum(batch.mask.astype(jnp.float32))
@@ -232,8 +258,10 @@ def aggregation_weight(ctx, weighting):
 
 def check_weighting(weighting):
   if weighting not in WEIGHTINGS:
-    raise ValueError(f'Unknown weighting {weighting!r}; use one of '
-                     f'{WEIGHTINGS} (--config.server.weighting).')
+    raise ValueError(
+      f'Unknown weighting {weighting!r}; use one of '
+      f'{WEIGHTINGS} (--config.server.weighting).'
+    )
 
 
 def make_client_final(weighting='num_batches'):
@@ -242,32 +270,47 @@ def make_client_final(weighting='num_batches'):
   check_weighting(weighting)
 
   def client_final(ctx, end_variables):
-    delta = jax.tree.map(jnp.subtract, end_variables,
-                         ctx.server_state.variables)
+    delta = jax.tree.map(
+      jnp.subtract, end_variables, ctx.server_state.variables
+    )
     return delta, aggregation_weight(ctx, weighting), ctx.client_row
 
   return client_final
 
 
-def make_algorithm(model, client_loss, *, server_optimizer,
-                   weighting='num_batches',
-                   client_batches: Optional[Callable] = None,
-                   init_extra=None):
+def make_algorithm(
+  model,
+  client_loss,
+  *,
+  server_optimizer,
+  weighting='num_batches',
+  client_batches: Optional[Callable] = None,
+  init_extra=None,
+):
   """FedAvg with an unsupervised ``client_loss``, `make_client_final` and an
   ssl batch schedule (default `make_ssl_client_batches()`)."""
   del model
-  base = fedavg.make(None, server_optimizer=server_optimizer,
-                     weighting='num_examples')
+  base = fedavg.make(
+    None, server_optimizer=server_optimizer, weighting='num_examples'
+  )
   return base._replace(
-      init_server=fedavg.make_init_server(server_optimizer, init_extra),
-      client_loss=client_loss,
-      client_final=make_client_final(weighting),
-      client_batches=client_batches or make_ssl_client_batches())
+    init_server=fedavg.make_init_server(server_optimizer, init_extra),
+    client_loss=client_loss,
+    client_final=make_client_final(weighting),
+    client_batches=client_batches or make_ssl_client_batches(),
+  )
 
 
-def make(model, *, server_optimizer, weighting='num_batches',
-         uniform_weight=1.0, uniformity_t=2.0, view_order='ssd',
-         drop_last=False) -> engine.Algorithm:
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='num_batches',
+  uniform_weight=1.0,
+  uniformity_t=2.0,
+  view_order='ssd',
+  drop_last=False,
+) -> engine.Algorithm:
   """FedAlignUniform.
 
   Args:
@@ -287,14 +330,21 @@ def make(model, *, server_optimizer, weighting='num_batches',
 
   def client_loss(params, model_state, batch, ctx):
     out1, out2, model_state = two_view_forward(
-        model, params, model_state, batch.raw_images, batch.mask, ctx.key,
-        views)
+      model, params, model_state, batch.raw_images, batch.mask, ctx.key, views
+    )
     loss, align, uniform = align_uniform_loss(
-        out1['projection'], out2['projection'], batch.mask,
-        uniform_weight=uniform_weight, t=uniformity_t)
+      out1['projection'],
+      out2['projection'],
+      batch.mask,
+      uniform_weight=uniform_weight,
+      t=uniformity_t,
+    )
     return loss, (model_state, {'alignment': align, 'uniformity': uniform})
 
   return make_algorithm(
-      model, client_loss, server_optimizer=server_optimizer,
-      weighting=weighting,
-      client_batches=make_ssl_client_batches(drop_last=drop_last))
+    model,
+    client_loss,
+    server_optimizer=server_optimizer,
+    weighting=weighting,
+    client_batches=make_ssl_client_batches(drop_last=drop_last),
+  )

@@ -47,6 +47,7 @@ class IntervalState(NamedTuple):
     interval_sum: sum of the completed interval lengths (sum of T_n).
     interval_count: number of completed intervals (|T_n|).
   """
+
   counter: jax.Array
   interval_sum: jax.Array
   interval_count: jax.Array
@@ -58,8 +59,7 @@ def init_interval_state(num_clients: int) -> IntervalState:
   return IntervalState(counter=zeros, interval_sum=zeros, interval_count=zeros)
 
 
-def interval_step(state: IntervalState, participated, *,
-                  cutoff: Optional[int]):
+def interval_step(state: IntervalState, participated, *, cutoff: Optional[int]):
   """One round of FedAU's online interval estimate; pure and jittable.
 
   Follows the authors' released code (github.com/IBM/fedau, main.py, weighting
@@ -87,8 +87,9 @@ def interval_step(state: IntervalState, participated, *,
   participated = jnp.asarray(participated, bool)
   has_history = state.interval_count > 0
   mean_interval = state.interval_sum / jnp.maximum(state.interval_count, 1)
-  omega = jnp.where(participated, jnp.where(has_history, mean_interval, 1.0),
-                    0.0).astype(jnp.float32)
+  omega = jnp.where(
+    participated, jnp.where(has_history, mean_interval, 1.0), 0.0
+  ).astype(jnp.float32)
   # After the increment the counter is the length of the interval that would
   # end now; it never exceeds K because the cutoff resets it at K.
   elapsed = state.counter + 1
@@ -96,24 +97,28 @@ def interval_step(state: IntervalState, participated, *,
   if cutoff is not None:
     record = record | (elapsed >= cutoff)
   new_state = IntervalState(
-      counter=jnp.where(record, 0, elapsed),
-      interval_sum=state.interval_sum + jnp.where(record, elapsed, 0),
-      interval_count=state.interval_count + record.astype(jnp.int32))
+    counter=jnp.where(record, 0, elapsed),
+    interval_sum=state.interval_sum + jnp.where(record, elapsed, 0),
+    interval_count=state.interval_count + record.astype(jnp.int32),
+  )
   return new_state, omega
 
 
 def _check_cutoff(cutoff):
   if cutoff is not None and (int(cutoff) != cutoff or cutoff < 1):
-    raise ValueError('cutoff must be a positive integer or None, got '
-                     f'{cutoff}.')
+    raise ValueError(
+      f'cutoff must be a positive integer or None, got {cutoff}.'
+    )
   return None if cutoff is None else int(cutoff)
 
 
 def _check_participation(participation):
   participation = np.asarray(participation)
   if participation.ndim != 2 or participation.size == 0:
-    raise ValueError('participation must be a non-empty [T, N] array, got '
-                     f'shape {participation.shape}.')
+    raise ValueError(
+      'participation must be a non-empty [T, N] array, got '
+      f'shape {participation.shape}.'
+    )
   return participation.astype(bool)
 
 
@@ -122,8 +127,9 @@ def _scan_intervals(participation, *, cutoff):
   def step(state, participated):
     return interval_step(state, participated, cutoff=cutoff)
 
-  _, omegas = jax.lax.scan(step, init_interval_state(participation.shape[1]),
-                           participation)
+  _, omegas = jax.lax.scan(
+    step, init_interval_state(participation.shape[1]), participation
+  )
   return omegas
 
 
@@ -152,8 +158,12 @@ def interval_weights(participation, *, cutoff: Optional[int]) -> np.ndarray:
 # The algorithm.
 # ---------------------------------------------------------------------------
 
-AGGREGATIONS = ('adaptive', 'known_prob', 'average_all',
-                'average_participating')
+AGGREGATIONS = (
+  'adaptive',
+  'known_prob',
+  'average_all',
+  'average_participating',
+)
 
 
 def participation_vector(aggregate, num_clients: int):
@@ -164,20 +174,27 @@ def participation_vector(aggregate, num_clients: int):
       [C]; padding slots hold an id >= N).
     num_clients: N.
   """
-  return jnp.zeros((num_clients,), bool).at[aggregate.client_ids].set(
-      aggregate.slot_mask, mode='drop')
+  return (
+    jnp.zeros((num_clients,), bool)
+    .at[aggregate.client_ids]
+    .set(aggregate.slot_mask, mode='drop')
+  )
 
 
 def _state_from_extra(extra) -> IntervalState:
   # The server extra holds plain dicts: they survive a checkpoint round trip
   # unchanged, which a NamedTuple nested in the extra need not.
-  return IntervalState(extra['counter'], extra['interval_sum'],
-                       extra['interval_count'])
+  return IntervalState(
+    extra['counter'], extra['interval_sum'], extra['interval_count']
+  )
 
 
 def _extra_from_state(state: IntervalState):
-  return {'counter': state.counter, 'interval_sum': state.interval_sum,
-          'interval_count': state.interval_count}
+  return {
+    'counter': state.counter,
+    'interval_sum': state.interval_sum,
+    'interval_count': state.interval_count,
+  }
 
 
 def _client_value(values, client_id):
@@ -194,22 +211,31 @@ def current_omega(extra, client_id):
   """
   count = _client_value(extra['interval_count'], client_id)
   total = _client_value(extra['interval_sum'], client_id)
-  return jnp.where(count > 0, total / jnp.maximum(count, 1),
-                   1.0).astype(jnp.float32)
+  return jnp.where(count > 0, total / jnp.maximum(count, 1), 1.0).astype(
+    jnp.float32
+  )
 
 
 def _check_probabilities(probabilities):
   p = np.asarray(probabilities, np.float64)
   if p.ndim != 1 or p.size == 0 or not np.all((p > 0) & (p <= 1)):
-    raise ValueError('participation_probabilities must be a non-empty [N] '
-                     'array in (0, 1]; train.run passes the run\'s true p_n '
-                     "to aggregation='known_prob'.")
+    raise ValueError(
+      'participation_probabilities must be a non-empty [N] '
+      "array in (0, 1]; train.run passes the run's true p_n "
+      "to aggregation='known_prob'."
+    )
   return jnp.asarray(p, jnp.float32)
 
 
-def make(model, *, server_optimizer, weighting='uniform',
-         aggregation='adaptive', cutoff: Optional[int] = None,
-         participation_probabilities=None):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='uniform',
+  aggregation='adaptive',
+  cutoff: Optional[int] = None,
+  participation_probabilities=None,
+):
   """FedAU and the other aggregations of its released code.
 
   Wang & Ji, 'A Lightweight Method for Tackling Unknown Participation
@@ -248,29 +274,38 @@ def make(model, *, server_optimizer, weighting='uniform',
   """
   del weighting
   if aggregation not in AGGREGATIONS:
-    raise ValueError(f'Unknown aggregation {aggregation!r}; use one of '
-                     f'{AGGREGATIONS} (algorithm_kwargs.aggregation).')
+    raise ValueError(
+      f'Unknown aggregation {aggregation!r}; use one of '
+      f'{AGGREGATIONS} (algorithm_kwargs.aggregation).'
+    )
   cutoff = _check_cutoff(cutoff)
   inverse_p = None
   if aggregation == 'known_prob':
     if participation_probabilities is None:
-      raise ValueError("aggregation='known_prob' needs "
-                       'participation_probabilities (train.run passes them; '
-                       'pass them when calling fedau.make directly).')
+      raise ValueError(
+        "aggregation='known_prob' needs "
+        'participation_probabilities (train.run passes them; '
+        'pass them when calling fedau.make directly).'
+      )
     inverse_p = 1.0 / _check_probabilities(participation_probabilities)
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting='uniform')
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting='uniform'
+  )
 
   def init_extra(variables, num_clients, key):
     del variables, key
     if inverse_p is not None and inverse_p.shape[0] != num_clients:
-      raise ValueError(f'participation_probabilities has '
-                       f'{inverse_p.shape[0]} entries for {num_clients} '
-                       'clients.')
+      raise ValueError(
+        f'participation_probabilities has '
+        f'{inverse_p.shape[0]} entries for {num_clients} '
+        'clients.'
+      )
     # Three distinct buffers: the round donates the state, and one array
     # donated twice is an error.
-    return {name: jnp.zeros((num_clients,), jnp.int32)
-            for name in ('counter', 'interval_sum', 'interval_count')}
+    return {
+      name: jnp.zeros((num_clients,), jnp.int32)
+      for name in ('counter', 'interval_sum', 'interval_count')
+    }
 
   def client_final(ctx, end_variables):
     delta, _, row = base.client_final(ctx, end_variables)
@@ -293,11 +328,14 @@ def make(model, *, server_optimizer, weighting='uniform',
     else:
       divisor = jnp.asarray(num_clients, jnp.float32)
     direction = jax.tree.map(lambda u: u / divisor, aggregate.update_sum)
-    new_state = fedavg.apply_server_optimizer(server_optimizer, server_state,
-                                              direction)
+    new_state = fedavg.apply_server_optimizer(
+      server_optimizer, server_state, direction
+    )
     new_state = fedavg.skip_if_nobody(aggregate, server_state, new_state)
     return new_state._replace(extra=_extra_from_state(state))
 
   return base._replace(
-      init_server=fedavg.make_init_server(server_optimizer, init_extra),
-      client_final=client_final, server_update=server_update)
+    init_server=fedavg.make_init_server(server_optimizer, init_extra),
+    client_final=client_final,
+    server_update=server_update,
+  )

@@ -36,11 +36,15 @@ def make_init_server(server_optimizer, init_extra=None):
 
   def init_server(variables, num_clients, key):
     params, _ = split_variables(variables)
-    extra = (() if init_extra is None
-             else init_extra(variables, num_clients, key))
-    return engine.ServerState(variables=variables,
-                              opt_state=server_optimizer.init(params),
-                              round=jnp.zeros((), jnp.int32), extra=extra)
+    extra = (
+      () if init_extra is None else init_extra(variables, num_clients, key)
+    )
+    return engine.ServerState(
+      variables=variables,
+      opt_state=server_optimizer.init(params),
+      round=jnp.zeros((), jnp.int32),
+      extra=extra,
+    )
 
   return init_server
 
@@ -55,8 +59,7 @@ def unchanged_local_state(ctx, params, model_state):
   return ctx.local_state
 
 
-def forward_and_cross_entropy(model, params, model_state, batch, *,
-                              rows=None):
+def forward_and_cross_entropy(model, params, model_state, batch, *, rows=None):
   """The training forward pass and its masked mean cross-entropy.
 
   Args:
@@ -69,12 +72,14 @@ def forward_and_cross_entropy(model, params, model_state, batch, *,
   Returns:
     ``(outputs, ce, new_model_state)``.
   """
-  outputs, model_state = model.apply(params, model_state, batch.images,
-                                     train=True, mask=batch.mask)
+  outputs, model_state = model.apply(
+    params, model_state, batch.images, train=True, mask=batch.mask
+  )
   rows = slice(None) if rows is None else slice(0, rows)
   ce = masked_mean(
-      softmax_cross_entropy(outputs['logits'][rows], batch.labels[rows]),
-      batch.mask[rows])
+    softmax_cross_entropy(outputs['logits'][rows], batch.labels[rows]),
+    batch.mask[rows],
+  )
   return outputs, ce, model_state
 
 
@@ -83,8 +88,9 @@ def make_cross_entropy_loss(model):
 
   def client_loss(params, model_state, batch, ctx):
     del ctx
-    _, ce, model_state = forward_and_cross_entropy(model, params, model_state,
-                                                   batch)
+    _, ce, model_state = forward_and_cross_entropy(
+      model, params, model_state, batch
+    )
     return ce, (model_state, {})
 
   return client_loss
@@ -99,8 +105,9 @@ def make_ce_plus_term_loss(model, term_fn, weight=1.0):
 
   def client_loss(params, model_state, batch, ctx):
     del ctx
-    outputs, ce, model_state = forward_and_cross_entropy(model, params,
-                                                         model_state, batch)
+    outputs, ce, model_state = forward_and_cross_entropy(
+      model, params, model_state, batch
+    )
     term = masked_mean(term_fn(outputs, batch), batch.mask)
     return ce + weight * term, (model_state, {'ce': ce, 'metric': term})
 
@@ -110,13 +117,19 @@ def make_ce_plus_term_loss(model, term_fn, weight=1.0):
 def make_delta_final(weighting: str = 'num_examples'):
   """client_final: update = local - global variables; weight by size or 1."""
   if weighting not in WEIGHTINGS:
-    raise ValueError(f'Unknown weighting {weighting!r}; use one of {WEIGHTINGS}.')
+    raise ValueError(
+      f'Unknown weighting {weighting!r}; use one of {WEIGHTINGS}.'
+    )
 
   def client_final(ctx, end_variables):
-    delta = jax.tree.map(jnp.subtract, end_variables,
-                         ctx.server_state.variables)
-    weight = (ctx.num_examples if weighting == 'num_examples'
-              else jnp.ones_like(ctx.num_examples))
+    delta = jax.tree.map(
+      jnp.subtract, end_variables, ctx.server_state.variables
+    )
+    weight = (
+      ctx.num_examples
+      if weighting == 'num_examples'
+      else jnp.ones_like(ctx.num_examples)
+    )
     return delta, weight, ctx.client_row
 
   return client_final
@@ -133,13 +146,16 @@ def apply_server_optimizer(server_optimizer, server_state, mean_delta):
   params, model_state = split_variables(server_state.variables)
   delta_params, delta_state = split_variables(mean_delta)
   pseudo_grad = jax.tree.map(jnp.negative, delta_params)
-  updates, opt_state = server_optimizer.update(pseudo_grad,
-                                               server_state.opt_state, params)
+  updates, opt_state = server_optimizer.update(
+    pseudo_grad, server_state.opt_state, params
+  )
   params = jax.tree.map(jnp.add, params, updates)
   model_state = jax.tree.map(jnp.add, model_state, delta_state)
-  return server_state._replace(variables={'params': params, **model_state},
-                               opt_state=opt_state,
-                               round=server_state.round + 1)
+  return server_state._replace(
+    variables={'params': params, **model_state},
+    opt_state=opt_state,
+    round=server_state.round + 1,
+  )
 
 
 def skip_if_nobody(aggregate: engine.Aggregate, old_state, new_state):
@@ -148,16 +164,20 @@ def skip_if_nobody(aggregate: engine.Aggregate, old_state, new_state):
   server optimizer with momentum would otherwise still move the model."""
   unchanged = old_state._replace(round=new_state.round)
   return jax.tree.map(
-      lambda new, old: jnp.where(aggregate.num_participants > 0, new, old),
-      new_state, unchanged)
+    lambda new, old: jnp.where(aggregate.num_participants > 0, new, old),
+    new_state,
+    unchanged,
+  )
 
 
 def make_server_update(server_optimizer):
   def server_update(server_state, aggregate, client_table):
     del client_table
-    new_state = apply_server_optimizer(server_optimizer, server_state,
-                                       mean_update(aggregate))
+    new_state = apply_server_optimizer(
+      server_optimizer, server_state, mean_update(aggregate)
+    )
     return skip_if_nobody(aggregate, server_state, new_state)
+
   return server_update
 
 
@@ -170,19 +190,19 @@ def make(model, *, server_optimizer, weighting='num_examples'):
     weighting: 'num_examples' (McMahan et al.) or 'uniform' (FedRCL).
   """
   return engine.Algorithm(
-      init_server=make_init_server(server_optimizer),
-      init_client=no_client_state,
-      client_begin=start_from_global,
-      client_loss=make_cross_entropy_loss(model),
-      client_step_end=unchanged_local_state,
-      client_final=make_delta_final(weighting),
-      server_update=make_server_update(server_optimizer))
+    init_server=make_init_server(server_optimizer),
+    init_client=no_client_state,
+    client_begin=start_from_global,
+    client_loss=make_cross_entropy_loss(model),
+    client_step_end=unchanged_local_state,
+    client_final=make_delta_final(weighting),
+    server_update=make_server_update(server_optimizer),
+  )
 
 
-def make_with_term(model, term_fn, *, server_optimizer, weighting,
-                   weight=1.0):
+def make_with_term(model, term_fn, *, server_optimizer, weighting, weight=1.0):
   """FedAvg whose client loss is CE + weight * ``term_fn`` (see
   `make_ce_plus_term_loss`): SupConFL, FedRCL and FedSCL."""
-  return make(model, server_optimizer=server_optimizer,
-              weighting=weighting)._replace(
-                  client_loss=make_ce_plus_term_loss(model, term_fn, weight))
+  return make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )._replace(client_loss=make_ce_plus_term_loss(model, term_fn, weight))

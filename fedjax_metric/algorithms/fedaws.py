@@ -40,8 +40,9 @@ from fedjax_metric.losses.oneclass import (
 from fedjax_metric.models import merge_variables, split_variables
 
 
-def spreadout_steps(class_embeddings, *, step_size, num_steps, margin,
-                    distance, reduction):
+def spreadout_steps(
+  class_embeddings, *, step_size, num_steps, margin, distance, reduction
+):
   """``num_steps`` plain gradient steps on `spreadout_regularizer`.
 
   Yu et al., 'Federated Learning with Only Positive Labels', ICML 2020,
@@ -59,17 +60,31 @@ def spreadout_steps(class_embeddings, *, step_size, num_steps, margin,
   Returns:
     [C, D].
   """
-  grad = jax.grad(lambda w: spreadout_regularizer(
-      w, margin=margin, distance=distance, reduction=reduction))
+  grad = jax.grad(
+    lambda w: spreadout_regularizer(
+      w, margin=margin, distance=distance, reduction=reduction
+    )
+  )
   return jax.lax.fori_loop(
-      0, num_steps, lambda _, w: w - step_size * grad(w), class_embeddings)
+    0, num_steps, lambda _, w: w - step_size * grad(w), class_embeddings
+  )
 
 
-def make(model, *, server_optimizer, weighting='uniform', num_classes=None,
-         positive_margin=0.9, positive_form='cosine',
-         spreadout_distance='cosine', spreadout_margin=1.0,
-         spreadout_reduction='sum', spreadout_steps_per_round=1,
-         lr_multiplier=10.0, reduction='mean'):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='uniform',
+  num_classes=None,
+  positive_margin=0.9,
+  positive_form='cosine',
+  spreadout_distance='cosine',
+  spreadout_margin=1.0,
+  spreadout_reduction='sum',
+  spreadout_steps_per_round=1,
+  lr_multiplier=10.0,
+  reduction='mean',
+):
   """FedAwS as an `engine.Algorithm`.
 
   Args:
@@ -97,25 +112,32 @@ def make(model, *, server_optimizer, weighting='uniform', num_classes=None,
     ValueError: an unknown choice or a negative knob.
   """
   common.check_choice('positive_form', positive_form, FEDAWS_FORMS)
-  common.check_choice('spreadout_distance', spreadout_distance,
-                      SPREADOUT_DISTANCES)
-  common.check_choice('spreadout_reduction', spreadout_reduction,
-                      common.REDUCTIONS)
+  common.check_choice(
+    'spreadout_distance', spreadout_distance, SPREADOUT_DISTANCES
+  )
+  common.check_choice(
+    'spreadout_reduction', spreadout_reduction, common.REDUCTIONS
+  )
   common.check_choice('reduction', reduction, common.REDUCTIONS)
-  for knob, value in (('spreadout_steps_per_round',
-                       spreadout_steps_per_round),
-                      ('lr_multiplier', lr_multiplier),
-                      ('spreadout_margin', spreadout_margin)):
+  for knob, value in (
+    ('spreadout_steps_per_round', spreadout_steps_per_round),
+    ('lr_multiplier', lr_multiplier),
+    ('spreadout_margin', spreadout_margin),
+  ):
     if not value >= 0:
-      raise ValueError(f'{knob} must be >= 0, got {value} '
-                       f'(--config.algorithm_kwargs.{knob}).')
+      raise ValueError(
+        f'{knob} must be >= 0, got {value} (--config.algorithm_kwargs.{knob}).'
+      )
   num_classes = common.num_model_classes(model, num_classes or 0)
   if num_classes < 1:
-    raise ValueError('FedAwS needs num_classes >= 1 (the model has none; '
-                     'pass --config.algorithm_kwargs.num_classes).')
+    raise ValueError(
+      'FedAwS needs num_classes >= 1 (the model has none; '
+      'pass --config.algorithm_kwargs.num_classes).'
+    )
   dim = common.embedding_dim(model)
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )
 
   def init_server(variables, num_clients, key):
     state = base.init_server(variables, num_clients, key)
@@ -131,44 +153,65 @@ def make(model, *, server_optimizer, weighting='uniform', num_classes=None,
 
   def client_loss(params, model_state, batch, ctx):
     del ctx
-    outputs, model_state = model.apply(params['model'], model_state,
-                                       batch.images, train=True,
-                                       mask=batch.mask)
+    outputs, model_state = model.apply(
+      params['model'], model_state, batch.images, train=True, mask=batch.mask
+    )
     per_example = fedaws_positive_loss(
-        outputs['embedding'], params['class_embedding'],
-        margin=positive_margin, form=positive_form, mask=batch.mask)
-    return (common.reduce_batch(per_example, batch.mask, reduction),
-            (model_state, {}))
+      outputs['embedding'],
+      params['class_embedding'],
+      margin=positive_margin,
+      form=positive_form,
+      mask=batch.mask,
+    )
+    return (
+      common.reduce_batch(per_example, batch.mask, reduction),
+      (model_state, {}),
+    )
 
   def client_final(ctx, end_variables):
     trained, model_state = split_variables(end_variables)
     delta, weight, row = base.client_final(
-        ctx, merge_variables(trained['model'], model_state))
+      ctx, merge_variables(trained['model'], model_state)
+    )
     present = (ctx.num_examples > 0).astype(jnp.float32)
     one_hot = jax.nn.one_hot(ctx.local_state['class'], num_classes) * present
     shares = common.plain_sum_share(
-        {'class_sum': one_hot[:, None] * trained['class_embedding'][None],
-         'class_count': one_hot,
-         'lr_sum': ctx.learning_rate * present, 'clients': present}, weight)
+      {
+        'class_sum': one_hot[:, None] * trained['class_embedding'][None],
+        'class_count': one_hot,
+        'lr_sum': ctx.learning_rate * present,
+        'clients': present,
+      },
+      weight,
+    )
     return {'model': delta, **shares}, weight, row
 
   def server_update(server_state, aggregate, client_table):
     sums = aggregate.update_sum
     state = base.server_update(
-        server_state, aggregate._replace(update_sum=sums['model']),
-        client_table)
+      server_state, aggregate._replace(update_sum=sums['model']), client_table
+    )
     old = server_state.extra['class_embeddings']
     counts = sums['class_count'][:, None]
-    averaged = jnp.where(counts > 0,
-                         sums['class_sum'] / jnp.maximum(counts, 1.0), old)
+    averaged = jnp.where(
+      counts > 0, sums['class_sum'] / jnp.maximum(counts, 1.0), old
+    )
     learning_rate = sums['lr_sum'] / jnp.maximum(sums['clients'], 1.0)
     spread = spreadout_steps(
-        averaged, step_size=lr_multiplier * learning_rate,
-        num_steps=int(spreadout_steps_per_round), margin=spreadout_margin,
-        distance=spreadout_distance, reduction=spreadout_reduction)
+      averaged,
+      step_size=lr_multiplier * learning_rate,
+      num_steps=int(spreadout_steps_per_round),
+      margin=spreadout_margin,
+      distance=spreadout_distance,
+      reduction=spreadout_reduction,
+    )
     w = jnp.where(aggregate.num_participants > 0, spread, old)
     return state._replace(extra={'class_embeddings': w})
 
-  return base._replace(init_server=init_server, client_begin=client_begin,
-                       client_loss=client_loss, client_final=client_final,
-                       server_update=server_update)
+  return base._replace(
+    init_server=init_server,
+    client_begin=client_begin,
+    client_loss=client_loss,
+    client_final=client_final,
+    server_update=server_update,
+  )

@@ -30,10 +30,21 @@ BASES = ('align_uniform', 'nt_xent')
 FEATURES = ('embedding', 'projection')
 
 
-def make(model, *, server_optimizer, weighting='num_batches',
-         decorr_weight=0.1, decorr_form='code', features='embedding',
-         base='align_uniform', uniform_weight=1.0, uniformity_t=2.0,
-         temperature=0.1, view_order='ssd', drop_last=False):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='num_batches',
+  decorr_weight=0.1,
+  decorr_form='code',
+  features='embedding',
+  base='align_uniform',
+  uniform_weight=1.0,
+  uniformity_t=2.0,
+  temperature=0.1,
+  view_order='ssd',
+  drop_last=False,
+):
   """FedDecorr on a self-supervised base loss.
 
   Args:
@@ -53,34 +64,44 @@ def make(model, *, server_optimizer, weighting='num_batches',
   fau.check_positive('decorr_weight', decorr_weight)
   fau.check_positive('temperature', temperature, allow_zero=False)
   if base not in BASES:
-    raise ValueError(f'base must be one of {BASES}, got {base!r} '
-                     '(--config.algorithm_kwargs.base).')
+    raise ValueError(
+      f'base must be one of {BASES}, got {base!r} '
+      '(--config.algorithm_kwargs.base).'
+    )
   if features not in FEATURES:
-    raise ValueError(f'features must be one of {FEATURES}, got '
-                     f'{features!r}.')
+    raise ValueError(f'features must be one of {FEATURES}, got {features!r}.')
   views = fau.make_views(view_order)
 
   def client_loss(params, model_state, batch, ctx):
     mask = batch.mask
     out1, out2, model_state = fau.two_view_forward(
-        model, params, model_state, batch.raw_images, mask, ctx.key, views)
+      model, params, model_state, batch.raw_images, mask, ctx.key, views
+    )
     p1, p2 = out1['projection'], out2['projection']
     if base == 'align_uniform':
-      loss, _, _ = fau.align_uniform_loss(p1, p2, mask,
-                                          uniform_weight=uniform_weight,
-                                          t=uniformity_t)
+      loss, _, _ = fau.align_uniform_loss(
+        p1, p2, mask, uniform_weight=uniform_weight, t=uniformity_t
+      )
     else:
       loss = losses.masked_mean(
-          losses.nt_xent_loss(p1, p2, temperature=temperature,
-                              self_in_denominator=False, mask=mask), mask)
-    decorr = (losses.decorrelation_loss(out1[features], form=decorr_form,
-                                        mask=mask)
-              + losses.decorrelation_loss(out2[features], form=decorr_form,
-                                          mask=mask)) / 2.0
-    return loss + decorr_weight * decorr, (model_state,
-                                           {'decorrelation': decorr})
+        losses.nt_xent_loss(
+          p1, p2, temperature=temperature, self_in_denominator=False, mask=mask
+        ),
+        mask,
+      )
+    decorr = (
+      losses.decorrelation_loss(out1[features], form=decorr_form, mask=mask)
+      + losses.decorrelation_loss(out2[features], form=decorr_form, mask=mask)
+    ) / 2.0
+    return loss + decorr_weight * decorr, (
+      model_state,
+      {'decorrelation': decorr},
+    )
 
   return fau.make_algorithm(
-      model, client_loss, server_optimizer=server_optimizer,
-      weighting=weighting,
-      client_batches=fau.make_ssl_client_batches(drop_last=drop_last))
+    model,
+    client_loss,
+    server_optimizer=server_optimizer,
+    weighting=weighting,
+    client_batches=fau.make_ssl_client_batches(drop_last=drop_last),
+  )

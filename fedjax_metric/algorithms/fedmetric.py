@@ -80,8 +80,7 @@ def local_radius(embeddings, center, mask=None):
   embeddings = jnp.asarray(embeddings)
   d = _distance(embeddings, jnp.asarray(center)[None], squared=False)
   # Distances are >= 0, so 0 is a neutral fill for the max.
-  return jnp.max(jnp.where(_weights(embeddings, mask) > 0, d, 0.0),
-                 initial=0.0)
+  return jnp.max(jnp.where(_weights(embeddings, mask) > 0, d, 0.0), initial=0.0)
 
 
 def _check_non_negative(name, value):
@@ -118,8 +117,7 @@ def proxy_center(center, radius, scale, key):
   _check_non_negative('scale', scale)
   _check_non_negative('radius', radius)
   center = jnp.asarray(center)
-  direction = _l2_normalize(
-      jax.random.normal(key, center.shape, center.dtype))
+  direction = _l2_normalize(jax.random.normal(key, center.shape, center.dtype))
   offset = scale * radius
   return center + offset * direction, radius + offset
 
@@ -144,19 +142,33 @@ def resolve_scale(negatives, scale):
     ValueError: s < 0, or s != 0 with negatives='true'.
   """
   if scale is not None and scale < 0:
-    raise ValueError(f'scale (s, the proxy center distance D = s R) must be '
-                     f'>= 0, got {scale} (--config.algorithm_kwargs.scale).')
+    raise ValueError(
+      f'scale (s, the proxy center distance D = s R) must be '
+      f'>= 0, got {scale} (--config.algorithm_kwargs.scale).'
+    )
   if negatives == 'proxy':
     return DEFAULT_PROXY_SCALE if scale is None else float(scale)
   if negatives == 'true' and scale not in (None, 0):
-    raise ValueError(f"negatives='true' shares the true centers (s = 0); got "
-                     f"scale={scale}. Use negatives='proxy' for s > 0.")
+    raise ValueError(
+      f"negatives='true' shares the true centers (s = 0); got "
+      f"scale={scale}. Use negatives='proxy' for s > 0."
+    )
   return 0.0
 
 
-def make(model, *, server_optimizer, weighting='uniform', negatives='proxy',
-         lam=1.0, scale=None, squared_hinge=True, center='round_start',
-         reduction='mean', exclude_same_class=True):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='uniform',
+  negatives='proxy',
+  lam=1.0,
+  scale=None,
+  squared_hinge=True,
+  center='round_start',
+  reduction='mean',
+  exclude_same_class=True,
+):
   """FedMetric as an `engine.Algorithm`.
 
   Park, Hosseini and Yun, 'Federated Learning with Metric Loss', FL-ICML
@@ -216,30 +228,38 @@ def make(model, *, server_optimizer, weighting='uniform', negatives='proxy',
   common.check_choice('center', center, CENTERS)
   common.check_choice('reduction', reduction, common.REDUCTIONS)
   if not lam >= 0:
-    raise ValueError(f'lam must be >= 0, got {lam} '
-                     '(--config.algorithm_kwargs.lam).')
+    raise ValueError(
+      f'lam must be >= 0, got {lam} (--config.algorithm_kwargs.lam).'
+    )
   scale = resolve_scale(negatives, scale)
   shares = negatives != 'none'
   dim = common.embedding_dim(model)
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )
 
   def empty_row():
-    return {'proxy_center': jnp.zeros((dim,), jnp.float32),
-            'proxy_margin': jnp.zeros((), jnp.float32),
-            'reported': jnp.zeros((), jnp.int32),  # 1 once it has shared.
-            'class': jnp.zeros((), jnp.int32)}
+    return {
+      'proxy_center': jnp.zeros((dim,), jnp.float32),
+      'proxy_margin': jnp.zeros((), jnp.float32),
+      'reported': jnp.zeros((), jnp.int32),  # 1 once it has shared.
+      'class': jnp.zeros((), jnp.int32),
+    }
 
   def shared(rows):
     """The server's broadcast copy of the table's (A, M, reported, class)."""
-    return {'proxy_centers': rows['proxy_center'],
-            'proxy_margins': rows['proxy_margin'],
-            'reported': rows['reported'], 'classes': rows['class']}
+    return {
+      'proxy_centers': rows['proxy_center'],
+      'proxy_margins': rows['proxy_margin'],
+      'reported': rows['reported'],
+      'classes': rows['class'],
+    }
 
   def init_server(variables, num_clients, key):
     state = base.init_server(variables, num_clients, key)
     rows = jax.tree.map(
-        lambda x: jnp.zeros((num_clients,) + x.shape, x.dtype), empty_row())
+      lambda x: jnp.zeros((num_clients,) + x.shape, x.dtype), empty_row()
+    )
     return state._replace(extra=shared(rows))
 
   def init_client(variables, key):
@@ -252,32 +272,39 @@ def make(model, *, server_optimizer, weighting='uniform', negatives='proxy',
       round_center, _ = common.scan_center(ctx, model, variables, dim)
     else:
       round_center = jnp.zeros((dim,), jnp.float32)
-    return variables, {'center': round_center,
-                       'class': common.client_class(ctx)}
+    return variables, {
+      'center': round_center,
+      'class': common.client_class(ctx),
+    }
 
   def negatives_mask(ctx):
     extra = ctx.server_state.extra
     num_clients = extra['reported'].shape[0]
-    keep = (extra['reported'] > 0) & (
-        jnp.arange(num_clients) != ctx.client_id)
+    keep = (extra['reported'] > 0) & (jnp.arange(num_clients) != ctx.client_id)
     if exclude_same_class:
       keep = keep & (extra['classes'] != ctx.local_state['class'])
     return keep & shares
 
   def client_loss(params, model_state, batch, ctx):
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
+    outputs, model_state = model.apply(
+      params, model_state, batch.images, train=True, mask=batch.mask
+    )
     embeddings = outputs['embedding']
     if center == 'batch':
-      batch_center = jax.lax.stop_gradient(
-          local_center(embeddings, batch.mask))
+      batch_center = jax.lax.stop_gradient(local_center(embeddings, batch.mask))
     else:
       batch_center = ctx.local_state['center']
     extra = ctx.server_state.extra
     per_example = fedmetric_loss(
-        embeddings, batch_center, extra['proxy_centers'],
-        extra['proxy_margins'], proxy_mask=negatives_mask(ctx), lam=lam,
-        squared_hinge=squared_hinge, mask=batch.mask)
+      embeddings,
+      batch_center,
+      extra['proxy_centers'],
+      extra['proxy_margins'],
+      proxy_mask=negatives_mask(ctx),
+      lam=lam,
+      squared_hinge=squared_hinge,
+      mask=batch.mask,
+    )
     loss = common.reduce_batch(per_example, batch.mask, reduction)
     return loss, (model_state, {})
 
@@ -294,19 +321,28 @@ def make(model, *, server_optimizer, weighting='uniform', negatives='proxy',
       proxy, margin = end_center, radius
     else:
       proxy, margin = proxy_center(end_center, radius, scale, ctx.key)
-    row = {'proxy_center': proxy, 'proxy_margin': margin,
-           'reported': jnp.ones((), jnp.int32),
-           'class': ctx.local_state['class']}
+    row = {
+      'proxy_center': proxy,
+      'proxy_margin': margin,
+      'reported': jnp.ones((), jnp.int32),
+      'class': ctx.local_state['class'],
+    }
     # A client without data has nothing to describe: it does not report.
     has_data = ctx.num_examples > 0
-    row = jax.tree.map(lambda new, old: jnp.where(has_data, new, old), row,
-                       ctx.client_row)
+    row = jax.tree.map(
+      lambda new, old: jnp.where(has_data, new, old), row, ctx.client_row
+    )
     return delta, weight, row
 
   def server_update(server_state, aggregate, client_table):
     state = base.server_update(server_state, aggregate, client_table)
     return state._replace(extra=shared(client_table))
 
-  return base._replace(init_server=init_server, init_client=init_client,
-                       client_begin=client_begin, client_loss=client_loss,
-                       client_final=client_final, server_update=server_update)
+  return base._replace(
+    init_server=init_server,
+    init_client=init_client,
+    client_begin=client_begin,
+    client_loss=client_loss,
+    client_final=client_final,
+    server_update=server_update,
+  )

@@ -14,8 +14,9 @@ from fedjax_metric.algorithms import fedavg
 
 def proximal_term(params, global_params):
   """``1/2 ||params - global_params||^2`` over all leaves."""
-  squares = jax.tree.map(lambda p, g: jnp.sum(jnp.square(p - g)), params,
-                         global_params)
+  squares = jax.tree.map(
+    lambda p, g: jnp.sum(jnp.square(p - g)), params, global_params
+  )
   return 0.5 * sum(jax.tree.leaves(squares))
 
 
@@ -30,5 +31,6 @@ def make(model, *, server_optimizer, weighting='num_examples', mu=0.01):
     global_params = ctx.server_state.variables['params']
     return loss + mu * proximal_term(params, global_params), aux
 
-  return fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)._replace(client_loss=client_loss)
+  return fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )._replace(client_loss=client_loss)

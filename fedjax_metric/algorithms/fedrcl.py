@@ -24,13 +24,21 @@ def _make(model, level_loss, server_optimizer, weighting):
   def multilevel(outputs, batch):
     return level_loss(outputs['features'], batch.labels, mask=batch.mask)
 
-  return fedavg.make_with_term(model, multilevel,
-                               server_optimizer=server_optimizer,
-                               weighting=weighting)
+  return fedavg.make_with_term(
+    model, multilevel, server_optimizer=server_optimizer, weighting=weighting
+  )
 
 
-def make_fedrcl(model, *, server_optimizer, weighting='uniform',
-                temperature=0.05, threshold=0.7, beta=1.0, form='code'):
+def make_fedrcl(
+  model,
+  *,
+  server_optimizer,
+  weighting='uniform',
+  temperature=0.05,
+  threshold=0.7,
+  beta=1.0,
+  form='code',
+):
   """FedRCL: defaults tau 0.05, threshold lambda 0.7, beta 1.
 
   The defaults are the authors' released configs/client/fedrcl.yaml
@@ -41,14 +49,21 @@ def make_fedrcl(model, *, server_optimizer, weighting='uniform',
 
   def level_loss(features, labels, mask):
     return losses.multilevel_relaxed_supcon_loss(
-        features, labels, temperature=temperature, threshold=threshold,
-        beta=beta, form=form, mask=mask)
+      features,
+      labels,
+      temperature=temperature,
+      threshold=threshold,
+      beta=beta,
+      form=form,
+      mask=mask,
+    )
 
   return _make(model, level_loss, server_optimizer, weighting)
 
 
-def make_fedscl(model, *, server_optimizer, weighting='uniform',
-                temperature=0.05, form='code'):
+def make_fedscl(
+  model, *, server_optimizer, weighting='uniform', temperature=0.05, form='code'
+):
   """FedSCL: CE + mean over levels of a supervised contrastive loss.
 
   FedRCL without the divergence penalty (Seo et al., CVPR 2024, Table 3).
@@ -61,8 +76,8 @@ def make_fedscl(model, *, server_optimizer, weighting='uniform',
     raise ValueError(f'form must be one of {losses.SCL_FORMS}, got {form!r}.')
 
   def level_loss(features, labels, mask):
-    return losses.multilevel_supcon_loss(features, labels,
-                                         temperature=temperature, form=form,
-                                         mask=mask)
+    return losses.multilevel_supcon_loss(
+      features, labels, temperature=temperature, form=form, mask=mask
+    )
 
   return _make(model, level_loss, server_optimizer, weighting)

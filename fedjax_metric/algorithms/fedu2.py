@@ -76,8 +76,7 @@ def _projection_to_simplex(y, real):
   i = jnp.arange(size, dtype=y.dtype)
   csum = jnp.cumsum(jnp.where(i < m, ordered, 0.0))
   tmax = (csum - 1.0) / (i + 1.0)
-  following = jnp.concatenate([ordered[1:], jnp.full((1,), -jnp.inf,
-                                                     y.dtype)])
+  following = jnp.concatenate([ordered[1:], jnp.full((1,), -jnp.inf, y.dtype)])
   hit = (i < m - 1.0) & (tmax > following)
   fallback = (jnp.sum(jnp.where(real, y, 0.0)) - 1.0) / jnp.maximum(m, 1.0)
   tmax_f = jnp.where(jnp.any(hit), tmax[jnp.argmax(hit)], fallback)
@@ -88,15 +87,15 @@ def _next_point(current, grad, real):
   """``MinNormSolver._next_point``: a projected-gradient step on the
   simplex, its length set by the first coordinate that hits a bound."""
   n = jnp.maximum(jnp.sum(real.astype(grad.dtype)), 1.0)
-  proj = jnp.where(real, grad - jnp.sum(jnp.where(real, grad, 0.0)) / n,
-                   0.0)
+  proj = jnp.where(real, grad - jnp.sum(jnp.where(real, grad, 0.0)) / n, 0.0)
   neg, pos = real & (proj < 0), real & (proj > 0)
   tm1 = jnp.where(neg, -current / jnp.where(neg, proj, 1.0), jnp.inf)
   tm2 = jnp.where(pos, (1.0 - current) / jnp.where(pos, proj, 1.0), jnp.inf)
   ok1, ok2 = neg & (tm1 > _STEP_FLOOR), pos & (tm2 > _STEP_FLOOR)
   t = jnp.where(jnp.any(ok1), jnp.min(jnp.where(ok1, tm1, jnp.inf)), 1.0)
-  t = jnp.where(jnp.any(ok2),
-                jnp.minimum(t, jnp.min(jnp.where(ok2, tm2, jnp.inf))), t)
+  t = jnp.where(
+    jnp.any(ok2), jnp.minimum(t, jnp.min(jnp.where(ok2, tm2, jnp.inf))), t
+  )
   return _projection_to_simplex(proj * t + current, real)
 
 
@@ -129,8 +128,9 @@ def min_norm_weights(gram, init, real, *, max_iter=250):
   n = jnp.sum(real.astype(jnp.int32))
 
   def quad(a, b):
-    return jnp.dot(a, jnp.matmul(gram, b, precision=_HIGHEST),
-                   precision=_HIGHEST)
+    return jnp.dot(
+      a, jnp.matmul(gram, b, precision=_HIGHEST), precision=_HIGHEST
+    )
 
   def body(carry):
     sol, it, _ = carry
@@ -144,16 +144,19 @@ def min_norm_weights(gram, init, real, *, max_iter=250):
     _, it, done = carry
     return (~done) & (it < max_iter)
 
-  sol, _, _ = jax.lax.while_loop(cond, body, (sol, jnp.zeros((), jnp.int32),
-                                              n < 3))
+  sol, _, _ = jax.lax.while_loop(
+    cond, body, (sol, jnp.zeros((), jnp.int32), n < 3)
+  )
   return sol
 
 
 def _tree_gram(rows):
   """[C, C] inner products of the stacked pytrees ``rows`` (leaves [C, ...])."""
+
   def leaf_gram(x):
     flat = x.reshape(x.shape[0], -1).astype(jnp.float32)
     return jnp.matmul(flat, flat.T, precision=_HIGHEST)
+
   return sum(leaf_gram(x) for x in jax.tree.leaves(rows))
 
 
@@ -183,10 +186,22 @@ def eua_direction(deltas, weights, real, *, max_iter=250):
   return engine.weighted_sum(coef, deltas), lam
 
 
-def make(model, *, server_optimizer, weighting='num_batches',
-         temperature=0.07, fur_weight=0.01, num_projections=6,
-         num_tangent_space=6, aggregation='eua', server_lr=8.0, sharpen=1.0,
-         even_epochs_cap=10, max_iter=250, view_order='fedu2'):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='num_batches',
+  temperature=0.07,
+  fur_weight=0.01,
+  num_projections=6,
+  num_tangent_space=6,
+  aggregation='eua',
+  server_lr=8.0,
+  sharpen=1.0,
+  even_epochs_cap=10,
+  max_iter=250,
+  view_order='fedu2',
+):
   """FedU2 (SimCLR + FUR, EUA aggregation).
 
   Args:
@@ -214,9 +229,11 @@ def make(model, *, server_optimizer, weighting='num_batches',
   fau.check_positive('sharpen', sharpen, allow_zero=False)
   fau.check_weighting(weighting)
   if aggregation not in AGGREGATIONS:
-    raise ValueError(f'aggregation must be one of {AGGREGATIONS}, got '
-                     f'{aggregation!r} (--config.algorithm_kwargs.'
-                     'aggregation).')
+    raise ValueError(
+      f'aggregation must be one of {AGGREGATIONS}, got '
+      f'{aggregation!r} (--config.algorithm_kwargs.'
+      'aggregation).'
+    )
   if max_iter < 1:
     raise ValueError(f'max_iter must be >= 1, got {max_iter}.')
   views = fau.make_views(view_order)
@@ -225,15 +242,23 @@ def make(model, *, server_optimizer, weighting='num_batches',
     mask = batch.mask
     k_views, k_fur1, k_fur2 = jax.random.split(ctx.key, 3)
     out1, out2, model_state = fau.two_view_forward(
-        model, params, model_state, batch.raw_images, mask, k_views, views)
+      model, params, model_state, batch.raw_images, mask, k_views, views
+    )
     z1, z2 = out1['projection'], out2['projection']
     nt = losses.masked_mean(
-        losses.nt_xent_loss(z1, z2, temperature=temperature,
-                            self_in_denominator=True, mask=mask), mask)
-    fur_kwargs = dict(num_projections=num_projections,
-                      num_tangent_space=num_tangent_space, mask=mask)
-    fur = (losses.fedu2_uniform_regularizer(z1, k_fur1, **fur_kwargs)
-           + losses.fedu2_uniform_regularizer(z2, k_fur2, **fur_kwargs))
+      losses.nt_xent_loss(
+        z1, z2, temperature=temperature, self_in_denominator=True, mask=mask
+      ),
+      mask,
+    )
+    fur_kwargs = dict(
+      num_projections=num_projections,
+      num_tangent_space=num_tangent_space,
+      mask=mask,
+    )
+    fur = losses.fedu2_uniform_regularizer(
+      z1, k_fur1, **fur_kwargs
+    ) + losses.fedu2_uniform_regularizer(z2, k_fur2, **fur_kwargs)
     return nt + fur_weight * fur, (model_state, {'nt_xent': nt, 'fur': fur})
 
   def client_weight(ctx):
@@ -246,12 +271,15 @@ def make(model, *, server_optimizer, weighting='num_batches',
   def init_client(variables, key):
     del key
     params, _ = split_variables(variables)
-    return {'delta': jax.tree.map(jnp.zeros_like, params),
-            'weight': jnp.zeros((), jnp.float32)}
+    return {
+      'delta': jax.tree.map(jnp.zeros_like, params),
+      'weight': jnp.zeros((), jnp.float32),
+    }
 
   def client_final(ctx, end_variables):
-    delta = jax.tree.map(jnp.subtract, end_variables,
-                         ctx.server_state.variables)
+    delta = jax.tree.map(
+      jnp.subtract, end_variables, ctx.server_state.variables
+    )
     weight = client_weight(ctx)
     delta_params, _ = split_variables(delta)
     return delta, weight, {'delta': delta_params, 'weight': weight}
@@ -261,23 +289,36 @@ def make(model, *, server_optimizer, weighting='num_batches',
     if aggregation == 'eua':
       rows = engine.gather_rows(client_table, aggregate.client_ids)
       real = aggregate.slot_mask & (rows['weight'] > 0)
-      direction, _ = eua_direction(rows['delta'], rows['weight'], real,
-                                   max_iter=max_iter)
+      direction, _ = eua_direction(
+        rows['delta'], rows['weight'], real, max_iter=max_iter
+      )
       _, delta_state = split_variables(mean_delta)
-      mean_delta = {'params': jax.tree.map(lambda d: server_lr * d,
-                                           direction), **delta_state}
-    new_state = fedavg.apply_server_optimizer(server_optimizer, server_state,
-                                              mean_delta)
+      mean_delta = {
+        'params': jax.tree.map(lambda d: server_lr * d, direction),
+        **delta_state,
+      }
+    new_state = fedavg.apply_server_optimizer(
+      server_optimizer, server_state, mean_delta
+    )
     return fedavg.skip_if_nobody(aggregate, server_state, new_state)
 
   base = fau.make_algorithm(
-      model, client_loss, server_optimizer=server_optimizer,
-      weighting=weighting,
-      client_batches=fau.make_ssl_client_batches(
-          even_epochs_cap=even_epochs_cap))
+    model,
+    client_loss,
+    server_optimizer=server_optimizer,
+    weighting=weighting,
+    client_batches=fau.make_ssl_client_batches(even_epochs_cap=even_epochs_cap),
+  )
   if aggregation == 'avg':
-    return base._replace(client_final=lambda ctx, v: (
+    return base._replace(
+      client_final=lambda ctx, v: (
         jax.tree.map(jnp.subtract, v, ctx.server_state.variables),
-        client_weight(ctx), ctx.client_row))
-  return base._replace(init_client=init_client, client_final=client_final,
-                       server_update=server_update)
+        client_weight(ctx),
+        ctx.client_row,
+      )
+    )
+  return base._replace(
+    init_client=init_client,
+    client_final=client_final,
+    server_update=server_update,
+  )

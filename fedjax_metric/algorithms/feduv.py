@@ -88,30 +88,36 @@ def codewords(num_classes, dim, *, seed=0, kind='auto', max_tries=100):
   if kind not in CODEWORD_KINDS:
     raise ValueError(f'kind must be one of {CODEWORD_KINDS}, got {kind!r}')
   if int(num_classes) != num_classes or num_classes < 1:
-    raise ValueError(f'num_classes must be a positive integer, got '
-                     f'{num_classes}.')
+    raise ValueError(
+      f'num_classes must be a positive integer, got {num_classes}.'
+    )
   if int(dim) != dim or dim < 1:
     raise ValueError(f'dim must be a positive integer, got {dim}.')
   fits = _is_power_of_two(dim) and num_classes <= dim
   if kind == 'hadamard' and not fits:
-    raise ValueError(f'A Hadamard code needs dim a power of 2 and '
-                     f'num_classes <= dim; got num_classes={num_classes}, '
-                     f'dim={dim}.')
+    raise ValueError(
+      f'A Hadamard code needs dim a power of 2 and '
+      f'num_classes <= dim; got num_classes={num_classes}, '
+      f'dim={dim}.'
+    )
   if kind != 'random' and fits:
     first = 1 if num_classes < dim else 0
-    codes = _sylvester_hadamard(dim)[first:first + num_classes]
+    codes = _sylvester_hadamard(dim)[first : first + num_classes]
   else:
-    if num_classes > 2**min(dim, 62):
-      raise ValueError(f'{num_classes} distinct codewords do not exist in '
-                       f'dimension {dim}.')
+    if num_classes > 2 ** min(dim, 62):
+      raise ValueError(
+        f'{num_classes} distinct codewords do not exist in dimension {dim}.'
+      )
     rng = np.random.default_rng(seed)
     for _ in range(max_tries):
       codes = rng.choice(np.array([-1, 1]), size=(num_classes, dim))
       if len(np.unique(codes, axis=0)) == num_classes:
         break
     else:
-      raise ValueError(f'No {num_classes} distinct random codewords of '
-                       f'length {dim} in {max_tries} draws.')
+      raise ValueError(
+        f'No {num_classes} distinct random codewords of '
+        f'length {dim} in {max_tries} draws.'
+      )
   return codes.astype(np.float32), min_hamming_distance(codes)
 
 
@@ -120,9 +126,17 @@ def codewords(num_classes, dim, *, seed=0, kind='auto', max_tries=100):
 # ---------------------------------------------------------------------------
 
 
-def make(model, *, server_optimizer, weighting='uniform', num_classes=None,
-         codeword_kind='auto', codeword_seed=0, squared=False,
-         reduction='mean'):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='uniform',
+  num_classes=None,
+  codeword_kind='auto',
+  codeword_seed=0,
+  squared=False,
+  reduction='mean',
+):
   """FedUV as an `engine.Algorithm`: FedAvg with a codeword loss.
 
   Hosseini et al., 'Federated Learning of User Verification Models Without
@@ -158,31 +172,43 @@ def make(model, *, server_optimizer, weighting='uniform', num_classes=None,
   common.check_choice('codeword_kind', codeword_kind, CODEWORD_KINDS)
   num_classes = common.num_model_classes(model, num_classes or 0)
   if num_classes < 1:
-    raise ValueError('FedUV needs num_classes >= 1 (the model has none; '
-                     'pass --config.algorithm_kwargs.num_classes).')
+    raise ValueError(
+      'FedUV needs num_classes >= 1 (the model has none; '
+      'pass --config.algorithm_kwargs.num_classes).'
+    )
   dim = common.embedding_dim(model)
-  code, min_distance = codewords(num_classes, dim, seed=codeword_seed,
-                                 kind=codeword_kind)
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)
+  code, min_distance = codewords(
+    num_classes, dim, seed=codeword_seed, kind=codeword_kind
+  )
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )
 
   def init_server(variables, num_clients, key):
     state = base.init_server(variables, num_clients, key)
-    return state._replace(extra={
+    return state._replace(
+      extra={
         'codewords': jnp.asarray(code),
-        'min_distance': jnp.asarray(min_distance, jnp.int32)})
+        'min_distance': jnp.asarray(min_distance, jnp.int32),
+      }
+    )
 
   def client_begin(ctx):
     return ctx.server_state.variables, {'class': common.client_class(ctx)}
 
   def client_loss(params, model_state, batch, ctx):
-    outputs, model_state = model.apply(params, model_state, batch.images,
-                                       train=True, mask=batch.mask)
+    outputs, model_state = model.apply(
+      params, model_state, batch.images, train=True, mask=batch.mask
+    )
     codeword = jnp.asarray(code)[ctx.local_state['class']]
-    per_example = feduv_loss(outputs['embedding'], codeword, squared=squared,
-                             mask=batch.mask)
-    return (common.reduce_batch(per_example, batch.mask, reduction),
-            (model_state, {}))
+    per_example = feduv_loss(
+      outputs['embedding'], codeword, squared=squared, mask=batch.mask
+    )
+    return (
+      common.reduce_batch(per_example, batch.mask, reduction),
+      (model_state, {}),
+    )
 
-  return base._replace(init_server=init_server, client_begin=client_begin,
-                       client_loss=client_loss)
+  return base._replace(
+    init_server=init_server, client_begin=client_begin, client_loss=client_loss
+  )

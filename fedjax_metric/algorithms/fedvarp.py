@@ -59,13 +59,16 @@ def make(model, *, server_optimizer, weighting='uniform'):
     scale = num_clients / jnp.maximum(aggregate.num_participants, 1.0)
     ybar_old = server_state.extra['ybar']
     ybar_new = mifa.table_mean(client_table)
-    direction = jax.tree.map(lambda new, old: old + scale * (new - old),
-                             ybar_new, ybar_old)
-    new_state = fedavg.apply_server_optimizer(server_optimizer, server_state,
-                                              direction)
+    direction = jax.tree.map(
+      lambda new, old: old + scale * (new - old), ybar_new, ybar_old
+    )
+    new_state = fedavg.apply_server_optimizer(
+      server_optimizer, server_state, direction
+    )
     new_state = new_state._replace(extra={'ybar': ybar_new})
     return fedavg.skip_if_nobody(aggregate, server_state, new_state)
 
   return base._replace(
-      init_server=fedavg.make_init_server(server_optimizer, init_extra),
-      server_update=server_update)
+    init_server=fedavg.make_init_server(server_optimizer, init_extra),
+    server_update=server_update,
+  )

@@ -47,17 +47,21 @@ def _torch_linear(key, fan_in, fan_out):
   """torch.nn.Linear's default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
   bound = 1.0 / math.sqrt(fan_in)
   k_w, k_b = jax.random.split(key)
-  return {'kernel': jax.random.uniform(k_w, (fan_in, fan_out), jnp.float32,
-                                       -bound, bound),
-          'bias': jax.random.uniform(k_b, (fan_out,), jnp.float32, -bound,
-                                     bound)}
+  return {
+    'kernel': jax.random.uniform(
+      k_w, (fan_in, fan_out), jnp.float32, -bound, bound
+    ),
+    'bias': jax.random.uniform(k_b, (fan_out,), jnp.float32, -bound, bound),
+  }
 
 
 def init_predictor(key, dim):
   """The prediction head's parameters, {'fc1', 'fc2'}, each P x P."""
   k1, k2 = jax.random.split(key)
-  return {'fc1': _torch_linear(k1, dim, dim), 'fc2': _torch_linear(k2, dim,
-                                                                   dim)}
+  return {
+    'fc1': _torch_linear(k1, dim, dim),
+    'fc2': _torch_linear(k2, dim, dim),
+  }
 
 
 def apply_predictor(params, z):
@@ -66,10 +70,18 @@ def apply_predictor(params, z):
   return h @ params['fc2']['kernel'] + params['fc2']['bias']
 
 
-def make(model, *, server_optimizer, weighting='num_batches',
-         temperature=0.1, local_target_temperature=0.1,
-         global_target_temperature=0.1, relational_form='code',
-         view_order='fedu2', drop_last=False):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='num_batches',
+  temperature=0.1,
+  local_target_temperature=0.1,
+  global_target_temperature=0.1,
+  relational_form='code',
+  view_order='fedu2',
+  drop_last=False,
+):
   """FedX.
 
   Args:
@@ -86,10 +98,11 @@ def make(model, *, server_optimizer, weighting='num_batches',
     view_order: augmentation order ('fedu2', the FedU2 copy's transforms).
     drop_last: drop partial batches.
   """
-  for name, value in (('temperature', temperature),
-                      ('local_target_temperature', local_target_temperature),
-                      ('global_target_temperature',
-                       global_target_temperature)):
+  for name, value in (
+    ('temperature', temperature),
+    ('local_target_temperature', local_target_temperature),
+    ('global_target_temperature', global_target_temperature),
+  ):
     fau.check_positive(name, value, allow_zero=False)
   views = fau.make_views(view_order)
   init_server_base = fedavg.make_init_server(server_optimizer)
@@ -102,15 +115,26 @@ def make(model, *, server_optimizer, weighting='num_batches',
 
   def nt_xent(a, b, mask):
     return losses.masked_mean(
-        losses.nt_xent_loss(a, b, temperature=temperature,
-                            self_in_denominator=False, mask=mask), mask)
+      losses.nt_xent_loss(
+        a, b, temperature=temperature, self_in_denominator=False, mask=mask
+      ),
+      mask,
+    )
 
   def relational(a, b, anchors, target_temperature, mask, anchor_mask):
     return losses.masked_mean(
-        losses.relational_loss(a, b, anchors, temperature=temperature,
-                               target_temperature=target_temperature,
-                               form=relational_form, mask=mask,
-                               anchor_mask=anchor_mask), mask)
+      losses.relational_loss(
+        a,
+        b,
+        anchors,
+        temperature=temperature,
+        target_temperature=target_temperature,
+        form=relational_form,
+        mask=mask,
+        anchor_mask=anchor_mask,
+      ),
+      mask,
+    )
 
   def client_loss(params, model_state, batch, ctx):
     size = batch.raw_images.shape[0] // 2
@@ -121,30 +145,43 @@ def make(model, *, server_optimizer, weighting='num_batches',
     x_random = views(raw_random, k_random)[0]
     x = jnp.concatenate([x1, x2, x_random])
     all_mask = jnp.concatenate([mask, mask, mask_random])
-    out, model_state = model.apply(params, model_state, x, train=True,
-                                   mask=all_mask)
+    out, model_state = model.apply(
+      params, model_state, x, train=True, mask=all_mask
+    )
     z = out['projection']
     q = apply_predictor(params[PREDICTOR], z)
     g_params, g_state = split_variables(ctx.server_state.variables)
     g_out, _ = model.apply(g_params, g_state, x, train=False)
     g = jax.lax.stop_gradient(g_out['projection'])
-    z1, z2, z_random = z[:size], z[size:2 * size], z[2 * size:]
-    q1, q2 = q[:size], q[size:2 * size]
-    g2, g_random = g[size:2 * size], g[2 * size:]
+    z1, z2, z_random = z[:size], z[size : 2 * size], z[2 * size :]
+    q1, q2 = q[:size], q[size : 2 * size]
+    g2, g_random = g[size : 2 * size], g[2 * size :]
     nt_local = nt_xent(z1, z2, mask)
     nt_global = nt_xent(q1, g2, mask)
-    js_local = relational(z1, z2, z_random, local_target_temperature, mask,
-                          mask_random)
-    js_global = relational(q1, q2, g_random, global_target_temperature, mask,
-                           mask_random)
+    js_local = relational(
+      z1, z2, z_random, local_target_temperature, mask, mask_random
+    )
+    js_global = relational(
+      q1, q2, g_random, global_target_temperature, mask, mask_random
+    )
     loss = nt_local + nt_global + js_local + js_global
-    return loss, (model_state, {'nt_local': nt_local, 'nt_global': nt_global,
-                                'js_local': js_local,
-                                'js_global': js_global})
+    return loss, (
+      model_state,
+      {
+        'nt_local': nt_local,
+        'nt_global': nt_global,
+        'js_local': js_local,
+        'js_global': js_global,
+      },
+    )
 
   algorithm = fau.make_algorithm(
-      model, client_loss, server_optimizer=server_optimizer,
-      weighting=weighting,
-      client_batches=fau.make_ssl_client_batches(drop_last=drop_last,
-                                                 random_batch=True))
+    model,
+    client_loss,
+    server_optimizer=server_optimizer,
+    weighting=weighting,
+    client_batches=fau.make_ssl_client_batches(
+      drop_last=drop_last, random_batch=True
+    ),
+  )
   return algorithm._replace(init_server=init_server)

@@ -62,27 +62,47 @@ def divergence_weights(local_variables, global_variables, *, scope='layer'):
   """
   if scope not in SCOPES:
     raise ValueError(f'scope must be one of {SCOPES}, got {scope!r}.')
-  dots = jax.tree.map(lambda a, b: jnp.vdot(a, b).astype(jnp.float32),
-                      local_variables, global_variables)
-  a_sq = jax.tree.map(lambda a: jnp.vdot(a, a).astype(jnp.float32),
-                      local_variables)
-  b_sq = jax.tree.map(lambda b: jnp.vdot(b, b).astype(jnp.float32),
-                      global_variables)
+  dots = jax.tree.map(
+    lambda a, b: jnp.vdot(a, b).astype(jnp.float32),
+    local_variables,
+    global_variables,
+  )
+  a_sq = jax.tree.map(
+    lambda a: jnp.vdot(a, a).astype(jnp.float32), local_variables
+  )
+  b_sq = jax.tree.map(
+    lambda b: jnp.vdot(b, b).astype(jnp.float32), global_variables
+  )
   if scope == 'model':
     total = lambda t: sum(jax.tree.leaves(t))
     whole = _cosine(total(dots), total(a_sq), total(b_sq))
     return jax.tree.map(
-        lambda x: whole if x.ndim > 0 else jnp.ones((), jnp.float32),
-        local_variables)
+      lambda x: whole if x.ndim > 0 else jnp.ones((), jnp.float32),
+      local_variables,
+    )
   return jax.tree.map(
-      lambda x, d, s1, s2: (_cosine(d, s1, s2) if x.ndim > 0
-                            else jnp.ones((), jnp.float32)),
-      local_variables, dots, a_sq, b_sq)
+    lambda x, d, s1, s2: (
+      _cosine(d, s1, s2) if x.ndim > 0 else jnp.ones((), jnp.float32)
+    ),
+    local_variables,
+    dots,
+    a_sq,
+    b_sq,
+  )
 
 
-def make(model, *, server_optimizer, weighting='num_batches', scope='layer',
-         warmup_rounds=3, temperature=0.07, self_in_denominator=True,
-         view_order='fedu2', drop_last=False):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='num_batches',
+  scope='layer',
+  warmup_rounds=3,
+  temperature=0.07,
+  self_in_denominator=True,
+  view_order='fedu2',
+  drop_last=False,
+):
   """L-DAWA with SimCLR clients.
 
   Args:
@@ -103,26 +123,35 @@ def make(model, *, server_optimizer, weighting='num_batches', scope='layer',
   fau.check_positive('warmup_rounds', warmup_rounds)
   fau.check_weighting(weighting)
   if scope not in SCOPES:
-    raise ValueError(f'scope must be one of {SCOPES}, got {scope!r} '
-                     '(--config.algorithm_kwargs.scope).')
+    raise ValueError(
+      f'scope must be one of {SCOPES}, got {scope!r} '
+      '(--config.algorithm_kwargs.scope).'
+    )
   views = fau.make_views(view_order)
 
   def client_loss(params, model_state, batch, ctx):
     mask = batch.mask
     out1, out2, model_state = fau.two_view_forward(
-        model, params, model_state, batch.raw_images, mask, ctx.key, views)
+      model, params, model_state, batch.raw_images, mask, ctx.key, views
+    )
     loss = losses.masked_mean(
-        losses.nt_xent_loss(out1['projection'], out2['projection'],
-                            temperature=temperature,
-                            self_in_denominator=self_in_denominator,
-                            mask=mask), mask)
+      losses.nt_xent_loss(
+        out1['projection'],
+        out2['projection'],
+        temperature=temperature,
+        self_in_denominator=self_in_denominator,
+        mask=mask,
+      ),
+      mask,
+    )
     return loss, (model_state, {'nt_xent': loss})
 
   def client_final(ctx, end_variables):
     global_variables = ctx.server_state.variables
     deltas = divergence_weights(end_variables, global_variables, scope=scope)
-    scaled = jax.tree.map(lambda d, w, g: d * w - g, deltas, end_variables,
-                          global_variables)
+    scaled = jax.tree.map(
+      lambda d, w, g: d * w - g, deltas, end_variables, global_variables
+    )
     plain = jax.tree.map(jnp.subtract, end_variables, global_variables)
     warm = ctx.server_state.round < warmup_rounds
     update = jax.tree.map(lambda p, s: jnp.where(warm, p, s), plain, scaled)
@@ -135,7 +164,9 @@ def make(model, *, server_optimizer, weighting='num_batches', scope='layer',
     return update, weight, ctx.client_row
 
   return fau.make_algorithm(
-      model, client_loss, server_optimizer=server_optimizer,
-      weighting=weighting,
-      client_batches=fau.make_ssl_client_batches(
-          drop_last=drop_last))._replace(client_final=client_final)
+    model,
+    client_loss,
+    server_optimizer=server_optimizer,
+    weighting=weighting,
+    client_batches=fau.make_ssl_client_batches(drop_last=drop_last),
+  )._replace(client_final=client_final)

@@ -40,10 +40,13 @@ def table_mean(client_table):
   A product with a vector of 1 / N: XLA's CPU reduction over the leading
   axis is about 100x slower (0.5 s vs 3 ms for 250 rows of 10^5 floats).
   """
+
   def mean(t):
     weights = jnp.full((t.shape[0],), 1.0 / t.shape[0], t.dtype)
-    return jnp.tensordot(weights, t, axes=1,
-                         precision=jax.lax.Precision.HIGHEST)
+    return jnp.tensordot(
+      weights, t, axes=1, precision=jax.lax.Precision.HIGHEST
+    )
+
   return jax.tree.map(mean, client_table)
 
 
@@ -58,8 +61,9 @@ def make(model, *, server_optimizer, weighting='uniform'):
       clients, as in the released code.
   """
   del weighting
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting='uniform')
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting='uniform'
+  )
 
   def client_final(ctx, end_variables):
     delta, weight, _ = base.client_final(ctx, end_variables)
@@ -67,9 +71,12 @@ def make(model, *, server_optimizer, weighting='uniform'):
 
   def server_update(server_state, aggregate, client_table):
     del aggregate  # The table already holds this round's updates.
-    return fedavg.apply_server_optimizer(server_optimizer, server_state,
-                                         table_mean(client_table))
+    return fedavg.apply_server_optimizer(
+      server_optimizer, server_state, table_mean(client_table)
+    )
 
-  return base._replace(init_client=zeros_like_variables,
-                       client_final=client_final,
-                       server_update=server_update)
+  return base._replace(
+    init_client=zeros_like_variables,
+    client_final=client_final,
+    server_update=server_update,
+  )

@@ -25,15 +25,18 @@ from fedjax_metric.algorithms import fedavg
 from fedjax_metric.models import split_variables
 
 
-def make(model, *, server_optimizer, weighting='num_examples', mu=1.0,
-         temperature=0.5):
+def make(
+  model, *, server_optimizer, weighting='num_examples', mu=1.0, temperature=0.5
+):
   """MOON. Defaults mu=1, tau=0.5 (MOON main.py; its README uses mu=5 with the
   simple CNN on CIFAR-10). The model's 'embedding' is the projection z."""
   if mu < 0 or temperature <= 0:
-    raise ValueError(f'MOON needs mu >= 0 and temperature > 0 (got {mu}, '
-                     f'{temperature}).')
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)
+    raise ValueError(
+      f'MOON needs mu >= 0 and temperature > 0 (got {mu}, {temperature}).'
+    )
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )
 
   def init_client(variables, key):
     del variables
@@ -46,18 +49,26 @@ def make(model, *, server_optimizer, weighting='num_examples', mu=1.0,
 
   def client_loss(params, model_state, batch, ctx):
     outputs, ce, model_state = fedavg.forward_and_cross_entropy(
-        model, params, model_state, batch)
+      model, params, model_state, batch
+    )
     z_global = frozen_embedding(ctx.server_state.variables, batch.images)
     z_previous = frozen_embedding(ctx.client_row, batch.images)
     contrastive = losses.masked_mean(
-        losses.moon_contrastive_loss(outputs['embedding'], z_global, z_previous,
-                                     temperature=temperature), batch.mask)
+      losses.moon_contrastive_loss(
+        outputs['embedding'], z_global, z_previous, temperature=temperature
+      ),
+      batch.mask,
+    )
     contrastive = jnp.where(ctx.server_state.round == 0, 0.0, contrastive)
-    return ce + mu * contrastive, (model_state, {'ce': ce, 'metric': contrastive})
+    return ce + mu * contrastive, (
+      model_state,
+      {'ce': ce, 'metric': contrastive},
+    )
 
   def client_final(ctx, end_variables):
     update, weight, _ = base.client_final(ctx, end_variables)
     return update, weight, end_variables
 
-  return base._replace(init_client=init_client, client_loss=client_loss,
-                       client_final=client_final)
+  return base._replace(
+    init_client=init_client, client_loss=client_loss, client_final=client_final
+  )

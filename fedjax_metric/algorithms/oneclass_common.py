@@ -31,22 +31,29 @@ def embedding_dim(model) -> int:
     ValueError: the model has no input shape or no 'embedding' output.
   """
   if model.input_shape is None:
-    raise ValueError('One-class algorithms need a model built with an input '
-                     'shape (models.build(..., input_shape=...)) to size '
-                     'their per-client state.')
+    raise ValueError(
+      'One-class algorithms need a model built with an input '
+      'shape (models.build(..., input_shape=...)) to size '
+      'their per-client state.'
+    )
 
   def embed(key):
     variables = model.init(key)
     params, model_state = split_variables(variables)
-    outputs, _ = model.apply(params, model_state,
-                             jnp.zeros(model.input_shape, jnp.float32),
-                             train=False)
+    outputs, _ = model.apply(
+      params,
+      model_state,
+      jnp.zeros(model.input_shape, jnp.float32),
+      train=False,
+    )
     return outputs
 
   outputs = jax.eval_shape(embed, jax.random.key(0))
   if 'embedding' not in outputs:
-    raise ValueError(f"The model returns {sorted(outputs)}, no 'embedding'; "
-                     'one-class algorithms train an embedding network.')
+    raise ValueError(
+      f"The model returns {sorted(outputs)}, no 'embedding'; "
+      'one-class algorithms train an embedding network.'
+    )
   return int(outputs['embedding'].shape[-1])
 
 
@@ -96,13 +103,13 @@ def scan_center(ctx, model, variables, dim):
     return total + jnp.sum(w[:, None] * e, axis=0), count + jnp.sum(w)
 
   total, count = ctx.scan_batches(
-      body, (jnp.zeros((dim,), jnp.float32), jnp.zeros((), jnp.float32)))
+    body, (jnp.zeros((dim,), jnp.float32), jnp.zeros((), jnp.float32))
+  )
   return total / jnp.maximum(count, 1.0), count
 
 
 def scan_radius(ctx, model, variables, center):
-  """max_i ||g(x_i) - center|| over the client's round of batches; 0 if none.
-  """
+  """max_i ||g(x_i) - center|| over the client's round of batches; 0 if none."""
 
   def body(carry, batch):
     e = frozen_embeddings(model, variables, batch.images)
@@ -122,8 +129,10 @@ def reduce_batch(per_example, mask, reduction):
 
 def check_choice(knob, value, choices):
   if value not in choices:
-    raise ValueError(f'{knob} must be one of {choices}, got {value!r} '
-                     f'(--config.algorithm_kwargs.{knob}).')
+    raise ValueError(
+      f'{knob} must be one of {choices}, got {value!r} '
+      f'(--config.algorithm_kwargs.{knob}).'
+    )
 
 
 def plain_sum_share(tree, weight):

@@ -62,6 +62,7 @@ class AdaptiveState(NamedTuple):
     interval_sum: sum of the recorded intervals Q*_k, so that x_k =
       interval_sum / count (0 while count == 0).
   """
+
   interval: jax.Array
   count: jax.Array
   interval_sum: jax.Array
@@ -78,8 +79,9 @@ def adaptive_weight(state: AdaptiveState) -> jax.Array:
   return (state.interval_sum / jnp.maximum(state.count, 1)).astype(jnp.float32)
 
 
-def adaptive_step(state: AdaptiveState, participated, *,
-                  cutoff: Optional[int] = 50):
+def adaptive_step(
+  state: AdaptiveState, participated, *, cutoff: Optional[int] = 50
+):
   """Algorithm 2, lines 2-14 (adaptive aggregation weight), for one round.
 
   Zhang et al., 'Towards Performance-Enhanced Model-Contrastive Federated
@@ -115,9 +117,10 @@ def adaptive_step(state: AdaptiveState, participated, *,
   if cutoff is not None:
     record = record | (interval == cutoff)
   new_state = AdaptiveState(
-      interval=jnp.where(record, 0, interval),
-      count=state.count + record.astype(jnp.int32),
-      interval_sum=state.interval_sum + jnp.where(record, interval, 0))
+    interval=jnp.where(record, 0, interval),
+    count=state.count + record.astype(jnp.int32),
+    interval_sum=state.interval_sum + jnp.where(record, interval, 0),
+  )
   return new_state, adaptive_weight(new_state)
 
 
@@ -127,7 +130,8 @@ def _scan_adaptive(participation, *, cutoff):
     return adaptive_step(state, participated, cutoff=cutoff)
 
   _, weights = jax.lax.scan(
-      step, init_adaptive_state(participation.shape[1]), participation)
+    step, init_adaptive_state(participation.shape[1]), participation
+  )
   return weights
 
 
@@ -147,11 +151,14 @@ def adaptive_weights(participation, *, cutoff: Optional[int] = 50):
   """
   participation = np.asarray(participation)
   if participation.ndim != 2 or participation.size == 0:
-    raise ValueError('participation must be a non-empty [T, N] array, got '
-                     f'shape {participation.shape}.')
+    raise ValueError(
+      'participation must be a non-empty [T, N] array, got '
+      f'shape {participation.shape}.'
+    )
   if cutoff is not None and (int(cutoff) != cutoff or cutoff < 1):
-    raise ValueError('cutoff must be a positive integer or None, got '
-                     f'{cutoff}.')
+    raise ValueError(
+      f'cutoff must be a positive integer or None, got {cutoff}.'
+    )
   participation = participation.astype(bool)
   cutoff = None if cutoff is None else int(cutoff)
   return np.asarray(_scan_adaptive(jnp.asarray(participation), cutoff=cutoff))
@@ -221,14 +228,16 @@ def push(buffer, head, fill, model):
   """
   size = len(buffer)
   buffer = tuple(
-      jax.tree.map(lambda b, m, j=j: jnp.where(head == j, m, b), slot, model)
-      for j, slot in enumerate(buffer))
+    jax.tree.map(lambda b, m, j=j: jnp.where(head == j, m, b), slot, model)
+    for j, slot in enumerate(buffer)
+  )
   return buffer, (head + 1) % size, jnp.minimum(fill + 1, size)
 
 
 def _stacked_zeros(variables, size):
-  return jax.tree.map(lambda v: jnp.zeros((size,) + v.shape, v.dtype),
-                      variables)
+  return jax.tree.map(
+    lambda v: jnp.zeros((size,) + v.shape, v.dtype), variables
+  )
 
 
 def _mix(a, b, weight):
@@ -238,15 +247,27 @@ def _mix(a, b, weight):
 
 def _check_positive_int(name, value, minimum=1):
   if int(value) != value or value < minimum:
-    raise ValueError(f'{name} must be an integer >= {minimum}, got {value} '
-                     f'(algorithm_kwargs.{name}).')
+    raise ValueError(
+      f'{name} must be an integer >= {minimum}, got {value} '
+      f'(algorithm_kwargs.{name}).'
+    )
   return int(value)
 
 
-def make(model, *, server_optimizer, weighting='uniform',
-         contrastive_weight=0.5, temperature=0.5, buffer_size=5,
-         threshold='previous', cutoff: Optional[int] = 50, history_size=3,
-         num_rounds=1000, normalize='num_clients'):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='uniform',
+  contrastive_weight=0.5,
+  temperature=0.5,
+  buffer_size=5,
+  threshold='previous',
+  cutoff: Optional[int] = 50,
+  history_size=3,
+  num_rounds=1000,
+  normalize='num_clients',
+):
   """PMFL (Zhang et al., 2025, Algorithms 1 and 2) as an `engine.Algorithm`.
 
   The representation z is the model's 'projection' output, or its
@@ -308,14 +329,19 @@ def make(model, *, server_optimizer, weighting='uniform',
   """
   del weighting
   if threshold not in THRESHOLDS:
-    raise ValueError(f'Unknown threshold {threshold!r}; use one of '
-                     f'{THRESHOLDS} (algorithm_kwargs.threshold).')
+    raise ValueError(
+      f'Unknown threshold {threshold!r}; use one of '
+      f'{THRESHOLDS} (algorithm_kwargs.threshold).'
+    )
   if normalize not in NORMALIZATIONS:
-    raise ValueError(f'Unknown normalize {normalize!r}; use one of '
-                     f'{NORMALIZATIONS} (algorithm_kwargs.normalize).')
+    raise ValueError(
+      f'Unknown normalize {normalize!r}; use one of '
+      f'{NORMALIZATIONS} (algorithm_kwargs.normalize).'
+    )
   if not contrastive_weight >= 0:
-    raise ValueError('contrastive_weight (lambda) must be >= 0, got '
-                     f'{contrastive_weight}.')
+    raise ValueError(
+      f'contrastive_weight (lambda) must be >= 0, got {contrastive_weight}.'
+    )
   if not temperature > 0:
     raise ValueError(f'temperature must be > 0, got {temperature}.')
   buffer_size = _check_positive_int('buffer_size', buffer_size)
@@ -324,14 +350,19 @@ def make(model, *, server_optimizer, weighting='uniform',
   if cutoff is not None:
     cutoff = _check_positive_int('cutoff', cutoff)
   past = history_size - 1
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting='uniform')
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting='uniform'
+  )
 
   def init_client(variables, key):
     del key
-    row = {'buffer': tuple(jax.tree.map(jnp.zeros_like, variables)
-                           for _ in range(buffer_size)),
-           'fill': jnp.zeros((), jnp.int32), 'head': jnp.zeros((), jnp.int32)}
+    row = {
+      'buffer': tuple(
+        jax.tree.map(jnp.zeros_like, variables) for _ in range(buffer_size)
+      ),
+      'fill': jnp.zeros((), jnp.int32),
+      'head': jnp.zeros((), jnp.int32),
+    }
     if threshold == 'previous':
       row['previous'] = jax.tree.map(jnp.zeros_like, variables)
     return row
@@ -340,8 +371,10 @@ def make(model, *, server_optimizer, weighting='uniform',
     del key
     # Distinct buffers (not `init_adaptive_state`'s one shared zeros): the
     # round donates the state, and one array donated twice is an error.
-    extra = {name: jnp.zeros((num_clients,), jnp.int32)
-             for name in ('interval', 'count', 'interval_sum')}
+    extra = {
+      name: jnp.zeros((num_clients,), jnp.int32)
+      for name in ('interval', 'count', 'interval_sum')
+    }
     if past:
       extra['history'] = _stacked_zeros(variables, past)
       extra['history_count'] = jnp.zeros((), jnp.int32)
@@ -356,28 +389,33 @@ def make(model, *, server_optimizer, weighting='uniform',
       # A node that never trained has no previous model: z_k^{tE} is then
       # the global one (Algorithm 1, line 4).
       local['previous'] = jax.tree.map(
-          lambda p, g: jnp.where(local['fill'] > 0, p, g), local['previous'],
-          global_variables)
+        lambda p, g: jnp.where(local['fill'] > 0, p, g),
+        local['previous'],
+        global_variables,
+      )
     return global_variables, local
 
   def representation(variables, images):
     params, model_state = split_variables(variables)
     outputs, _ = model.apply(params, model_state, images, train=False)
-    return jax.lax.stop_gradient(outputs.get('projection',
-                                             outputs['embedding']))
+    return jax.lax.stop_gradient(
+      outputs.get('projection', outputs['embedding'])
+    )
 
   def client_loss(params, model_state, batch, ctx):
     local = ctx.local_state
     outputs, ce, model_state = fedavg.forward_and_cross_entropy(
-        model, params, model_state, batch)
+      model, params, model_state, batch
+    )
     if contrastive_weight == 0:  # 'w/o MCT' (Table V): skip the forwards.
       return ce, (model_state, {'ce': ce, 'metric': jnp.zeros_like(ce)})
     z = outputs.get('projection', outputs['embedding'])
     z_global = representation(ctx.server_state.variables, batch.images)
     # One forward per slot: on CPU, XLA runs convolutions over a mapped
     # axis much slower than N separate ones.
-    z_buffer = jnp.stack([representation(slot, batch.images)
-                          for slot in local['buffer']])
+    z_buffer = jnp.stack(
+      [representation(slot, batch.images) for slot in local['buffer']]
+    )
     filled = jnp.arange(buffer_size) < local['fill']
     if threshold == 'previous':
       mu = _cosine(representation(local['previous'], batch.images), z_global)
@@ -386,24 +424,36 @@ def make(model, *, server_optimizer, weighting='uniform',
     else:
       mu = _cosine(z_global, z_global)
     contrastive = losses.masked_mean(
-        losses.pmfl_contrastive_loss(z, z_global, z_buffer, filled, mu,
-                                     temperature=temperature,
-                                     mask=batch.mask), batch.mask)
+      losses.pmfl_contrastive_loss(
+        z,
+        z_global,
+        z_buffer,
+        filled,
+        mu,
+        temperature=temperature,
+        mask=batch.mask,
+      ),
+      batch.mask,
+    )
     loss = ce + contrastive_weight * contrastive
     return loss, (model_state, {'ce': ce, 'metric': contrastive})
 
   def client_step_end(ctx, params, model_state):
     local = dict(ctx.local_state)
     local['buffer'], local['head'], local['fill'] = push(
-        local['buffer'], local['head'], local['fill'], local['current'])
+      local['buffer'], local['head'], local['fill'], local['current']
+    )
     local['current'] = merge_variables(params, model_state)
     return local
 
   def client_final(ctx, end_variables):
     delta, _, _ = base.client_final(ctx, end_variables)
     local = ctx.local_state
-    row = {'buffer': local['buffer'], 'fill': local['fill'],
-           'head': local['head']}
+    row = {
+      'buffer': local['buffer'],
+      'fill': local['fill'],
+      'head': local['head'],
+    }
     if threshold == 'previous':
       row['previous'] = end_variables
     weight = participant_weight(ctx.server_state.extra, ctx.client_id)
@@ -412,41 +462,65 @@ def make(model, *, server_optimizer, weighting='uniform',
   def server_update(server_state, aggregate, client_table):
     del client_table
     extra = server_state.extra
-    state = AdaptiveState(extra['interval'], extra['count'],
-                          extra['interval_sum'])
+    state = AdaptiveState(
+      extra['interval'], extra['count'], extra['interval_sum']
+    )
     num_clients = state.interval.shape[0]
     participated = fedau.participation_vector(aggregate, num_clients)
     state, _ = adaptive_step(state, participated, cutoff=cutoff)
     divisor = float(num_clients) if normalize == 'num_clients' else 1.0
     direction = jax.tree.map(lambda u: u / divisor, aggregate.update_sum)
-    new_state = fedavg.apply_server_optimizer(server_optimizer, server_state,
-                                              direction)
+    new_state = fedavg.apply_server_optimizer(
+      server_optimizer, server_state, direction
+    )
     new_extra = dict(extra)
     if past:
       count = extra['history_count']
       filled = (jnp.arange(past) < count).astype(jnp.float32)
       past_mean = jax.tree.map(
-          lambda h: jnp.tensordot(filled.astype(h.dtype), h, axes=1,
-                                  precision=jax.lax.Precision.HIGHEST)
-          / jnp.maximum(count, 1).astype(h.dtype), extra['history'])
-      psi = jnp.maximum(history_mixing_weight(server_state.round, num_rounds),
-                        0.0)
+        lambda h: (
+          jnp.tensordot(
+            filled.astype(h.dtype),
+            h,
+            axes=1,
+            precision=jax.lax.Precision.HIGHEST,
+          )
+          / jnp.maximum(count, 1).astype(h.dtype)
+        ),
+        extra['history'],
+      )
+      psi = jnp.maximum(
+        history_mixing_weight(server_state.round, num_rounds), 0.0
+      )
       psi = jnp.where(count > 0, psi, 0.0)
       new_state = new_state._replace(
-          variables=_mix(new_state.variables, past_mean, psi))
+        variables=_mix(new_state.variables, past_mean, psi)
+      )
       # Newest first; the order does not matter to the plain mean.
       new_extra['history'] = jax.tree.map(
-          lambda h, w: jnp.concatenate([w[None], h[:-1]]), extra['history'],
-          server_state.variables)
+        lambda h, w: jnp.concatenate([w[None], h[:-1]]),
+        extra['history'],
+        server_state.variables,
+      )
       new_extra['history_count'] = jnp.minimum(count + 1, past)
-    new_state = fedavg.skip_if_nobody(aggregate, server_state,
-                                      new_state._replace(extra=new_extra))
-    return new_state._replace(extra={
-        **new_state.extra, 'interval': state.interval, 'count': state.count,
-        'interval_sum': state.interval_sum})
+    new_state = fedavg.skip_if_nobody(
+      aggregate, server_state, new_state._replace(extra=new_extra)
+    )
+    return new_state._replace(
+      extra={
+        **new_state.extra,
+        'interval': state.interval,
+        'count': state.count,
+        'interval_sum': state.interval_sum,
+      }
+    )
 
   return base._replace(
-      init_server=fedavg.make_init_server(server_optimizer, init_extra),
-      init_client=init_client, client_begin=client_begin,
-      client_loss=client_loss, client_step_end=client_step_end,
-      client_final=client_final, server_update=server_update)
+    init_server=fedavg.make_init_server(server_optimizer, init_extra),
+    init_client=init_client,
+    client_begin=client_begin,
+    client_loss=client_loss,
+    client_step_end=client_step_end,
+    client_final=client_final,
+    server_update=server_update,
+  )

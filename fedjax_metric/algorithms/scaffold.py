@@ -37,12 +37,20 @@ def _zeros_like_params(variables):
 
 
 def _dot(a, b):
-  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a),
-                                            jax.tree.leaves(b)))
+  return sum(
+    jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
 
 
-def control_variate_update(client_control, server_control, global_params,
-                           local_params, *, num_steps, learning_rate):
+def control_variate_update(
+  client_control,
+  server_control,
+  global_params,
+  local_params,
+  *,
+  num_steps,
+  learning_rate,
+):
   """Option II of Alg. 1 line 12: ``c_i - c + (x - y_i) / (K lr)``.
 
   Args:
@@ -52,16 +60,21 @@ def control_variate_update(client_control, server_control, global_params,
     learning_rate: the local learning rate lr.
   """
   scale = 1.0 / (jnp.maximum(num_steps, 1.0) * learning_rate)
-  return jax.tree.map(lambda ci, c, x, y: ci - c + (x - y) * scale,
-                      client_control, server_control, global_params,
-                      local_params)
+  return jax.tree.map(
+    lambda ci, c, x, y: ci - c + (x - y) * scale,
+    client_control,
+    server_control,
+    global_params,
+    local_params,
+  )
 
 
 def make(model, *, server_optimizer, weighting='uniform'):
   """SCAFFOLD; ``weighting`` applies to the model deltas ('uniform' is the
   paper's 1/|S|); the control variates always move by the plain sum / N."""
-  base = fedavg.make(model, server_optimizer=server_optimizer,
-                     weighting=weighting)
+  base = fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )
   cross_entropy = base.client_loss
 
   def init_server(variables, num_clients, key):
@@ -70,8 +83,9 @@ def make(model, *, server_optimizer, weighting='uniform'):
 
   def client_loss(params, model_state, batch, ctx):
     loss, aux = cross_entropy(params, model_state, batch, ctx)
-    correction = jax.tree.map(jnp.subtract, ctx.server_state.extra['control'],
-                              ctx.client_row)
+    correction = jax.tree.map(
+      jnp.subtract, ctx.server_state.extra['control'], ctx.client_row
+    )
     return loss + _dot(jax.lax.stop_gradient(correction), params), aux
 
   def client_final(ctx, end_variables):
@@ -79,26 +93,36 @@ def make(model, *, server_optimizer, weighting='uniform'):
     global_params, _ = split_variables(ctx.server_state.variables)
     local_params, _ = split_variables(end_variables)
     new_control = control_variate_update(
-        ctx.client_row, ctx.server_state.extra['control'], global_params,
-        local_params, num_steps=ctx.num_steps,
-        learning_rate=ctx.learning_rate)
+      ctx.client_row,
+      ctx.server_state.extra['control'],
+      global_params,
+      local_params,
+      num_steps=ctx.num_steps,
+      learning_rate=ctx.learning_rate,
+    )
     # Divided by the weight, so the engine's weighted sum is the plain sum.
-    control_delta = jax.tree.map(lambda new, old: (new - old) / weight,
-                                 new_control, ctx.client_row)
+    control_delta = jax.tree.map(
+      lambda new, old: (new - old) / weight, new_control, ctx.client_row
+    )
     return {'model': delta, 'control': control_delta}, weight, new_control
 
   def server_update(server_state, aggregate, client_table):
     num_clients = jax.tree.leaves(client_table)[0].shape[0]
     model_sum = aggregate.update_sum['model']
     state = base.server_update(
-        server_state, aggregate._replace(update_sum=model_sum), client_table)
+      server_state, aggregate._replace(update_sum=model_sum), client_table
+    )
     control = jax.tree.map(
-        lambda c, d: c + d / num_clients, server_state.extra['control'],
-        aggregate.update_sum['control'])
+      lambda c, d: c + d / num_clients,
+      server_state.extra['control'],
+      aggregate.update_sum['control'],
+    )
     return state._replace(extra={'control': control})
 
-  return base._replace(init_server=init_server,
-                       init_client=lambda variables, key: _zeros_like_params(
-                           variables),
-                       client_loss=client_loss, client_final=client_final,
-                       server_update=server_update)
+  return base._replace(
+    init_server=init_server,
+    init_client=lambda variables, key: _zeros_like_params(variables),
+    client_loss=client_loss,
+    client_final=client_final,
+    server_update=server_update,
+  )

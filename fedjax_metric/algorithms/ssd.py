@@ -42,8 +42,15 @@ def _random_orthogonal(rng, dim):
   return q * np.where(signs == 0, 1.0, signs)
 
 
-def scaling_matrices(num_clients, dim, *, scale=10.0, seed=0,
-                     directions_per_client=None, random_basis=True):
+def scaling_matrices(
+  num_clients,
+  dim,
+  *,
+  scale=10.0,
+  seed=0,
+  directions_per_client=None,
+  random_basis=True,
+):
   """The K clients' DSR scaling matrices S_k (SSD Eq. 6; Algorithm 1, line 4).
 
   As ``FedAlignUniformServer.fit`` with ``subspace_mode='fixed'`` in the
@@ -79,10 +86,14 @@ def scaling_matrices(num_clients, dim, *, scale=10.0, seed=0,
     float32 [K, D, D]; S_k = result[k].
   """
   if num_clients < 1 or dim < 1:
-    raise ValueError(f'need num_clients >= 1 and dim >= 1, got '
-                     f'{num_clients}, {dim}')
-  m = dim // num_clients if directions_per_client is None else int(
-      directions_per_client)
+    raise ValueError(
+      f'need num_clients >= 1 and dim >= 1, got {num_clients}, {dim}'
+    )
+  m = (
+    dim // num_clients
+    if directions_per_client is None
+    else int(directions_per_client)
+  )
   if m < 0:
     raise ValueError(f'directions_per_client must be >= 0, got {m}')
   rng = np.random.default_rng(seed)
@@ -90,7 +101,7 @@ def scaling_matrices(num_clients, dim, *, scale=10.0, seed=0,
   perm = rng.permutation(dim)
   out = np.repeat(basis[None], num_clients, axis=0)
   for k in range(num_clients):
-    chosen = perm[k * m:(k + 1) * m]
+    chosen = perm[k * m : (k + 1) * m]
     out[k][:, chosen] *= np.sqrt(scale)
   return out.astype(np.float32)
 
@@ -117,13 +128,15 @@ def cohort_scaling(scalings, client_ids, *, assign='position'):
   client_ids = jnp.asarray(client_ids)
   if assign == 'position':
     if client_ids.shape[0] > scalings.shape[0]:
-      raise ValueError(f'cohort of {client_ids.shape[0]} exceeds the '
-                       f'{scalings.shape[0]} slots')
-    return jnp.asarray(scalings)[:client_ids.shape[0]]
+      raise ValueError(
+        f'cohort of {client_ids.shape[0]} exceeds the {scalings.shape[0]} slots'
+      )
+    return jnp.asarray(scalings)[: client_ids.shape[0]]
   if assign == 'client_id':
     return jnp.take(jnp.asarray(scalings), client_ids, axis=0)
-  raise ValueError(f'assign must be one of {COHORT_ASSIGNMENTS}, got '
-                   f'{assign!r}')
+  raise ValueError(
+    f'assign must be one of {COHORT_ASSIGNMENTS}, got {assign!r}'
+  )
 
 
 def pick_scaling(scalings, ctx, assign):
@@ -135,12 +148,27 @@ def pick_scaling(scalings, ctx, assign):
   return jnp.take(scalings, index, axis=0, mode='clip')
 
 
-def make(model, *, server_optimizer, weighting='num_batches',
-         uniform_weight=1.0, uniformity_t=2.0, dsr_weight=1.0,
-         distill_weight=0.1, distill_temperature=0.5, distill_method='kl',
-         distill_form='code', dsr_form='code', scale=10.0,
-         directions_per_client=None, random_basis=True, assign='client_id',
-         scaling_seed=None, view_order='ssd', drop_last=False):
+def make(
+  model,
+  *,
+  server_optimizer,
+  weighting='num_batches',
+  uniform_weight=1.0,
+  uniformity_t=2.0,
+  dsr_weight=1.0,
+  distill_weight=0.1,
+  distill_temperature=0.5,
+  distill_method='kl',
+  distill_form='code',
+  dsr_form='code',
+  scale=10.0,
+  directions_per_client=None,
+  random_basis=True,
+  assign='client_id',
+  scaling_seed=None,
+  view_order='ssd',
+  drop_last=False,
+):
   """SSD as an `engine.Algorithm`.
 
   Defaults are the paper's (Sec. 4 'Implementation Details', App. A.1) and
@@ -174,63 +202,98 @@ def make(model, *, server_optimizer, weighting='num_batches',
     view_order: 'ssd' or 'fedu2' augmentation order.
     drop_last: drop partial batches (the released code does when K <= 10).
   """
-  for name, value in (('uniform_weight', uniform_weight),
-                      ('dsr_weight', dsr_weight),
-                      ('distill_weight', distill_weight),
-                      ('scale', scale)):
+  for name, value in (
+    ('uniform_weight', uniform_weight),
+    ('dsr_weight', dsr_weight),
+    ('distill_weight', distill_weight),
+    ('scale', scale),
+  ):
     fau.check_positive(name, value)
-  fau.check_positive('distill_temperature', distill_temperature,
-                     allow_zero=False)
+  fau.check_positive(
+    'distill_temperature', distill_temperature, allow_zero=False
+  )
   if assign not in COHORT_ASSIGNMENTS:
-    raise ValueError(f'assign must be one of {COHORT_ASSIGNMENTS}, got '
-                     f'{assign!r} (--config.algorithm_kwargs.assign).')
+    raise ValueError(
+      f'assign must be one of {COHORT_ASSIGNMENTS}, got '
+      f'{assign!r} (--config.algorithm_kwargs.assign).'
+    )
   if distill_method not in ('kl', 'mse'):
-    raise ValueError("distill_method must be 'kl' or 'mse', got "
-                     f'{distill_method!r}.')
+    raise ValueError(
+      f"distill_method must be 'kl' or 'mse', got {distill_method!r}."
+    )
   views = fau.make_views(view_order)
 
   def init_extra(variables, num_clients, key):
     dim = fau.output_width(model, variables, 'projection')
-    if distill_weight > 0 and fau.output_width(
-        model, variables, 'embedding') != dim:
-      raise ValueError('Projector distillation needs equal encoder and '
-                       'projector widths; set the model so that '
-                       "'embedding' and 'projection' match, or "
-                       'distill_weight=0.')
+    if (
+      distill_weight > 0
+      and fau.output_width(model, variables, 'embedding') != dim
+    ):
+      raise ValueError(
+        'Projector distillation needs equal encoder and '
+        'projector widths; set the model so that '
+        "'embedding' and 'projection' match, or "
+        'distill_weight=0.'
+      )
     seed = scaling_seed
     if seed is None:
       seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
-    return {'scaling': jnp.asarray(scaling_matrices(
-        num_clients, dim, scale=scale, seed=seed,
-        directions_per_client=directions_per_client,
-        random_basis=random_basis))}
+    return {
+      'scaling': jnp.asarray(
+        scaling_matrices(
+          num_clients,
+          dim,
+          scale=scale,
+          seed=seed,
+          directions_per_client=directions_per_client,
+          random_basis=random_basis,
+        )
+      )
+    }
 
   def distillation(h, p, mask):
     if distill_method == 'mse':
       per_row = jnp.mean(jnp.square(h - p), axis=-1)
     else:
       per_row = losses.projector_distillation_loss(
-          h, p, temperature=distill_temperature, form=distill_form,
-          mask=mask)
+        h, p, temperature=distill_temperature, form=distill_form, mask=mask
+      )
     return losses.masked_mean(per_row, mask)
 
   def client_loss(params, model_state, batch, ctx):
     mask = batch.mask
     out1, out2, model_state = fau.two_view_forward(
-        model, params, model_state, batch.raw_images, mask, ctx.key, views)
+      model, params, model_state, batch.raw_images, mask, ctx.key, views
+    )
     p1, p2 = out1['projection'], out2['projection']
     loss, align, uniform = fau.align_uniform_loss(
-        p1, p2, mask, uniform_weight=uniform_weight, t=uniformity_t)
+      p1, p2, mask, uniform_weight=uniform_weight, t=uniformity_t
+    )
     scaling = pick_scaling(ctx.server_state.extra['scaling'], ctx, assign)
-    dsr = (losses.dsr_loss(p1, scaling, form=dsr_form, mask=mask)
-           + losses.dsr_loss(p2, scaling, form=dsr_form, mask=mask)) / 2.0
-    distill = (distillation(out1['embedding'], p1, mask)
-               + distillation(out2['embedding'], p2, mask)) / 2.0
+    dsr = (
+      losses.dsr_loss(p1, scaling, form=dsr_form, mask=mask)
+      + losses.dsr_loss(p2, scaling, form=dsr_form, mask=mask)
+    ) / 2.0
+    distill = (
+      distillation(out1['embedding'], p1, mask)
+      + distillation(out2['embedding'], p2, mask)
+    ) / 2.0
     loss = loss + dsr_weight * dsr + distill_weight * distill
-    return loss, (model_state, {'alignment': align, 'uniformity': uniform,
-                                'dsr': dsr, 'distillation': distill})
+    return loss, (
+      model_state,
+      {
+        'alignment': align,
+        'uniformity': uniform,
+        'dsr': dsr,
+        'distillation': distill,
+      },
+    )
 
   return fau.make_algorithm(
-      model, client_loss, server_optimizer=server_optimizer,
-      weighting=weighting, init_extra=init_extra,
-      client_batches=fau.make_ssl_client_batches(drop_last=drop_last))
+    model,
+    client_loss,
+    server_optimizer=server_optimizer,
+    weighting=weighting,
+    init_extra=init_extra,
+    client_batches=fau.make_ssl_client_batches(drop_last=drop_last),
+  )

@@ -18,18 +18,22 @@ AUGMENTATIONS = ('none', 'flip', 'crop_flip')
 def channel_stats(images: np.ndarray):
   """Per-channel mean and std of uint8 images [N,H,W,C], on the 0..1 scale."""
   x = images.astype(np.float64) / 255.0
-  return (x.mean(axis=(0, 1, 2)).astype(np.float32),
-          np.maximum(x.std(axis=(0, 1, 2)), 1e-6).astype(np.float32))
+  return (
+    x.mean(axis=(0, 1, 2)).astype(np.float32),
+    np.maximum(x.std(axis=(0, 1, 2)), 1e-6).astype(np.float32),
+  )
 
 
 def random_crop(images, key, padding: int):
   """Zero-pad by ``padding`` and crop back at a random offset, per example."""
   b, h, w, _ = images.shape
-  padded = jnp.pad(images, ((0, 0), (padding, padding), (padding, padding),
-                            (0, 0)))
+  padded = jnp.pad(
+    images, ((0, 0), (padding, padding), (padding, padding), (0, 0))
+  )
   offsets = jax.random.randint(key, (b, 2), 0, 2 * padding + 1)
   crop = lambda img, off: jax.lax.dynamic_slice(
-      img, (off[0], off[1], 0), (h, w, img.shape[-1]))
+    img, (off[0], off[1], 0), (h, w, img.shape[-1])
+  )
   return jax.vmap(crop)(padded, offsets)
 
 
@@ -39,11 +43,14 @@ def random_flip(images, key):
   return jnp.where(flip, images[:, :, ::-1, :], images)
 
 
-def make_preprocess(mean, std, augmentation: str = 'none', crop_padding: int = 4):
+def make_preprocess(
+  mean, std, augmentation: str = 'none', crop_padding: int = 4
+):
   """Returns ``(uint8 images [B,H,W,C], key) -> normalised float32 images``."""
   if augmentation not in AUGMENTATIONS:
-    raise ValueError(f'Unknown augmentation {augmentation!r}; use one of '
-                     f'{AUGMENTATIONS}.')
+    raise ValueError(
+      f'Unknown augmentation {augmentation!r}; use one of {AUGMENTATIONS}.'
+    )
   mean = jnp.asarray(mean, jnp.float32)
   std = jnp.asarray(std, jnp.float32)
 
@@ -121,11 +128,11 @@ def _center_crop_size(height: int, width: int, ratio):
 def _crop_box_from_uniforms(u, height: int, width: int, scale, ratio):
   """`sample_crop_box` driven by u, [_CROP_UNIFORMS] uniforms on [0, 1)."""
   area = height * width
-  target_area = area * (scale[0] + (scale[1] - scale[0])
-                        * u[:_CROP_ATTEMPTS])
+  target_area = area * (scale[0] + (scale[1] - scale[0]) * u[:_CROP_ATTEMPTS])
   log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-  aspect = jnp.exp(log_lo + (log_hi - log_lo)
-                   * u[_CROP_ATTEMPTS:2 * _CROP_ATTEMPTS])
+  aspect = jnp.exp(
+    log_lo + (log_hi - log_lo) * u[_CROP_ATTEMPTS : 2 * _CROP_ATTEMPTS]
+  )
   # jnp.round rounds half to even, as Python's round() in torchvision.
   ws = jnp.round(jnp.sqrt(target_area * aspect)).astype(jnp.int32)
   hs = jnp.round(jnp.sqrt(target_area / aspect)).astype(jnp.int32)
@@ -138,16 +145,16 @@ def _crop_box_from_uniforms(u, height: int, width: int, scale, ratio):
 
   def offset(u_offset, room):
     """Uniform integer in [0, room]."""
-    return jnp.minimum(jnp.floor(u_offset * (room + 1)).astype(jnp.int32),
-                       room)
+    return jnp.minimum(jnp.floor(u_offset * (room + 1)).astype(jnp.int32), room)
 
   top = jnp.where(found, offset(u[-2], height - h), (height - fallback_h) // 2)
   left = jnp.where(found, offset(u[-1], width - w), (width - fallback_w) // 2)
   return tuple(v.astype(jnp.int32) for v in (top, left, h, w))
 
 
-def sample_crop_box(key, height: int, width: int, scale=(0.08, 1.0),
-                    ratio=(3 / 4, 4 / 3)):
+def sample_crop_box(
+  key, height: int, width: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
+):
   """Samples a RandomResizedCrop box (torchvision semantics), vectorised.
 
   Chen et al., 'A Simple Framework for Contrastive Learning of Visual
@@ -184,7 +191,8 @@ def _bilinear_taps(start, length, out_len: int):
   """
   length_f = length.astype(jnp.float32)
   src = (jnp.arange(out_len, dtype=jnp.float32) + 0.5) * (
-      length_f / out_len) - 0.5
+    length_f / out_len
+  ) - 0.5
   src = jnp.clip(src, 0.0, length_f - 1.0)
   lo = jnp.floor(src)
   frac = src - lo
@@ -231,8 +239,9 @@ def _out_size(image, out_size):
   return tuple(out_size)
 
 
-def random_resized_crop(image, key, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
-                        out_size=None):
+def random_resized_crop(
+  image, key, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), out_size=None
+):
   """torchvision RandomResizedCrop of one image: `sample_crop_box` then
   `resized_crop` (Chen et al., ICML 2020, Appendix A).
 
@@ -300,8 +309,9 @@ def random_grayscale(image, key, *, p: float = 0.2):
   Returns:
     float32 [H, W, C].
   """
-  return _grayscale_from_uniform(to_unit_float(image), jax.random.uniform(key),
-                                 p)
+  return _grayscale_from_uniform(
+    to_unit_float(image), jax.random.uniform(key), p
+  )
 
 
 # ----------------------------------------------------------------- jitter ----
@@ -406,18 +416,22 @@ def _jitter_range(value, center: float, name: str, bound=None):
     lo, hi = (float(v) for v in value)
   bound = bound or (0.0, math.inf)
   if not bound[0] <= lo <= hi <= bound[1]:
-    raise ValueError(f'{name} range must satisfy {bound[0]} <= min <= max '
-                     f'<= {bound[1]}, got {(lo, hi)}')
+    raise ValueError(
+      f'{name} range must satisfy {bound[0]} <= min <= max '
+      f'<= {bound[1]}, got {(lo, hi)}'
+    )
   if lo == hi == center:
     return None
   return lo, hi
 
 
 def _jitter_ranges(brightness, contrast, saturation, hue):
-  return [_jitter_range(brightness, 1.0, 'brightness'),
-          _jitter_range(contrast, 1.0, 'contrast'),
-          _jitter_range(saturation, 1.0, 'saturation'),
-          _jitter_range(hue, 0.0, 'hue', (-0.5, 0.5))]
+  return [
+    _jitter_range(brightness, 1.0, 'brightness'),
+    _jitter_range(contrast, 1.0, 'contrast'),
+    _jitter_range(saturation, 1.0, 'saturation'),
+    _jitter_range(hue, 0.0, 'hue', (-0.5, 0.5)),
+  ]
 
 
 def _jitter_from_uniforms(x, u, ranges, p):
@@ -426,22 +440,28 @@ def _jitter_from_uniforms(x, u, ranges, p):
   active = [slot for slot, r in enumerate(ranges) if r is not None]
   if not active:
     return x
-  factors = {slot: ranges[slot][0] + (ranges[slot][1] - ranges[slot][0])
-                   * u[1 + slot] for slot in active}
+  factors = {
+    slot: ranges[slot][0] + (ranges[slot][1] - ranges[slot][0]) * u[1 + slot]
+    for slot in active
+  }
   one, zero = jnp.float32(1.0), jnp.float32(0.0)
-  rows = {0: lambda f: (f, zero, zero),
-          1: lambda f: (f, 1.0 - f, zero),
-          2: lambda f: (f, zero, 1.0 - f) if color else (one, zero, zero),
-          3: lambda f: (one, zero, zero)}  # Hue is not a blend.
+  rows = {
+    0: lambda f: (f, zero, zero),
+    1: lambda f: (f, 1.0 - f, zero),
+    2: lambda f: (f, zero, 1.0 - f) if color else (one, zero, zero),
+    3: lambda f: (one, zero, zero),
+  }  # Hue is not a blend.
   coefficients = jnp.stack(
-      [jnp.stack(rows[slot](factors[slot])) for slot in active])  # [n, 3]
+    [jnp.stack(rows[slot](factors[slot])) for slot in active]
+  )  # [n, 3]
   # Op i runs at step rank(keys[i]): the ranks of i.i.d. uniforms are a
   # uniformly random permutation (ties, of probability ~1e-7, go by index).
   n = len(active)
-  keys = u[5:5 + n]
+  keys = u[5 : 5 + n]
   index = jnp.arange(n)
   earlier = (keys[None, :] < keys[:, None]) | (
-      (keys[None, :] == keys[:, None]) & (index[None, :] < index[:, None]))
+    (keys[None, :] == keys[:, None]) & (index[None, :] < index[:, None])
+  )
   position = jnp.sum(earlier, axis=1)  # [n]
   rotate_hue = active[-1] == 3 and color
   hue_step = position[-1] if rotate_hue else n
@@ -450,11 +470,14 @@ def _jitter_from_uniforms(x, u, ranges, p):
     # A loop, not unrolled: the body compiles once.
     def blend(step, y):
       at_step = (position == step).astype(jnp.float32)
-      a, b, c = jnp.where(take_step(step),
-                          jnp.sum(at_step[:, None] * coefficients, axis=0),
-                          jnp.array([1.0, 0.0, 0.0], jnp.float32))
+      a, b, c = jnp.where(
+        take_step(step),
+        jnp.sum(at_step[:, None] * coefficients, axis=0),
+        jnp.array([1.0, 0.0, 0.0], jnp.float32),
+      )
       gray = rgb_to_grayscale(y) if color else y
       return jnp.clip(a * y + b * jnp.mean(gray) + c * gray, 0.0, 1.0)
+
     return jax.lax.fori_loop(0, n, blend, y)
 
   jittered = blends(x, lambda step: step < hue_step)
@@ -464,8 +487,16 @@ def _jitter_from_uniforms(x, u, ranges, p):
   return jnp.where(u[0] < p, jittered, x)
 
 
-def color_jitter(image, key, *, brightness=0.8, contrast=0.8, saturation=0.8,
-                 hue=0.2, p: float = 0.8):
+def color_jitter(
+  image,
+  key,
+  *,
+  brightness=0.8,
+  contrast=0.8,
+  saturation=0.8,
+  hue=0.2,
+  p: float = 0.8,
+):
   """RandomApply(ColorJitter(brightness, contrast, saturation, hue), p).
 
   Chen et al., 'A Simple Framework for Contrastive Learning of Visual
@@ -506,10 +537,17 @@ def color_jitter(image, key, *, brightness=0.8, contrast=0.8, saturation=0.8,
 # --------------------------------------------------------------- two views ----
 
 
-def make_two_view_augment(*, crop_scale=None, crop_ratio=(3 / 4, 4 / 3),
-                          jitter=(0.8, 0.8, 0.8, 0.2), jitter_p: float = 0.8,
-                          grayscale_p: float = 0.2, flip_p: float = 0.5,
-                          order: str = 'ssd', out_size=None):
+def make_two_view_augment(
+  *,
+  crop_scale=None,
+  crop_ratio=(3 / 4, 4 / 3),
+  jitter=(0.8, 0.8, 0.8, 0.2),
+  jitter_p: float = 0.8,
+  grayscale_p: float = 0.2,
+  flip_p: float = 0.5,
+  order: str = 'ssd',
+  out_size=None,
+):
   """Returns ``(uint8 images [B,H,W,C], key) -> (view1, view2)``.
 
   Two independent SimCLR views per image (Chen et al., ICML 2020, Sec. 2.1
@@ -553,8 +591,7 @@ def make_two_view_augment(*, crop_scale=None, crop_ratio=(3 / 4, 4 / 3),
     crop_u, rest = u[:_CROP_UNIFORMS], u[_CROP_UNIFORMS:]
     flip_u, jitter_u, gray_u = rest[0], rest[1:-1], rest[-1]
     height, width = image.shape[:2]
-    box = _crop_box_from_uniforms(crop_u, height, width, crop_scale,
-                                  crop_ratio)
+    box = _crop_box_from_uniforms(crop_u, height, width, crop_scale, crop_ratio)
     x = resized_crop(image, *box, _out_size(image, out_size))
     if order == 'ssd':
       x = _flip_from_uniform(x, flip_u, flip_p)

@@ -26,6 +26,7 @@ class Cohort(NamedTuple):
     example_mask: bool [C, S, B]; False for padded examples and steps.
     num_examples: float32 [C]; each client's dataset size (0 for padding).
   """
+
   client_ids: np.ndarray
   slot_mask: np.ndarray
   example_idx: np.ndarray
@@ -33,8 +34,13 @@ class Cohort(NamedTuple):
   num_examples: np.ndarray
 
 
-def num_local_steps(client_sizes: Sequence[int], *, batch_size: int,
-                    local_epochs: int, local_steps: int) -> int:
+def num_local_steps(
+  client_sizes: Sequence[int],
+  *,
+  batch_size: int,
+  local_epochs: int,
+  local_steps: int,
+) -> int:
   """S, fixed for the whole run.
 
   With ``local_steps > 0`` every client takes exactly that many steps. Otherwise
@@ -45,29 +51,40 @@ def num_local_steps(client_sizes: Sequence[int], *, batch_size: int,
   if local_steps > 0:
     return local_steps
   if local_epochs < 1:
-    raise ValueError('Set local_epochs >= 1 or local_steps >= 1 '
-                     f'(got local_epochs={local_epochs}, local_steps={local_steps}).')
+    raise ValueError(
+      'Set local_epochs >= 1 or local_steps >= 1 '
+      f'(got local_epochs={local_epochs}, local_steps={local_steps}).'
+    )
   return local_epochs * max(1, math.ceil(max(client_sizes) / batch_size))
 
 
-def sample_clients(seed: int, round_idx: int, num_clients: int,
-                   clients_per_round: int) -> np.ndarray:
+def sample_clients(
+  seed: int, round_idx: int, num_clients: int, clients_per_round: int
+) -> np.ndarray:
   """Uniform sampling without replacement, deterministic in (seed, round).
 
   Returns sorted int64 client ids [clients_per_round].
   """
   if not 1 <= clients_per_round <= num_clients:
-    raise ValueError(f'clients_per_round={clients_per_round} must be in '
-                     f'[1, num_clients={num_clients}].')
+    raise ValueError(
+      f'clients_per_round={clients_per_round} must be in '
+      f'[1, num_clients={num_clients}].'
+    )
   if clients_per_round == num_clients:
     return np.arange(num_clients)
   rng = np.random.default_rng([seed, round_idx, 0])
   return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
 
 
-def client_batches(example_indices: np.ndarray, rng: np.random.Generator, *,
-                   num_steps: int, batch_size: int, local_epochs: int,
-                   local_steps: int):
+def client_batches(
+  example_indices: np.ndarray,
+  rng: np.random.Generator,
+  *,
+  num_steps: int,
+  batch_size: int,
+  local_epochs: int,
+  local_steps: int,
+):
   """One client's batch schedule: (idx [S, B] int32, mask [S, B] bool).
 
   Epoch mode: each epoch is a fresh permutation cut into ceil(n/B) batches,
@@ -81,29 +98,41 @@ def client_batches(example_indices: np.ndarray, rng: np.random.Generator, *,
     return idx, mask
   if local_steps > 0:
     needed = num_steps * batch_size
-    stream = np.concatenate([rng.permutation(example_indices)
-                             for _ in range(math.ceil(needed / n))])[:needed]
+    stream = np.concatenate(
+      [rng.permutation(example_indices) for _ in range(math.ceil(needed / n))]
+    )[:needed]
     return stream.reshape(num_steps, batch_size).astype(np.int32), ~mask
   steps_per_epoch = math.ceil(n / batch_size)
   if local_epochs * steps_per_epoch > num_steps:
-    raise ValueError(f'A client of {n} examples needs {local_epochs} x '
-                     f'{steps_per_epoch} steps of {batch_size}, more than the '
-                     f'{num_steps} local steps; compute S with num_local_steps.')
+    raise ValueError(
+      f'A client of {n} examples needs {local_epochs} x '
+      f'{steps_per_epoch} steps of {batch_size}, more than the '
+      f'{num_steps} local steps; compute S with num_local_steps.'
+    )
   for epoch in range(local_epochs):
     order = rng.permutation(example_indices)
     for b in range(steps_per_epoch):
-      chunk = order[b * batch_size:(b + 1) * batch_size]
+      chunk = order[b * batch_size : (b + 1) * batch_size]
       step = epoch * steps_per_epoch + b
-      idx[step, :len(chunk)] = chunk
-      mask[step, :len(chunk)] = True
+      idx[step, : len(chunk)] = chunk
+      mask[step, : len(chunk)] = True
   return idx, mask
 
 
-def make_cohort(client_ids: np.ndarray, partition: Sequence[np.ndarray], *,
-                num_slots: int, num_steps: int, batch_size: int,
-                local_epochs: int, local_steps: int, seed: int,
-                round_idx: int, labels: Optional[np.ndarray] = None,
-                batches_fn: Optional[Callable[..., Any]] = None) -> Cohort:
+def make_cohort(
+  client_ids: np.ndarray,
+  partition: Sequence[np.ndarray],
+  *,
+  num_slots: int,
+  num_steps: int,
+  batch_size: int,
+  local_epochs: int,
+  local_steps: int,
+  seed: int,
+  round_idx: int,
+  labels: Optional[np.ndarray] = None,
+  batches_fn: Optional[Callable[..., Any]] = None,
+) -> Cohort:
   """Builds the fixed-shape `Cohort` for the clients sampled this round.
 
   Args:
@@ -119,16 +148,24 @@ def make_cohort(client_ids: np.ndarray, partition: Sequence[np.ndarray], *,
       mask [S, B'])``; its width B' may differ from batch_size.
   """
   if len(client_ids) > num_slots:
-    raise ValueError(f'{len(client_ids)} clients do not fit in {num_slots} slots.')
+    raise ValueError(
+      f'{len(client_ids)} clients do not fit in {num_slots} slots.'
+    )
   num_clients = len(partition)
   if batches_fn is None:
     batches_fn = lambda indices, labels, rng, **shape: client_batches(
-        indices, rng, **shape)
-  shape = dict(num_steps=num_steps, batch_size=batch_size,
-               local_epochs=local_epochs, local_steps=local_steps)
+      indices, rng, **shape
+    )
+  shape = dict(
+    num_steps=num_steps,
+    batch_size=batch_size,
+    local_epochs=local_epochs,
+    local_steps=local_steps,
+  )
   # An empty client shows the schedule's width B' (padding slots need it).
-  width = batches_fn(np.zeros(0, np.int64), labels,
-                     np.random.default_rng(0), **shape)[0].shape[1]
+  width = batches_fn(
+    np.zeros(0, np.int64), labels, np.random.default_rng(0), **shape
+  )[0].shape[1]
   c = num_slots
   ids = np.full((c,), num_clients, np.int32)
   slot_mask = np.zeros((c,), bool)
@@ -141,5 +178,6 @@ def make_cohort(client_ids: np.ndarray, partition: Sequence[np.ndarray], *,
     slot_mask[slot] = True
     num_examples[slot] = len(partition[client])
     example_idx[slot], example_mask[slot] = batches_fn(
-        partition[client], labels, rng, **shape)
+      partition[client], labels, rng, **shape
+    )
   return Cohort(ids, slot_mask, example_idx, example_mask, num_examples)

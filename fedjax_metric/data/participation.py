@@ -38,7 +38,8 @@ NORMALIZATIONS = ('expected', 'empirical')
 def _rng(seed, tag):
   """A generator keyed by (seed, tag): different tags give unrelated streams."""
   return np.random.default_rng(
-      np.random.SeedSequence([int(seed), zlib.crc32(tag.encode())]))
+    np.random.SeedSequence([int(seed), zlib.crc32(tag.encode())])
+  )
 
 
 def _check_unit_interval(name, value):
@@ -50,24 +51,38 @@ def _label_histograms(class_counts):
   """Validated [N, J] counts -> row-normalised float64 histograms q."""
   counts = np.asarray(class_counts, dtype=np.float64)
   if counts.ndim != 2 or counts.shape[0] == 0 or counts.shape[1] == 0:
-    raise ValueError('class_counts must be a non-empty [N, J] array, got '
-                     f'shape {counts.shape}.')
+    raise ValueError(
+      'class_counts must be a non-empty [N, J] array, got '
+      f'shape {counts.shape}.'
+    )
   if not np.all(np.isfinite(counts)):
     raise ValueError('class_counts must be finite.')
   if np.any(counts < 0):
     bad = np.unique(np.nonzero(counts < 0)[0])
-    raise ValueError('class_counts must be non-negative; clients '
-                     f'{bad.tolist()} have negative counts.')
+    raise ValueError(
+      'class_counts must be non-negative; clients '
+      f'{bad.tolist()} have negative counts.'
+    )
   totals = counts.sum(axis=1)
   if np.any(totals <= 0):
     empty = np.nonzero(totals <= 0)[0]
-    raise ValueError(f'clients {empty.tolist()} have no data (all class counts'
-                     ' are 0); every client needs a label histogram.')
+    raise ValueError(
+      f'clients {empty.tolist()} have no data (all class counts'
+      ' are 0); every client needs a label histogram.'
+    )
   return counts / totals[:, None]
 
 
-def probabilities(class_counts, *, mean=0.1, floor=0.02, beta=0.1, seed=0,
-                  normalize='expected', label_weights=None):
+def probabilities(
+  class_counts,
+  *,
+  mean=0.1,
+  floor=0.02,
+  beta=0.1,
+  seed=0,
+  normalize='expected',
+  label_weights=None,
+):
   """Per-client participation probabilities tied to the label histograms.
 
   One vector m ~ Dirichlet(beta * 1_J) is shared by all clients; with q_n the
@@ -105,8 +120,9 @@ def probabilities(class_counts, *, mean=0.1, floor=0.02, beta=0.1, seed=0,
   _check_unit_interval('mean', mean)
   _check_unit_interval('floor', floor)
   if normalize not in NORMALIZATIONS:
-    raise ValueError(f'unknown normalize={normalize!r}; expected one of '
-                     f'{NORMALIZATIONS}.')
+    raise ValueError(
+      f'unknown normalize={normalize!r}; expected one of {NORMALIZATIONS}.'
+    )
   num_labels = q.shape[1]
   if label_weights is None:
     if not beta > 0:
@@ -115,23 +131,30 @@ def probabilities(class_counts, *, mean=0.1, floor=0.02, beta=0.1, seed=0,
   else:
     m = np.asarray(label_weights, dtype=np.float64)
     if m.shape != (num_labels,) or np.any(m < 0) or not np.all(np.isfinite(m)):
-      raise ValueError('label_weights must be a finite non-negative '
-                       f'[{num_labels}] vector, got {m}.')
+      raise ValueError(
+        'label_weights must be a finite non-negative '
+        f'[{num_labels}] vector, got {m}.'
+      )
   affinity = q @ m
   if normalize == 'expected':
     p = num_labels * mean * affinity
   else:
     average = affinity.mean()
     if not average > 0:
-      raise ValueError('every client has <q_n, m> = 0 (m puts no mass on any '
-                       'label present), so the empirical mean cannot be set.')
+      raise ValueError(
+        'every client has <q_n, m> = 0 (m puts no mass on any '
+        'label present), so the empirical mean cannot be set.'
+      )
     p = mean * affinity / average
   p = np.maximum(p, floor)
   clipped = int(np.sum(p > 1.0))
   if clipped:
-    warnings.warn(f'{clipped} of {p.size} participation probabilities '
-                  'exceeded 1 and were clipped to 1 (the released FedAU code '
-                  'does not clip).', stacklevel=2)
+    warnings.warn(
+      f'{clipped} of {p.size} participation probabilities '
+      'exceeded 1 and were clipped to 1 (the released FedAU code '
+      'does not clip).',
+      stacklevel=2,
+    )
   return np.minimum(p, 1.0)
 
 
@@ -141,8 +164,10 @@ def _check_probabilities(p, pattern):
     raise ValueError(f'p must be a non-empty [N] array, got shape {p.shape}.')
   if pattern != 'uniform' and not np.all((p > 0) & (p <= 1)):
     bad = np.nonzero(~((p > 0) & (p <= 1)))[0]
-    raise ValueError(f'participation probabilities must be in (0, 1]; clients '
-                     f'{bad.tolist()} are not.')
+    raise ValueError(
+      f'participation probabilities must be in (0, 1]; clients '
+      f'{bad.tolist()} are not.'
+    )
   return p
 
 
@@ -207,8 +232,12 @@ def _cyclic(p, num_rounds, cycle, rng):
   for t in range(num_rounds):
     switch = rounds_to_switch == 0
     state = state ^ switch
-    rounds_to_switch = np.where(
-        switch, np.where(state, active_len, inactive_len), rounds_to_switch) - 1
+    rounds_to_switch = (
+      np.where(
+        switch, np.where(state, active_len, inactive_len), rounds_to_switch
+      )
+      - 1
+    )
     mask[t] = state
   return mask
 
@@ -225,20 +254,32 @@ def _cyclic_offset(p, num_rounds, cycle, rng):
 def _uniform(num_clients, num_rounds, clients_per_round, rng):
   if clients_per_round is None:
     raise ValueError("pattern 'uniform' needs clients_per_round.")
-  if (int(clients_per_round) != clients_per_round
-      or not 1 <= clients_per_round <= num_clients):
-    raise ValueError(f'clients_per_round={clients_per_round} must be an '
-                     f'integer in [1, {num_clients}].')
+  if (
+    int(clients_per_round) != clients_per_round
+    or not 1 <= clients_per_round <= num_clients
+  ):
+    raise ValueError(
+      f'clients_per_round={clients_per_round} must be an '
+      f'integer in [1, {num_clients}].'
+    )
   # The first K entries of a uniformly random permutation are a uniform
   # K-subset; argsort of iid uniforms is such a permutation.
   chosen = np.argsort(rng.random((num_rounds, num_clients)), axis=1)
   mask = np.zeros((num_rounds, num_clients), dtype=bool)
-  np.put_along_axis(mask, chosen[:, :int(clients_per_round)], True, axis=1)
+  np.put_along_axis(mask, chosen[:, : int(clients_per_round)], True, axis=1)
   return mask
 
 
-def sample(p, num_rounds, pattern, *, seed=0, markov_rate=0.05, cycle=100,
-           clients_per_round=None):
+def sample(
+  p,
+  num_rounds,
+  pattern,
+  *,
+  seed=0,
+  markov_rate=0.05,
+  cycle=100,
+  clients_per_round=None,
+):
   """Availability mask of every client in every round.
 
   Patterns, all from the authors' released FedAU code (github.com/IBM/fedau,
@@ -277,12 +318,14 @@ def sample(p, num_rounds, pattern, *, seed=0, markov_rate=0.05, cycle=100,
     bool [T, N] mask, True where the client participates.
   """
   if pattern not in PATTERNS:
-    raise ValueError(f'unknown pattern {pattern!r}; expected one of '
-                     f'{PATTERNS}.')
+    raise ValueError(
+      f'unknown pattern {pattern!r}; expected one of {PATTERNS}.'
+    )
   p = _check_probabilities(p, pattern)
   if int(num_rounds) != num_rounds or num_rounds < 1:
-    raise ValueError('num_rounds must be a positive integer, got '
-                     f'{num_rounds}.')
+    raise ValueError(
+      f'num_rounds must be a positive integer, got {num_rounds}.'
+    )
   num_rounds = int(num_rounds)
   rng = _rng(seed, pattern)
   if pattern == 'bernoulli':
@@ -301,8 +344,9 @@ def sample(p, num_rounds, pattern, *, seed=0, markov_rate=0.05, cycle=100,
 def _check_mask(mask):
   mask = np.asarray(mask)
   if mask.ndim != 2 or mask.size == 0:
-    raise ValueError(f'mask must be a non-empty [T, N] array, got shape '
-                     f'{mask.shape}.')
+    raise ValueError(
+      f'mask must be a non-empty [T, N] array, got shape {mask.shape}.'
+    )
   return mask.astype(bool)
 
 
@@ -340,12 +384,22 @@ def plot(mask, path, *, title=''):
   mask = _check_mask(mask)
   num_rounds, num_clients = mask.shape
   order = np.argsort(-mask.mean(axis=0), kind='stable')
-  fig = figure.Figure(figsize=(min(16.0, 4.0 + num_rounds / 100.0),
-                        min(12.0, 2.0 + num_clients / 25.0)))
+  fig = figure.Figure(
+    figsize=(
+      min(16.0, 4.0 + num_rounds / 100.0),
+      min(12.0, 2.0 + num_clients / 25.0),
+    )
+  )
   backend_agg.FigureCanvasAgg(fig)
   ax = fig.add_subplot(1, 1, 1)
-  ax.imshow(mask[:, order].T, aspect='auto', interpolation='nearest',
-            cmap='Greys', vmin=0, vmax=1)
+  ax.imshow(
+    mask[:, order].T,
+    aspect='auto',
+    interpolation='nearest',
+    cmap='Greys',
+    vmin=0,
+    vmax=1,
+  )
   ax.set_xlabel('round')
   ax.set_ylabel('client (sorted by participation rate)')
   if title:

@@ -27,9 +27,13 @@ import numpy as np
 from fedjax_metric.data import cohort as cohort_lib
 
 
-def sample_companions(anchors: np.ndarray, client_indices: np.ndarray,
-                      labels: np.ndarray, rng: np.random.Generator,
-                      num_negatives: int = 2):
+def sample_companions(
+  anchors: np.ndarray,
+  client_indices: np.ndarray,
+  labels: np.ndarray,
+  rng: np.random.Generator,
+  num_negatives: int = 2,
+):
   """Positive and negatives for each anchor.
 
   Args:
@@ -52,7 +56,7 @@ def sample_companions(anchors: np.ndarray, client_indices: np.ndarray,
   client_labels = labels[client_indices]
   classes, counts = np.unique(client_labels, return_counts=True)
   order = np.argsort(client_labels, kind='stable')
-  by_class = client_indices[order]           # client examples grouped by class
+  by_class = client_indices[order]  # client examples grouped by class
   starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
   anchor_class = np.searchsorted(classes, labels[anchors])
 
@@ -60,10 +64,14 @@ def sample_companions(anchors: np.ndarray, client_indices: np.ndarray,
   position = np.empty(len(client_indices), np.int64)
   position[order] = np.arange(len(client_indices))
   where_anchor = {int(g): int(p) for g, p in zip(client_indices, position)}
-  self_slot = np.array([where_anchor[int(a)] for a in anchors]) - starts[anchor_class]
+  self_slot = (
+    np.array([where_anchor[int(a)] for a in anchors]) - starts[anchor_class]
+  )
   size = counts[anchor_class]
   draw = (rng.random(n) * np.maximum(size - 1, 1)).astype(np.int64)
-  draw = np.minimum(draw + (draw >= self_slot), size - 1)  # size-1 classes: unused
+  draw = np.minimum(
+    draw + (draw >= self_slot), size - 1
+  )  # size-1 classes: unused
   has_positive = size > 1
   positives[has_positive] = by_class[starts[anchor_class] + draw][has_positive]
 
@@ -73,7 +81,7 @@ def sample_companions(anchors: np.ndarray, client_indices: np.ndarray,
   if num_classes == 1:
     return positives, negatives, valid
   scores = rng.random((n, num_classes))
-  scores[np.arange(n), anchor_class] = np.inf   # never the anchor's class
+  scores[np.arange(n), anchor_class] = np.inf  # never the anchor's class
   ranked = np.argsort(scores, axis=1)
   for j in range(num_negatives):
     # With one other class, every negative comes from it (fallback).
@@ -91,16 +99,23 @@ def make_batches_fn(num_negatives: int = 2):
   or has no valid negative.
   """
 
-  def batches(indices, labels, rng, *, num_steps, batch_size, local_epochs,
-              local_steps):
+  def batches(
+    indices, labels, rng, *, num_steps, batch_size, local_epochs, local_steps
+  ):
     idx, mask = cohort_lib.client_batches(
-        indices, rng, num_steps=num_steps, batch_size=batch_size,
-        local_epochs=local_epochs, local_steps=local_steps)
+      indices,
+      rng,
+      num_steps=num_steps,
+      batch_size=batch_size,
+      local_epochs=local_epochs,
+      local_steps=local_steps,
+    )
     groups = [idx] + [np.zeros_like(idx) for _ in range(1 + num_negatives)]
     masks = [mask] + [np.zeros_like(mask) for _ in range(1 + num_negatives)]
     if mask.any():
       positives, negatives, valid = sample_companions(
-          idx[mask], np.asarray(indices), labels, rng, num_negatives)
+        idx[mask], np.asarray(indices), labels, rng, num_negatives
+      )
       for group, values in zip(groups[1:], [positives, *negatives]):
         group[mask] = values
       for m in masks[1:]:

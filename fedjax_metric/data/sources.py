@@ -17,8 +17,8 @@ import os
 import pickle
 import posixpath
 import tarfile
-import zlib
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+import zlib
 
 import numpy as np
 
@@ -33,11 +33,20 @@ _IDX_PREFIX = {'train': 'train', 'test': 't10k'}
 _CIFAR_URL = 'https://www.cs.toronto.edu/~kriz/cifar.html'
 # name -> (archive, folder inside it, {split: members}, label key, num_classes).
 _CIFAR = {
-    'cifar10': ('cifar-10-python.tar.gz', 'cifar-10-batches-py',
-                {'train': [f'data_batch_{i}' for i in range(1, 6)],
-                 'test': ['test_batch']}, b'labels', 10),
-    'cifar100': ('cifar-100-python.tar.gz', 'cifar-100-python',
-                 {'train': ['train'], 'test': ['test']}, b'fine_labels', 100),
+  'cifar10': (
+    'cifar-10-python.tar.gz',
+    'cifar-10-batches-py',
+    {'train': [f'data_batch_{i}' for i in range(1, 6)], 'test': ['test_batch']},
+    b'labels',
+    10,
+  ),
+  'cifar100': (
+    'cifar-100-python.tar.gz',
+    'cifar-100-python',
+    {'train': ['train'], 'test': ['test']},
+    b'fine_labels',
+    100,
+  ),
 }
 
 
@@ -53,12 +62,15 @@ class ArrayDataset(NamedTuple):
     labels: int32 [N] class ids in [0, num_classes).
     num_classes: Number of classes.
   """
+
   images: np.ndarray
   labels: np.ndarray
   num_classes: int
 
 
-def load(name: str, split: str = 'train', data_dir: Optional[str] = None) -> ArrayDataset:
+def load(
+  name: str, split: str = 'train', data_dir: Optional[str] = None
+) -> ArrayDataset:
   """Loads one split of a dataset from local files.
 
   Args:
@@ -77,7 +89,9 @@ def load(name: str, split: str = 'train', data_dir: Optional[str] = None) -> Arr
   if name not in DATASETS:
     return _load_tfds(name, split, data_dir)
   if split not in SPLITS:
-    raise ValueError(f'Dataset {name!r}: split must be one of {SPLITS}, got {split!r}.')
+    raise ValueError(
+      f'Dataset {name!r}: split must be one of {SPLITS}, got {split!r}.'
+    )
   if name == 'digits':
     ds = _load_digits(split)
   elif name in ('mnist', 'fashion_mnist'):
@@ -111,18 +125,22 @@ def check_available(name: str, data_dir: Optional[str] = None) -> None:
       _idx_paths(name, split, _resolve_dir(name, data_dir))
   elif name in _CIFAR:
     splits = _CIFAR[name][2]
-    _cifar_location(name, _resolve_dir(name, data_dir),
-                    splits['train'] + splits['test'])
+    _cifar_location(
+      name, _resolve_dir(name, data_dir), splits['train'] + splits['test']
+    )
   elif importlib.util.find_spec('tensorflow_datasets') is None:
-    raise DatasetNotFoundError(_not_built_in(name) + 'Other names are loaded '
-                               'with tensorflow_datasets, which is not '
-                               'installed: pip install -e .[tfds]')
+    raise DatasetNotFoundError(
+      _not_built_in(name) + 'Other names are loaded '
+      'with tensorflow_datasets, which is not '
+      'installed: pip install -e .[tfds]'
+    )
 
 
 def _not_built_in(name: str) -> str:
   """The start of an error about a name outside `DATASETS`, with a guess."""
-  close = difflib.get_close_matches(name.lower().replace('-', '_'), DATASETS,
-                                    n=1)
+  close = difflib.get_close_matches(
+    name.lower().replace('-', '_'), DATASETS, n=1
+  )
   guess = f'Did you mean {close[0]!r}? ' if close else ''
   return f'Dataset {name!r} is not built in ({", ".join(DATASETS)}). {guess}'
 
@@ -138,15 +156,19 @@ def _resolve_dir(name: str, data_dir: Optional[str]) -> Optional[str]:
 
 def _check_labels(labels: np.ndarray, num_classes: int, source: str) -> None:
   if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(f'{source}: labels must lie in [0, {num_classes}), found '
-                     f'range [{labels.min()}, {labels.max()}].')
+    raise ValueError(
+      f'{source}: labels must lie in [0, {num_classes}), found '
+      f'range [{labels.min()}, {labels.max()}].'
+    )
 
 
 # ---------------------------------------------------------------- digits ----
 
+
 def _load_digits(split: str) -> ArrayDataset:
   """sklearn's 8x8 digits with a fixed stratified 80/20 split (1438/359)."""
   from sklearn.datasets import load_digits  # Lazy: sklearn is slow to import.
+
   bunch = load_digits()
   # Pixels are counts 0..16; rescale so every dataset shares the uint8 0..255 range.
   images = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
@@ -155,12 +177,13 @@ def _load_digits(split: str) -> ArrayDataset:
   is_test = np.zeros(len(labels), dtype=bool)
   for c in range(10):
     members = rng.permutation(np.flatnonzero(labels == c))
-    is_test[members[:int(round(0.2 * len(members)))]] = True
+    is_test[members[: int(round(0.2 * len(members)))]] = True
   keep = is_test if split == 'test' else ~is_test
   return ArrayDataset(images[keep], labels[keep], 10)
 
 
 # ------------------------------------------------------------------- IDX ----
+
 
 def _read_maybe_gz(path: str) -> bytes:
   try:
@@ -188,21 +211,29 @@ def parse_idx(data: bytes, expected_magic: int, source: str) -> np.ndarray:
     ValueError: Bad magic number or payload size not matching the header.
   """
   if len(data) < 4:
-    raise ValueError(f'{source}: truncated IDX file ({len(data)} bytes, no header).')
+    raise ValueError(
+      f'{source}: truncated IDX file ({len(data)} bytes, no header).'
+    )
   magic = int.from_bytes(data[:4], 'big')
   if magic != expected_magic:
-    raise ValueError(f'{source}: bad IDX magic number 0x{magic:08x}, '
-                     f'expected 0x{expected_magic:08x}.')
+    raise ValueError(
+      f'{source}: bad IDX magic number 0x{magic:08x}, '
+      f'expected 0x{expected_magic:08x}.'
+    )
   ndim = magic & 0xFF
   header = 4 + 4 * ndim
   if len(data) < header:
     raise ValueError(f'{source}: truncated IDX header.')
-  dims = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim))
+  dims = tuple(
+    int.from_bytes(data[4 + 4 * i : 8 + 4 * i], 'big') for i in range(ndim)
+  )
   expected = header + int(np.prod(dims, dtype=np.int64))
   if len(data) != expected:
     problem = 'truncated' if len(data) < expected else 'has trailing bytes'
-    raise ValueError(f'{source}: IDX file {problem}: {len(data)} bytes, header '
-                     f'dims {dims} need {expected}.')
+    raise ValueError(
+      f'{source}: IDX file {problem}: {len(data)} bytes, header '
+      f'dims {dims} need {expected}.'
+    )
   return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -216,11 +247,17 @@ def _find_file(directory: str, base: str) -> Optional[str]:
 
 def _idx_hint(name: str, directory: Optional[str]) -> str:
   if name == 'fashion_mnist':
-    return ('Install them with `apt-get install dataset-fashion-mnist` (puts them in '
-            f'{DEFAULT_DIRS[name]}), or pass data_dir=... / set ${ENV_VAR}.')
-  where = directory or f'a directory passed as data_dir=... (or ${ENV_VAR}/mnist)'
-  return (f'Put the four IDX files from the MNIST site (raw or .gz) in {where}; '
-          'nothing is downloaded automatically.')
+    return (
+      'Install them with `apt-get install dataset-fashion-mnist` (puts them in '
+      f'{DEFAULT_DIRS[name]}), or pass data_dir=... / set ${ENV_VAR}.'
+    )
+  where = (
+    directory or f'a directory passed as data_dir=... (or ${ENV_VAR}/mnist)'
+  )
+  return (
+    f'Put the four IDX files from the MNIST site (raw or .gz) in {where}; '
+    'nothing is downloaded automatically.'
+  )
 
 
 def _idx_paths(name: str, split: str, directory: Optional[str]) -> List[str]:
@@ -230,29 +267,43 @@ def _idx_paths(name: str, split: str, directory: Optional[str]) -> List[str]:
   paths = [_find_file(directory, b) if directory else None for b in bases]
   if None in paths:
     wanted = ', '.join(f'{b}[.gz]' for b in bases)
-    searched = repr(directory) if directory else f'(none: no data_dir and ${ENV_VAR} unset)'
-    raise DatasetNotFoundError(f'Dataset {name!r} ({split}): expected files {wanted} '
-                               f'in directory {searched}. {_idx_hint(name, directory)}')
+    searched = (
+      repr(directory)
+      if directory
+      else f'(none: no data_dir and ${ENV_VAR} unset)'
+    )
+    raise DatasetNotFoundError(
+      f'Dataset {name!r} ({split}): expected files {wanted} '
+      f'in directory {searched}. {_idx_hint(name, directory)}'
+    )
   return paths
 
 
-def _load_idx_dataset(name: str, split: str, directory: Optional[str]) -> ArrayDataset:
+def _load_idx_dataset(
+  name: str, split: str, directory: Optional[str]
+) -> ArrayDataset:
   """Loads an MNIST-format split as [N, 28, 28, 1] uint8 images."""
   paths = _idx_paths(name, split, directory)
   images = parse_idx(_read_maybe_gz(paths[0]), _IDX_IMAGES_MAGIC, paths[0])
   labels = parse_idx(_read_maybe_gz(paths[1]), _IDX_LABELS_MAGIC, paths[1])
   if images.shape[1:] != (28, 28):
-    raise ValueError(f'{paths[0]}: expected 28x28 images, got {images.shape[1:]}.')
+    raise ValueError(
+      f'{paths[0]}: expected 28x28 images, got {images.shape[1:]}.'
+    )
   if len(images) != len(labels):
-    raise ValueError(f'{paths[1]}: {len(labels)} labels for {len(images)} images '
-                     f'in {paths[0]}.')
+    raise ValueError(
+      f'{paths[1]}: {len(labels)} labels for {len(images)} images '
+      f'in {paths[0]}.'
+    )
   return ArrayDataset(images[..., None].copy(), labels.astype(np.int32), 10)
 
 
 # ----------------------------------------------------------------- CIFAR ----
 
-def _read_cifar_members(name: str, directory: Optional[str],
-                        members: Sequence[str]) -> List[Tuple[str, bytes]]:
+
+def _read_cifar_members(
+  name: str, directory: Optional[str], members: Sequence[str]
+) -> List[Tuple[str, bytes]]:
   """Returns (source, bytes) per member from an extracted folder or the tar.gz."""
   kind, path = _cifar_location(name, directory, members)
   if kind == 'folder':
@@ -265,8 +316,9 @@ def _read_cifar_members(name: str, directory: Optional[str],
   return _read_tar_members(path, [f'{folder}/{m}' for m in members])
 
 
-def _cifar_location(name: str, directory: Optional[str],
-                    members: Sequence[str]) -> Tuple[str, str]:
+def _cifar_location(
+  name: str, directory: Optional[str], members: Sequence[str]
+) -> Tuple[str, str]:
   """('folder', dir) holding every member, or ('tar', archive), or raises."""
   archive, folder, _, _, _ = _CIFAR[name]
   if directory:
@@ -279,13 +331,16 @@ def _cifar_location(name: str, directory: Optional[str],
       return 'tar', tar_path
   where = directory or f'(none: no data_dir and ${ENV_VAR} unset)'
   raise DatasetNotFoundError(
-      f'Dataset {name!r}: found neither {archive} nor an extracted {folder}/ folder '
-      f'(with {", ".join(members)}) in directory {where!r}. Download {archive} '
-      f'("CIFAR python version") from {_CIFAR_URL} on a machine with internet and '
-      f'put it in {directory or "a directory passed as data_dir=..."}.')
+    f'Dataset {name!r}: found neither {archive} nor an extracted {folder}/ folder '
+    f'(with {", ".join(members)}) in directory {where!r}. Download {archive} '
+    f'("CIFAR python version") from {_CIFAR_URL} on a machine with internet and '
+    f'put it in {directory or "a directory passed as data_dir=..."}.'
+  )
 
 
-def _read_tar_members(tar_path: str, names: Sequence[str]) -> List[Tuple[str, bytes]]:
+def _read_tar_members(
+  tar_path: str, names: Sequence[str]
+) -> List[Tuple[str, bytes]]:
   """Reads the named members into memory in one pass, never extracting to disk."""
   found: Dict[str, bytes] = {}
   try:
@@ -302,38 +357,59 @@ def _read_tar_members(tar_path: str, names: Sequence[str]) -> List[Tuple[str, by
   return [(f'{tar_path}:{n}', found[n]) for n in names]
 
 
-def _parse_cifar_batch(data: bytes, label_key: bytes, source: str) -> Tuple[np.ndarray, np.ndarray]:
+def _parse_cifar_batch(
+  data: bytes, label_key: bytes, source: str
+) -> Tuple[np.ndarray, np.ndarray]:
   """Decodes one pickled CIFAR batch into [N, 32, 32, 3] images and [N] labels."""
   try:
     # The official archives are Python 2 pickles; 'bytes' keeps their str keys as bytes.
     # Note pickle can run code: only load archives from a trusted source.
     batch = pickle.loads(data, encoding='bytes')
   except Exception as e:  # pylint: disable=broad-except  # Any unpickling failure.
-    raise ValueError(f'{source}: cannot unpickle CIFAR batch ({type(e).__name__}: {e}).') from e
-  if not isinstance(batch, dict) or b'data' not in batch or label_key not in batch:
-    raise ValueError(f'{source}: expected a dict with keys b"data" and {label_key!r}.')
+    raise ValueError(
+      f'{source}: cannot unpickle CIFAR batch ({type(e).__name__}: {e}).'
+    ) from e
+  if (
+    not isinstance(batch, dict)
+    or b'data' not in batch
+    or label_key not in batch
+  ):
+    raise ValueError(
+      f'{source}: expected a dict with keys b"data" and {label_key!r}.'
+    )
   pixels = np.asarray(batch[b'data'])
   labels = np.asarray(batch[label_key])
   if pixels.ndim != 2 or pixels.shape[1] != 3 * 32 * 32:
-    raise ValueError(f'{source}: b"data" has shape {pixels.shape}, expected [N, 3072].')
+    raise ValueError(
+      f'{source}: b"data" has shape {pixels.shape}, expected [N, 3072].'
+    )
   if pixels.size and (pixels.min() < 0 or pixels.max() > 255):
     raise ValueError(f'{source}: pixel values outside 0..255.')
   if labels.shape != (len(pixels),):
-    raise ValueError(f'{source}: {labels.shape} labels for {len(pixels)} images.')
+    raise ValueError(
+      f'{source}: {labels.shape} labels for {len(pixels)} images.'
+    )
   # Rows are channel-major (all R, then G, then B), each plane row-major.
   images = pixels.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
   return images, labels.astype(np.int32)
 
 
-def _load_cifar(name: str, split: str, directory: Optional[str]) -> ArrayDataset:
+def _load_cifar(
+  name: str, split: str, directory: Optional[str]
+) -> ArrayDataset:
   _, _, splits, label_key, num_classes = _CIFAR[name]
-  parts = [_parse_cifar_batch(data, label_key, source)
-           for source, data in _read_cifar_members(name, directory, splits[split])]
+  parts = [
+    _parse_cifar_batch(data, label_key, source)
+    for source, data in _read_cifar_members(name, directory, splits[split])
+  ]
   images = np.ascontiguousarray(np.concatenate([p[0] for p in parts]))
-  return ArrayDataset(images, np.concatenate([p[1] for p in parts]), num_classes)
+  return ArrayDataset(
+    images, np.concatenate([p[1] for p in parts]), num_classes
+  )
 
 
 # ------------------------------------------------------------------ TFDS ----
+
 
 def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
   """Loads a prepared TFDS dataset (never downloads) as an `ArrayDataset`."""
@@ -341,22 +417,39 @@ def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(
-        _not_built_in(name) + 'Other names are loaded with tensorflow_datasets, '
-        'which is not installed: pip install -e .[tfds]') from e
-  data_dir = data_dir if data_dir is not None else os.environ.get(ENV_VAR) or None
-  not_found = (AssertionError, FileNotFoundError,
-               getattr(getattr(tfds.core, 'registered', None), 'DatasetNotFoundError',
-                       FileNotFoundError))
+      _not_built_in(name) + 'Other names are loaded with tensorflow_datasets, '
+      'which is not installed: pip install -e .[tfds]'
+    ) from e
+  data_dir = (
+    data_dir if data_dir is not None else os.environ.get(ENV_VAR) or None
+  )
+  not_found = (
+    AssertionError,
+    FileNotFoundError,
+    getattr(
+      getattr(tfds.core, 'registered', None),
+      'DatasetNotFoundError',
+      FileNotFoundError,
+    ),
+  )
   try:
-    ds, info = tfds.load(name, split=split, data_dir=data_dir, download=False,
-                         batch_size=-1, as_supervised=True, with_info=True)
+    ds, info = tfds.load(
+      name,
+      split=split,
+      data_dir=data_dir,
+      download=False,
+      batch_size=-1,
+      as_supervised=True,
+      with_info=True,
+    )
   except not_found as e:
     where = data_dir or '~/tensorflow_datasets (TFDS default)'
     raise DatasetNotFoundError(
-        _not_built_in(name) + f'Other names must be prepared TFDS datasets; it '
-        f'is not one in data_dir {where!r} ({e}). Prepare it on a machine with '
-        f'internet with `tfds build {name} --data_dir=DIR`, then copy DIR here and pass '
-        'data_dir=DIR.') from e
+      _not_built_in(name) + f'Other names must be prepared TFDS datasets; it '
+      f'is not one in data_dir {where!r} ({e}). Prepare it on a machine with '
+      f'internet with `tfds build {name} --data_dir=DIR`, then copy DIR here and pass '
+      'data_dir=DIR.'
+    ) from e
   images, labels = tfds.as_numpy(ds)
   num_classes = int(info.features['label'].num_classes)
   labels = np.asarray(labels, dtype=np.int32)

@@ -13,10 +13,16 @@ from fedjax_metric.evaluation import forward as forward_lib
 from fedjax_metric.evaluation import representation
 
 
-def make_evaluate_fn(model, preprocess, images: np.ndarray, labels: np.ndarray,
-                     *, batch_size: int = 1000,
-                     representation_examples: int = 0,
-                     num_classes: int = 0):
+def make_evaluate_fn(
+  model,
+  preprocess,
+  images: np.ndarray,
+  labels: np.ndarray,
+  *,
+  batch_size: int = 1000,
+  representation_examples: int = 0,
+  num_classes: int = 0,
+):
   """Returns ``variables -> {'test_accuracy', 'test_loss', ...}`` (floats).
 
   Args:
@@ -32,17 +38,25 @@ def make_evaluate_fn(model, preprocess, images: np.ndarray, labels: np.ndarray,
   if representation_examples and num_classes < 1:
     raise ValueError('representation_examples needs num_classes >= 1.')
   forward = forward_lib.make_forward_pass(
-      model, preprocess, images, labels, batch_size=batch_size,
-      feature_examples=representation_examples)
+    model,
+    preprocess,
+    images,
+    labels,
+    batch_size=batch_size,
+    feature_examples=representation_examples,
+  )
   subset_labels = np.asarray(labels[:representation_examples])
 
   def evaluate(variables):
     result = forward(variables)
-    metrics = {'test_accuracy': result.correct / result.count,
-               'test_loss': result.loss_sum / result.count}
+    metrics = {
+      'test_accuracy': result.correct / result.count,
+      'test_loss': result.loss_sum / result.count,
+    }
     if result.features is not None:
       values = representation.representation_metrics(
-          result.features, subset_labels, num_classes)
+        result.features, subset_labels, num_classes
+      )
       metrics.update({f'test_{k}': float(v) for k, v in values.items()})
     return metrics
 

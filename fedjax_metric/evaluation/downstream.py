@@ -29,11 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_metric.losses import masked_mean
-from fedjax_metric.losses import softmax_cross_entropy
+from fedjax_metric.losses import masked_mean, softmax_cross_entropy
 from fedjax_metric.losses.metric import _l2_normalize
-from fedjax_metric.models import merge_variables
-from fedjax_metric.models import split_variables
+from fedjax_metric.models import merge_variables, split_variables
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -50,30 +48,51 @@ def _pad_rows(x, multiple):
 # ---------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=('num_classes', 'k',
-                                             'temperature', 'batch_size'))
-def _knn_correct(bank, bank_labels, queries, query_labels, valid, *,
-                 num_classes, k, temperature, batch_size):
+@functools.partial(
+  jax.jit, static_argnames=('num_classes', 'k', 'temperature', 'batch_size')
+)
+def _knn_correct(
+  bank,
+  bank_labels,
+  queries,
+  query_labels,
+  valid,
+  *,
+  num_classes,
+  k,
+  temperature,
+  batch_size,
+):
   bank = _l2_normalize(bank)
 
   def predict(batch):
     q, y, v = batch
-    sim = jnp.einsum('bd,nd->bn', _l2_normalize(q), bank,
-                     precision=_HIGHEST)
+    sim = jnp.einsum('bd,nd->bn', _l2_normalize(q), bank, precision=_HIGHEST)
     top_sim, top_idx = jax.lax.top_k(sim, k)
     weights = jnp.exp(top_sim / temperature)
-    votes = jax.nn.one_hot(bank_labels[top_idx], num_classes,
-                           dtype=weights.dtype)
+    votes = jax.nn.one_hot(
+      bank_labels[top_idx], num_classes, dtype=weights.dtype
+    )
     scores = jnp.sum(votes * weights[..., None], axis=1)
     return jnp.sum((jnp.argmax(scores, axis=-1) == y) & v)
 
   shape = lambda a: a.reshape((-1, batch_size) + a.shape[1:])
-  return jnp.sum(jax.lax.map(predict, (shape(queries), shape(query_labels),
-                                       shape(valid))))
+  return jnp.sum(
+    jax.lax.map(predict, (shape(queries), shape(query_labels), shape(valid)))
+  )
 
 
-def knn_accuracy(train_features, train_labels, test_features, test_labels, *,
-                 num_classes, k=200, temperature=0.1, batch_size=256):
+def knn_accuracy(
+  train_features,
+  train_labels,
+  test_features,
+  test_labels,
+  *,
+  num_classes,
+  k=200,
+  temperature=0.1,
+  batch_size=256,
+):
   """Weighted kNN accuracy (Wu et al., 'Unsupervised Feature Learning via
   Non-Parametric Instance Discrimination', CVPR 2018).
 
@@ -109,12 +128,17 @@ def knn_accuracy(train_features, train_labels, test_features, test_labels, *,
   queries, _ = _pad_rows(test_features, batch_size)
   query_labels, _ = _pad_rows(np.asarray(test_labels, np.int32), batch_size)
   valid, _ = _pad_rows(np.ones(m, bool), batch_size)
-  correct = _knn_correct(train_features, np.asarray(train_labels, np.int32),
-                         queries, query_labels, valid,
-                         num_classes=num_classes,
-                         k=min(k, len(train_features)),
-                         temperature=float(temperature),
-                         batch_size=batch_size)
+  correct = _knn_correct(
+    train_features,
+    np.asarray(train_labels, np.int32),
+    queries,
+    query_labels,
+    valid,
+    num_classes=num_classes,
+    k=min(k, len(train_features)),
+    temperature=float(temperature),
+    batch_size=batch_size,
+  )
   return float(correct) / m
 
 
@@ -131,9 +155,8 @@ def _torch_linear_init(key, fan_in, fan_out, dtype=jnp.float32):
   bound = 1.0 / math.sqrt(fan_in)
   k_w, k_b = jax.random.split(key)
   return {
-      'kernel': jax.random.uniform(k_w, (fan_in, fan_out), dtype, -bound,
-                                   bound),
-      'bias': jax.random.uniform(k_b, (fan_out,), dtype, -bound, bound),
+    'kernel': jax.random.uniform(k_w, (fan_in, fan_out), dtype, -bound, bound),
+    'bias': jax.random.uniform(k_b, (fan_out,), dtype, -bound, bound),
   }
 
 
@@ -151,14 +174,29 @@ def _epoch_batches(key, n, batch_size):
   perm = jax.random.permutation(key, n)
   idx = jnp.zeros(num_batches * batch_size, perm.dtype).at[:n].set(perm)
   valid = jnp.arange(num_batches * batch_size) < n
-  return (idx.reshape(num_batches, batch_size),
-          valid.reshape(num_batches, batch_size))
+  return (
+    idx.reshape(num_batches, batch_size),
+    valid.reshape(num_batches, batch_size),
+  )
 
 
-@functools.partial(jax.jit, static_argnames=('epochs', 'learning_rate',
-                                             'batch_size', 'eval_every'))
-def _train_linear(params, key, x, y, x_test, y_test, *, epochs,
-                  learning_rate, batch_size, eval_every):
+@functools.partial(
+  jax.jit,
+  static_argnames=('epochs', 'learning_rate', 'batch_size', 'eval_every'),
+)
+def _train_linear(
+  params,
+  key,
+  x,
+  y,
+  x_test,
+  y_test,
+  *,
+  epochs,
+  learning_rate,
+  batch_size,
+  eval_every,
+):
   tx = optax.adam(learning_rate)  # torch Adam defaults: b=(.9,.999), eps=1e-8
 
   def loss_fn(p, xb, yb, vb):
@@ -178,23 +216,37 @@ def _train_linear(params, key, x, y, x_test, y_test, *, epochs,
   def epoch(carry, epoch_index):
     p, opt_state, key = carry
     key, sub = jax.random.split(key)
-    (p, opt_state), _ = jax.lax.scan(step, (p, opt_state),
-                                     _epoch_batches(sub, x.shape[0],
-                                                    batch_size))
-    evaluate = (((epoch_index + 1) % eval_every == 0)
-                | (epoch_index == epochs - 1))
-    acc = jax.lax.cond(evaluate, test_accuracy,
-                       lambda _: jnp.array(-1.0, jnp.float32), p)
+    (p, opt_state), _ = jax.lax.scan(
+      step, (p, opt_state), _epoch_batches(sub, x.shape[0], batch_size)
+    )
+    evaluate = ((epoch_index + 1) % eval_every == 0) | (
+      epoch_index == epochs - 1
+    )
+    acc = jax.lax.cond(
+      evaluate, test_accuracy, lambda _: jnp.array(-1.0, jnp.float32), p
+    )
     return (p, opt_state, key), acc
 
   (params, _, _), accs = jax.lax.scan(
-      epoch, (params, tx.init(params), key), jnp.arange(epochs))
+    epoch, (params, tx.init(params), key), jnp.arange(epochs)
+  )
   return params, accs
 
 
-def linear_probe(train_features, train_labels, test_features, test_labels, *,
-                 num_classes, epochs=200, learning_rate=3e-3, batch_size=512,
-                 seed=1, eval_every=20, init=None):
+def linear_probe(
+  train_features,
+  train_labels,
+  test_features,
+  test_labels,
+  *,
+  num_classes,
+  epochs=200,
+  learning_rate=3e-3,
+  batch_size=512,
+  seed=1,
+  eval_every=20,
+  init=None,
+):
   """Linear evaluation on frozen features (SSD, Sec. 4 'Evaluation Metrics').
 
   As ``linear_eval.py`` of the SSD authors' released code
@@ -225,21 +277,32 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *,
   if x.shape[0] == 0 or epochs < 1:
     raise ValueError('linear_probe needs training data and epochs >= 1')
   key_init, key_train = jax.random.split(jax.random.key(seed))
-  params = (_torch_linear_init(key_init, x.shape[1], num_classes)
-            if init is None else jax.tree.map(
-                lambda a: jnp.asarray(a, jnp.float32), dict(init)))
+  params = (
+    _torch_linear_init(key_init, x.shape[1], num_classes)
+    if init is None
+    else jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), dict(init))
+  )
   params, accs = _train_linear(
-      params, key_train, x, jnp.asarray(train_labels, jnp.int32),
-      jnp.asarray(test_features, jnp.float32),
-      jnp.asarray(test_labels, jnp.int32), epochs=epochs,
-      learning_rate=float(learning_rate),
-      batch_size=min(batch_size, x.shape[0]), eval_every=eval_every)
+    params,
+    key_train,
+    x,
+    jnp.asarray(train_labels, jnp.int32),
+    jnp.asarray(test_features, jnp.float32),
+    jnp.asarray(test_labels, jnp.int32),
+    epochs=epochs,
+    learning_rate=float(learning_rate),
+    batch_size=min(batch_size, x.shape[0]),
+    eval_every=eval_every,
+  )
   accs = np.asarray(accs)
   eval_epochs = [e + 1 for e in range(epochs) if accs[e] >= 0]
   history = [float(accs[e - 1]) for e in eval_epochs]
-  return {'accuracy': history[-1], 'accuracy_history': history,
-          'eval_epochs': eval_epochs,
-          'params': jax.tree.map(np.asarray, params)}
+  return {
+    'accuracy': history[-1],
+    'accuracy_history': history,
+    'eval_epochs': eval_epochs,
+    'params': jax.tree.map(np.asarray, params),
+  }
 
 
 # ---------------------------------------------------------------------------
@@ -278,14 +341,19 @@ def stratified_subset(labels, fraction, *, seed=17):
   """
   # Lazy: sklearn is slow to import and only needed here.
   from sklearn.model_selection import train_test_split
+
   labels = np.asarray(labels)
   if not 0.0 < fraction < 1.0:
     raise ValueError(f'fraction must be in (0, 1), got {fraction}')
   classes = np.unique(labels)
   rng = np.random.RandomState(seed)
   try:
-    chosen, _ = train_test_split(np.arange(len(labels)), train_size=fraction,
-                                 stratify=labels, random_state=rng)
+    chosen, _ = train_test_split(
+      np.arange(len(labels)),
+      train_size=fraction,
+      stratify=labels,
+      random_state=rng,
+    )
   except ValueError:
     per_class = []
     for c in classes:
@@ -295,8 +363,7 @@ def stratified_subset(labels, fraction, *, seed=17):
     return np.concatenate(per_class).astype(np.int64)
   missing = np.setdiff1d(classes, labels[chosen])
   extra = [rng.choice(np.flatnonzero(labels == c)) for c in missing]
-  return np.concatenate([chosen, np.asarray(extra, np.int64)]).astype(
-      np.int64)
+  return np.concatenate([chosen, np.asarray(extra, np.int64)]).astype(np.int64)
 
 
 def _to_unit_float(images, key):
@@ -305,11 +372,28 @@ def _to_unit_float(images, key):
   return jnp.asarray(images).astype(jnp.float32) / 255.0
 
 
-def fine_tune(model_apply, variables, images, labels, test_images,
-              test_labels, *, num_classes, augment, preprocess=None,
-              epochs=200, batch_size=128, encoder_lr=1e-3, head_lr=0.3,
-              momentum=0.9, num_evals=4, seed=17, eval_batch_size=500,
-              embedding_key='embedding', head_init=None):
+def fine_tune(
+  model_apply,
+  variables,
+  images,
+  labels,
+  test_images,
+  test_labels,
+  *,
+  num_classes,
+  augment,
+  preprocess=None,
+  epochs=200,
+  batch_size=128,
+  encoder_lr=1e-3,
+  head_lr=0.3,
+  momentum=0.9,
+  num_evals=4,
+  seed=17,
+  eval_batch_size=500,
+  embedding_key='embedding',
+  head_init=None,
+):
   """Semi-supervised fine-tuning (SSD, Sec. 4; FedU2's protocol).
 
   As ``semi_eval.py`` of the SSD authors' released code
@@ -361,24 +445,33 @@ def fine_tune(model_apply, variables, images, labels, test_images,
   key_head, key_train = jax.random.split(jax.random.key(seed))
   if head_init is None:
     dim = jax.eval_shape(
-        lambda p, s, x: model_apply(p, s, preprocess(x, jax.random.key(0)),
-                                    train=False)[0][embedding_key],
-        params, model_state, images[:1]).shape[-1]
+      lambda p, s, x: model_apply(
+        p, s, preprocess(x, jax.random.key(0)), train=False
+      )[0][embedding_key],
+      params,
+      model_state,
+      images[:1],
+    ).shape[-1]
     head = _torch_linear_init(key_head, dim, num_classes)
   else:
-    head = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32),
-                        dict(head_init))
+    head = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), dict(head_init))
   trainable = {'encoder': params, 'head': head}
   tx = optax.multi_transform(
-      {'encoder': optax.sgd(encoder_lr, momentum=momentum),
-       'head': optax.sgd(head_lr, momentum=momentum)},
-      lambda tree: {part: jax.tree.map(lambda _, part=part: part, sub)
-                    for part, sub in tree.items()})
+    {
+      'encoder': optax.sgd(encoder_lr, momentum=momentum),
+      'head': optax.sgd(head_lr, momentum=momentum),
+    },
+    lambda tree: {
+      part: jax.tree.map(lambda _, part=part: part, sub)
+      for part, sub in tree.items()
+    },
+  )
   batch_size = min(batch_size, n)
 
   def loss_fn(tp, state, x, y, mask):
-    outputs, new_state = model_apply(tp['encoder'], state, x, train=True,
-                                     mask=mask)
+    outputs, new_state = model_apply(
+      tp['encoder'], state, x, train=True, mask=mask
+    )
     logits = _linear(tp['head'], outputs[embedding_key])
     return masked_mean(softmax_cross_entropy(logits, y), mask), new_state
 
@@ -392,13 +485,15 @@ def fine_tune(model_apply, variables, images, labels, test_images,
       tp, opt_state, state = carry
       b_idx, b_valid, b_key = batch
       x = augment(images[b_idx], b_key)
-      grads, state = jax.grad(loss_fn, has_aux=True)(tp, state, x,
-                                                     labels[b_idx], b_valid)
+      grads, state = jax.grad(loss_fn, has_aux=True)(
+        tp, state, x, labels[b_idx], b_valid
+      )
       updates, opt_state = tx.update(grads, opt_state, tp)
       return (optax.apply_updates(tp, updates), opt_state, state), None
 
-    (tp, opt_state, state), _ = jax.lax.scan(step, (tp, opt_state, state),
-                                             (idx, valid, aug_keys))
+    (tp, opt_state, state), _ = jax.lax.scan(
+      step, (tp, opt_state, state), (idx, valid, aug_keys)
+    )
     return tp, opt_state, state
 
   m = len(test_labels)
@@ -406,32 +501,43 @@ def fine_tune(model_apply, variables, images, labels, test_images,
   test_x, _ = _pad_rows(np.asarray(test_images), eval_batch_size)
   test_y, _ = _pad_rows(np.asarray(test_labels, np.int32), eval_batch_size)
   test_valid, _ = _pad_rows(np.ones(m, bool), eval_batch_size)
-  test_batches = jax.device_put(tuple(
+  test_batches = jax.device_put(
+    tuple(
       a.reshape((-1, eval_batch_size) + a.shape[1:])
-      for a in (test_x, test_y, test_valid)))
+      for a in (test_x, test_y, test_valid)
+    )
+  )
 
   @jax.jit
   def test_correct(tp, state, batches):
     def count(batch):
       x, y, v = batch
-      outputs, _ = model_apply(tp['encoder'], state,
-                               preprocess(x, jax.random.key(0)), train=False)
+      outputs, _ = model_apply(
+        tp['encoder'], state, preprocess(x, jax.random.key(0)), train=False
+      )
       pred = jnp.argmax(_linear(tp['head'], outputs[embedding_key]), axis=-1)
       return jnp.sum((pred == y) & v)
+
     return jnp.sum(jax.lax.map(count, batches))
 
-  eval_epochs = sorted({max(1, round(epochs * (i + 1) / num_evals))
-                        for i in range(num_evals)})
+  eval_epochs = sorted(
+    {max(1, round(epochs * (i + 1) / num_evals)) for i in range(num_evals)}
+  )
   opt_state = tx.init(trainable)
   accuracies = []
   for epoch in range(1, epochs + 1):
     key_train, key_epoch = jax.random.split(key_train)
     trainable, opt_state, model_state = train_epoch(
-        trainable, opt_state, model_state, key_epoch, images, labels)
+      trainable, opt_state, model_state, key_epoch, images, labels
+    )
     if epoch in eval_epochs:
       accuracies.append(
-          float(test_correct(trainable, model_state, test_batches)) / m)
-  return {'accuracy': max(accuracies), 'accuracies': accuracies,
-          'eval_epochs': eval_epochs,
-          'variables': merge_variables(trainable['encoder'], model_state),
-          'head': jax.tree.map(np.asarray, trainable['head'])}
+        float(test_correct(trainable, model_state, test_batches)) / m
+      )
+  return {
+    'accuracy': max(accuracies),
+    'accuracies': accuracies,
+    'eval_epochs': eval_epochs,
+    'variables': merge_variables(trainable['encoder'], model_state),
+    'head': jax.tree.map(np.asarray, trainable['head']),
+  }

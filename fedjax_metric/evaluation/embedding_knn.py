@@ -29,9 +29,16 @@ KNN_K = 200
 KNN_TEMPERATURE = 0.1
 
 
-def make_embedding_fns(model, preprocess, train, test, clients, *,
-                       batch_size: int = 1000,
-                       representation_examples: int = 0):
+def make_embedding_fns(
+  model,
+  preprocess,
+  train,
+  test,
+  clients,
+  *,
+  batch_size: int = 1000,
+  representation_examples: int = 0,
+):
   """``(every, final)``: ``variables -> {name: float}`` for this protocol.
 
   Args:
@@ -49,35 +56,58 @@ def make_embedding_fns(model, preprocess, train, test, clients, *,
     'test_linear_probe_accuracy'.
   """
   num_classes = test.num_classes
-  bank_idx = np.sort(np.concatenate([np.asarray(c, np.int64)
-                                     for c in clients]))
+  bank_idx = np.sort(np.concatenate([np.asarray(c, np.int64) for c in clients]))
   bank_labels = np.asarray(train.labels[bank_idx])
   test_labels = np.asarray(test.labels)
   classify = classification.make_evaluate_fn(
-      model, preprocess, test.images, test.labels, batch_size=batch_size,
-      representation_examples=representation_examples,
-      num_classes=num_classes)
+    model,
+    preprocess,
+    test.images,
+    test.labels,
+    batch_size=batch_size,
+    representation_examples=representation_examples,
+    num_classes=num_classes,
+  )
   train_pass = forward_lib.make_forward_pass(
-      model, preprocess, np.asarray(train.images[bank_idx]), bank_labels,
-      batch_size=batch_size, feature_examples=len(bank_idx), classify=False)
+    model,
+    preprocess,
+    np.asarray(train.images[bank_idx]),
+    bank_labels,
+    batch_size=batch_size,
+    feature_examples=len(bank_idx),
+    classify=False,
+  )
   test_pass = forward_lib.make_forward_pass(
-      model, preprocess, np.asarray(test.images), test_labels,
-      batch_size=batch_size, feature_examples=len(test_labels),
-      classify=False)
+    model,
+    preprocess,
+    np.asarray(test.images),
+    test_labels,
+    batch_size=batch_size,
+    feature_examples=len(test_labels),
+    classify=False,
+  )
 
   def every(variables) -> Dict[str, float]:
     metrics = classify(variables)
     metrics['test_knn_accuracy'] = downstream.knn_accuracy(
-        train_pass(variables).features, bank_labels,
-        test_pass(variables).features, test_labels, num_classes=num_classes,
-        k=KNN_K, temperature=KNN_TEMPERATURE)
+      train_pass(variables).features,
+      bank_labels,
+      test_pass(variables).features,
+      test_labels,
+      num_classes=num_classes,
+      k=KNN_K,
+      temperature=KNN_TEMPERATURE,
+    )
     return metrics
 
   def final(variables) -> Dict[str, float]:
     probe = downstream.linear_probe(
-        train_pass(variables).features, bank_labels,
-        test_pass(variables).features, test_labels, num_classes=num_classes)
+      train_pass(variables).features,
+      bank_labels,
+      test_pass(variables).features,
+      test_labels,
+      num_classes=num_classes,
+    )
     return {'test_linear_probe_accuracy': probe['accuracy']}
 
   return every, final
-

@@ -27,16 +27,24 @@ class PassResult(NamedTuple):
     features: [feature_examples, D] float32 ``outputs[feature_key]`` of the
       first examples, or None.
   """
+
   correct: float
   loss_sum: float
   count: int
   features: Optional[np.ndarray]
 
 
-def make_forward_pass(model, preprocess, images: np.ndarray,
-                      labels: np.ndarray, *, batch_size: int = 1000,
-                      feature_examples: int = 0, classify: bool = True,
-                      feature_key: str = 'embedding'):
+def make_forward_pass(
+  model,
+  preprocess,
+  images: np.ndarray,
+  labels: np.ndarray,
+  *,
+  batch_size: int = 1000,
+  feature_examples: int = 0,
+  classify: bool = True,
+  feature_key: str = 'embedding',
+):
   """Returns ``variables -> PassResult`` for ``model`` in eval mode.
 
   Args:
@@ -57,11 +65,19 @@ def make_forward_pass(model, preprocess, images: np.ndarray,
   pad = num_batches * batch_size - n
   mask = np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])
   padded_images = np.concatenate(
-      [images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+    [images, np.zeros((pad,) + images.shape[1:], images.dtype)]
+  )
   padded_labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
-  batches = jax.device_put([
-      (padded_images[i:i + batch_size], padded_labels[i:i + batch_size],
-       mask[i:i + batch_size]) for i in range(0, n + pad, batch_size)])
+  batches = jax.device_put(
+    [
+      (
+        padded_images[i : i + batch_size],
+        padded_labels[i : i + batch_size],
+        mask[i : i + batch_size],
+      )
+      for i in range(0, n + pad, batch_size)
+    ]
+  )
   # Only the batches holding wanted features send them to the host.
   feature_batches = -(-feature_examples // batch_size)
 

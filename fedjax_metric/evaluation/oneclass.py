@@ -24,8 +24,9 @@ from fedjax_metric.losses.metric import _cosine, _distance
 
 def _average_ranks(values):
   """1-based ranks of ``values`` [N], tied values sharing their mean rank."""
-  _, inverse, counts = np.unique(values, return_inverse=True,
-                                 return_counts=True)
+  _, inverse, counts = np.unique(
+    values, return_inverse=True, return_counts=True
+  )
   # A run of t ties starting after `below` smaller values occupies ranks
   # below + 1 .. below + t, whose mean is below + (t + 1) / 2.
   below = np.cumsum(counts) - counts
@@ -57,18 +58,21 @@ def auroc(scores, is_positive):
   scores = np.asarray(scores, np.float64).reshape(-1)
   is_positive = np.asarray(is_positive, bool).reshape(-1)
   if scores.shape != is_positive.shape:
-    raise ValueError(f'scores and is_positive must have the same length, '
-                     f'got {scores.shape} and {is_positive.shape}.')
+    raise ValueError(
+      f'scores and is_positive must have the same length, '
+      f'got {scores.shape} and {is_positive.shape}.'
+    )
   if np.isnan(scores).any():
     raise ValueError('auroc: scores contain NaN.')
   num_pos = int(is_positive.sum())
   num_neg = is_positive.size - num_pos
   if num_pos == 0 or num_neg == 0:
-    raise ValueError(f'auroc needs positives and negatives, got {num_pos} '
-                     f'positives and {num_neg} negatives.')
+    raise ValueError(
+      f'auroc needs positives and negatives, got {num_pos} '
+      f'positives and {num_neg} negatives.'
+    )
   rank_sum = _average_ranks(scores)[is_positive].sum()
-  return float((rank_sum - num_pos * (num_pos + 1) / 2.0) /
-               (num_pos * num_neg))
+  return float((rank_sum - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
 
 
 def one_class_auroc(scores, labels):
@@ -91,10 +95,14 @@ def one_class_auroc(scores, labels):
   scores = np.asarray(scores)
   labels = np.asarray(labels).reshape(-1)
   if scores.ndim != 2 or scores.shape[0] != labels.size:
-    raise ValueError(f'scores must be [N, C] with N = len(labels); got '
-                     f'{scores.shape} and {labels.size} labels.')
-  return np.array([auroc(scores[:, c], labels == c)
-                   for c in range(scores.shape[1])], np.float64)
+    raise ValueError(
+      f'scores must be [N, C] with N = len(labels); got '
+      f'{scores.shape} and {labels.size} labels.'
+    )
+  return np.array(
+    [auroc(scores[:, c], labels == c) for c in range(scores.shape[1])],
+    np.float64,
+  )
 
 
 def center_scores(embeddings, centers, *, squared=False):
@@ -158,11 +166,15 @@ def class_centers(embeddings, labels, num_classes, mask=None):
   """
   embeddings = jnp.asarray(embeddings)
   labels = jnp.asarray(labels)
-  weights = jnp.ones(labels.shape, embeddings.dtype) if mask is None else (
-      jnp.asarray(mask).astype(embeddings.dtype))
+  weights = (
+    jnp.ones(labels.shape, embeddings.dtype)
+    if mask is None
+    else (jnp.asarray(mask).astype(embeddings.dtype))
+  )
   # segment_sum adds rows exactly (no matmul, no TF32 rounding).
-  sums = jax.ops.segment_sum(weights[:, None] * embeddings, labels,
-                             num_segments=num_classes)
+  sums = jax.ops.segment_sum(
+    weights[:, None] * embeddings, labels, num_segments=num_classes
+  )
   counts = jax.ops.segment_sum(weights, labels, num_segments=num_classes)
   return sums / jnp.maximum(counts, 1.0)[:, None]
 
@@ -188,9 +200,9 @@ def _embedding_pass(model, preprocess, batch_size):
   def embed(variables, images):
     params = variables['params']
     model_state = {k: v for k, v in variables.items() if k != 'params'}
-    outputs, _ = model.apply(params, model_state,
-                             preprocess(images, jax.random.key(0)),
-                             train=False)
+    outputs, _ = model.apply(
+      params, model_state, preprocess(images, jax.random.key(0)), train=False
+    )
     return outputs['embedding']
 
   def run(variables, batches, n):
@@ -203,9 +215,11 @@ def _embedding_pass(model, preprocess, batch_size):
     size = min(batch_size, max(n, 1))
     pad = -n % size
     padded = np.concatenate(
-        [images, np.zeros((pad,) + images.shape[1:], images.dtype)])
-    return jax.device_put([padded[i:i + size]
-                           for i in range(0, n + pad, size)]), n
+      [images, np.zeros((pad,) + images.shape[1:], images.dtype)]
+    )
+    return jax.device_put(
+      [padded[i : i + size] for i in range(0, n + pad, size)]
+    ), n
 
   return run, put
 
@@ -214,8 +228,13 @@ def _per_class_metrics(aurocs):
   """{'auroc_mean', 'auroc_class_<c>'} from a [C] vector (NaN: no client)."""
   aurocs = np.asarray(aurocs, np.float64)
   metrics = {'auroc_mean': float(np.nanmean(aurocs))}
-  metrics.update({f'auroc_class_{c}': float(v) for c, v in enumerate(aurocs)
-                  if np.isfinite(v)})
+  metrics.update(
+    {
+      f'auroc_class_{c}': float(v)
+      for c, v in enumerate(aurocs)
+      if np.isfinite(v)
+    }
+  )
   return metrics
 
 
@@ -225,13 +244,24 @@ def _center_subset(held, labels, per_class, seed=0):
   if not per_class:
     return held
   rng = np.random.default_rng(seed)
-  keep = [rng.permutation(held[labels[held] == c])[:per_class]
-          for c in np.unique(labels[held])]
+  keep = [
+    rng.permutation(held[labels[held] == c])[:per_class]
+    for c in np.unique(labels[held])
+  ]
   return np.sort(np.concatenate(keep))
 
 
-def make_one_class_evaluator(model, preprocess, train, test, clients, *,
-                             score, batch_size=1000, center_examples=0):
+def make_one_class_evaluator(
+  model,
+  preprocess,
+  train,
+  test,
+  clients,
+  *,
+  score,
+  batch_size=1000,
+  center_examples=0,
+):
   """The 'one_class' protocol: per-class one-vs-rest AUROC on the test set.
 
   Park, Hosseini and Yun, 'Federated Learning with Metric Loss', FL-ICML
@@ -276,16 +306,17 @@ def make_one_class_evaluator(model, preprocess, train, test, clients, *,
     raise ValueError(f'score must be one of {SCORES}, got {score!r}.')
   for j, idx in enumerate(clients):
     if len(idx) == 0:
-      raise ValueError(f'Client {j} has no training data; the one-class '
-                       'protocol needs every client to hold its class.')
+      raise ValueError(
+        f'Client {j} has no training data; the one-class '
+        'protocol needs every client to hold its class.'
+      )
   num_classes = int(train.num_classes)
   embed, put = _embedding_pass(model, preprocess, batch_size)
   test_batches = put(test.images)
   test_labels = np.asarray(test.labels)
 
   if score == 'center':
-    held = np.unique(np.concatenate([np.asarray(c, np.int64)
-                                     for c in clients]))
+    held = np.unique(np.concatenate([np.asarray(c, np.int64) for c in clients]))
     held = _center_subset(held, np.asarray(train.labels), center_examples)
     train_batches = put(train.images[held])
     held_labels = np.asarray(train.labels)[held]
@@ -293,29 +324,34 @@ def make_one_class_evaluator(model, preprocess, train, test, clients, *,
     def evaluate(server_state, client_table):
       del client_table
       variables = server_state.variables
-      centers = class_centers(embed(variables, *train_batches), held_labels,
-                              num_classes)
+      centers = class_centers(
+        embed(variables, *train_batches), held_labels, num_classes
+      )
       scores = center_scores(embed(variables, *test_batches), centers)
       return _per_class_metrics(one_class_auroc(scores, test_labels))
+
     return evaluate
 
   if score == 'client_models':
     client_labels = partition.one_class_labels(clients, train.labels)
-    client_batches = [put(train.images[np.asarray(idx, np.int64)])
-                      for idx in clients]
+    client_batches = [
+      put(train.images[np.asarray(idx, np.int64)]) for idx in clients
+    ]
 
     def evaluate(server_state, client_table):
       del server_state
       per_class = [[] for _ in range(num_classes)]
       for j, label in enumerate(client_labels):
-        variables = jax.tree.map(lambda x, j=j: x[j],
-                                 client_table['variables'])
+        variables = jax.tree.map(lambda x, j=j: x[j], client_table['variables'])
         center = np.mean(embed(variables, *client_batches[j]), axis=0)
         scores = center_scores(embed(variables, *test_batches), center[None])
         per_class[int(label)].append(
-            auroc(np.asarray(scores)[:, 0], test_labels == label))
-      return _per_class_metrics([np.mean(a) if a else np.nan
-                                 for a in per_class])
+          auroc(np.asarray(scores)[:, 0], test_labels == label)
+        )
+      return _per_class_metrics(
+        [np.mean(a) if a else np.nan for a in per_class]
+      )
+
     return evaluate
 
   key = 'class_embeddings' if score == 'class_embeddings' else 'codewords'
@@ -323,7 +359,9 @@ def make_one_class_evaluator(model, preprocess, train, test, clients, *,
   def evaluate(server_state, client_table):
     del client_table
     vectors = server_state.extra[key]
-    scores = cosine_scores(embed(server_state.variables, *test_batches),
-                           vectors)
+    scores = cosine_scores(
+      embed(server_state.variables, *test_batches), vectors
+    )
     return _per_class_metrics(one_class_auroc(scores, test_labels))
+
   return evaluate

@@ -23,9 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric.evaluation import classification
-from fedjax_metric.evaluation import oneclass
-from fedjax_metric.evaluation import embedding_knn
+from fedjax_metric.evaluation import classification, embedding_knn, oneclass
 from fedjax_metric.evaluation import ssl as ssl_eval
 
 PROTOCOLS = ('classification', 'one_class', 'ssl', 'embedding_knn')
@@ -33,12 +31,13 @@ PROTOCOLS = ('classification', 'one_class', 'ssl', 'embedding_knn')
 
 class Evaluator(NamedTuple):
   """Attributes:
-    every: ``(server_state, client_table) -> {name: float}``, at every
-      evaluation of a run.
-    final: ``(server_state, client_table) -> {name: float}``, once at the end
-      of a run (slow downstream evaluations); may return ``{}``.
-    headline: the metric the progress bar shows.
+  every: ``(server_state, client_table) -> {name: float}``, at every
+    evaluation of a run.
+  final: ``(server_state, client_table) -> {name: float}``, once at the end
+    of a run (slow downstream evaluations); may return ``{}``.
+  headline: the metric the progress bar shows.
   """
+
   every: Callable[..., Dict[str, float]]
   final: Callable[..., Dict[str, float]]
   headline: str
@@ -53,10 +52,10 @@ def _nothing(server_state, client_table) -> Dict[str, Any]:
 # protocol scores each (evaluation/oneclass.py, SCORES). Any other algorithm
 # evaluated under 'one_class' is scored by class centers of its embeddings.
 ONE_CLASS_SCORES = {
-    'fedmetric': 'center',
-    'deepsvdd': 'client_models',
-    'fedaws': 'class_embeddings',
-    'feduv': 'codewords',
+  'fedmetric': 'center',
+  'deepsvdd': 'client_models',
+  'fedaws': 'class_embeddings',
+  'feduv': 'codewords',
 }
 
 
@@ -69,9 +68,12 @@ def _model_outputs(model):
     variables = model.init(key)
     params = variables['params']
     model_state = {k: v for k, v in variables.items() if k != 'params'}
-    outputs, _ = model.apply(params, model_state,
-                             jnp.zeros(model.input_shape, jnp.float32),
-                             train=False)
+    outputs, _ = model.apply(
+      params,
+      model_state,
+      jnp.zeros(model.input_shape, jnp.float32),
+      train=False,
+    )
     return outputs
 
   return set(jax.eval_shape(forward, jax.random.key(0)))
@@ -92,36 +94,44 @@ def check_model_outputs(config, model):
   protocol = config.eval_protocol
   if one_class and protocol != 'one_class':
     raise ValueError(
-        f'{config.algorithm} trains one class per client and is scored by '
-        f"per-class AUROC: set --config.eval_protocol=one_class (got "
-        f'{protocol!r}); configs/{config.algorithm}.py does.')
+      f'{config.algorithm} trains one class per client and is scored by '
+      f'per-class AUROC: set --config.eval_protocol=one_class (got '
+      f'{protocol!r}); configs/{config.algorithm}.py does.'
+    )
   outputs = _model_outputs(model)
   if outputs is None or 'logits' in outputs:
     return
   name = config.model.get('name', '?')
   if protocol == 'classification':
     raise ValueError(
-        f"Model {name!r} is an embedding network without a classifier (its "
-        f"outputs are {sorted(outputs)}, no 'logits'), but "
-        "eval_protocol='classification' scores logits. Use a one-class "
-        f'config (configs/fedmetric.py, deepsvdd.py, fedaws.py, feduv.py) '
-        'or a model with a classifier (--config.model.name=small_cnn).')
+      f'Model {name!r} is an embedding network without a classifier (its '
+      f"outputs are {sorted(outputs)}, no 'logits'), but "
+      "eval_protocol='classification' scores logits. Use a one-class "
+      f'config (configs/fedmetric.py, deepsvdd.py, fedaws.py, feduv.py) '
+      'or a model with a classifier (--config.model.name=small_cnn).'
+    )
   if protocol == 'one_class' and not one_class:
     raise ValueError(
-        f"Model {name!r} has no 'logits' output, but algorithm "
-        f'{config.algorithm!r} trains on the cross-entropy of logits. Use '
-        f'one of the one-class algorithms {sorted(ONE_CLASS_SCORES)} or a '
-        'model with a classifier.')
+      f"Model {name!r} has no 'logits' output, but algorithm "
+      f'{config.algorithm!r} trains on the cross-entropy of logits. Use '
+      f'one of the one-class algorithms {sorted(ONE_CLASS_SCORES)} or a '
+      'model with a classifier.'
+    )
 
 
 def _one_class_evaluator(config, model, preprocess, train, test, clients):
-  """Per-class one-vs-rest AUROC (evaluation/oneclass.py), every evaluation.
-  """
+  """Per-class one-vs-rest AUROC (evaluation/oneclass.py), every evaluation."""
   score = ONE_CLASS_SCORES.get(config.algorithm, 'center')
   evaluate = oneclass.make_one_class_evaluator(
-      model, preprocess, train, test, clients, score=score,
-      batch_size=config.eval_batch_size,
-      center_examples=config.one_class_center_examples)
+    model,
+    preprocess,
+    train,
+    test,
+    clients,
+    score=score,
+    batch_size=config.eval_batch_size,
+    center_examples=config.one_class_center_examples,
+  )
 
   def final(server_state, client_table):
     del client_table
@@ -149,22 +159,30 @@ def _train_accuracy_fn(config, model, preprocess, train):
     return lambda variables: {}
   idx = np.arange(len(train.labels))
   if n < idx.size:
-    idx = np.sort(np.random.default_rng(config.seed).choice(idx, n,
-                                                            replace=False))
+    idx = np.sort(
+      np.random.default_rng(config.seed).choice(idx, n, replace=False)
+    )
   evaluate = classification.make_evaluate_fn(
-      model, preprocess, train.images[idx], train.labels[idx],
-      batch_size=config.eval_batch_size)
+    model,
+    preprocess,
+    train.images[idx],
+    train.labels[idx],
+    batch_size=config.eval_batch_size,
+  )
 
   def evaluate_train(variables):
     metrics = evaluate(variables)
-    return {'train_accuracy': metrics['test_accuracy'],
-            'train_eval_loss': metrics['test_loss']}
+    return {
+      'train_accuracy': metrics['test_accuracy'],
+      'train_eval_loss': metrics['test_loss'],
+    }
 
   return evaluate_train
 
 
-def make_evaluator(config, *, model, preprocess, train, test,
-                   clients) -> Evaluator:
+def make_evaluator(
+  config, *, model, preprocess, train, test, clients
+) -> Evaluator:
   """The config's `Evaluator` (``config.eval_protocol``).
 
   Args:
@@ -178,10 +196,14 @@ def make_evaluator(config, *, model, preprocess, train, test,
   check_model_outputs(config, model)
   if protocol == 'classification':
     evaluate = classification.make_evaluate_fn(
-        model, preprocess, test.images, test.labels,
-        batch_size=config.eval_batch_size,
-        representation_examples=config.representation_examples,
-        num_classes=test.num_classes)
+      model,
+      preprocess,
+      test.images,
+      test.labels,
+      batch_size=config.eval_batch_size,
+      representation_examples=config.representation_examples,
+      num_classes=test.num_classes,
+    )
     evaluate_train = _train_accuracy_fn(config, model, preprocess, train)
 
     def every(state, table):
@@ -191,25 +213,41 @@ def make_evaluator(config, *, model, preprocess, train, test,
     return Evaluator(every, _nothing, 'test_accuracy')
   if protocol == 'embedding_knn':
     every, final = embedding_knn.make_embedding_fns(
-        model, preprocess, train, test, clients,
-        batch_size=config.eval_batch_size,
-        representation_examples=config.representation_examples)
-    return Evaluator(lambda state, table: every(state.variables),
-                     lambda state, table: final(state.variables),
-                     'test_knn_accuracy')
+      model,
+      preprocess,
+      train,
+      test,
+      clients,
+      batch_size=config.eval_batch_size,
+      representation_examples=config.representation_examples,
+    )
+    return Evaluator(
+      lambda state, table: every(state.variables),
+      lambda state, table: final(state.variables),
+      'test_knn_accuracy',
+    )
   if protocol == 'one_class':
-    return _one_class_evaluator(config, model, preprocess, train, test,
-                                clients)
+    return _one_class_evaluator(config, model, preprocess, train, test, clients)
   if protocol == 'ssl':
     # The unsupervised methods train on [0, 1] views without mean / std
     # normalisation, so their encoder is evaluated on [0, 1] images too
     # (evaluation/ssl.py), not with ``preprocess``.
     every, final = ssl_eval.make_ssl_evaluator(
-        model, train, test, clients, config.ssl_eval,
-        batch_size=config.eval_batch_size, seed=config.seed)
-    return Evaluator(lambda state, table: every(state.variables),
-                     lambda state, table: final(state.variables),
-                     'knn_accuracy')
+      model,
+      train,
+      test,
+      clients,
+      config.ssl_eval,
+      batch_size=config.eval_batch_size,
+      seed=config.seed,
+    )
+    return Evaluator(
+      lambda state, table: every(state.variables),
+      lambda state, table: final(state.variables),
+      'knn_accuracy',
+    )
   del train, clients
-  raise ValueError(f'Unknown eval_protocol {protocol!r}; use one of '
-                   f'{PROTOCOLS} (--config.eval_protocol).')
+  raise ValueError(
+    f'Unknown eval_protocol {protocol!r}; use one of '
+    f'{PROTOCOLS} (--config.eval_protocol).'
+  )

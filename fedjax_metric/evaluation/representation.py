@@ -110,8 +110,9 @@ def _between_rows(x, labels, num_classes, w) -> jax.Array:
 def _entropy(p: jax.Array) -> jax.Array:
   """Shannon entropy -sum p log p (nats) with the convention 0 log 0 = 0."""
   positive = p > 0
-  return -jnp.sum(jnp.where(positive, p * jnp.log(jnp.where(positive, p, 1.0)),
-                            0.0))
+  return -jnp.sum(
+    jnp.where(positive, p * jnp.log(jnp.where(positive, p, 1.0)), 0.0)
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -119,8 +120,9 @@ def _entropy(p: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
-def effective_rank(features, mask: Optional[jax.Array] = None, *,
-                   matrix: str = 'covariance') -> jax.Array:
+def effective_rank(
+  features, mask: Optional[jax.Array] = None, *, matrix: str = 'covariance'
+) -> jax.Array:
   """Effective rank (Roy & Vetterli 2007; FedRCL Definition 2).
 
   For a matrix A with singular values sigma_1..sigma_Q, Q = min(m, n):
@@ -152,8 +154,9 @@ def effective_rank(features, mask: Optional[jax.Array] = None, *,
     features with ``matrix='covariance'``), whose rank is 0.
   """
   if matrix not in EFFECTIVE_RANK_MATRICES:
-    raise ValueError(f'matrix must be one of {EFFECTIVE_RANK_MATRICES}, got '
-                     f'{matrix!r}.')
+    raise ValueError(
+      f'matrix must be one of {EFFECTIVE_RANK_MATRICES}, got {matrix!r}.'
+    )
   x = _as_float(features)
   w = _row_weights(x, mask)
   if matrix == 'covariance':
@@ -166,8 +169,9 @@ def effective_rank(features, mask: Optional[jax.Array] = None, *,
   return jnp.where(total > 0, jnp.exp(_entropy(p)), 0.0)
 
 
-def within_class_trace(features, labels, num_classes: int,
-                       mask: Optional[jax.Array] = None) -> jax.Array:
+def within_class_trace(
+  features, labels, num_classes: int, mask: Optional[jax.Array] = None
+) -> jax.Array:
   """Tr(Sigma_W) = (1/n) sum_i ||h_i - mu_{y_i}||^2 (FedRCL Fig. 2b).
 
   Args:
@@ -183,12 +187,14 @@ def within_class_trace(features, labels, num_classes: int,
   _, means, _, n = _class_stats(x, labels, num_classes, w)
   # Out-of-range labels index a clamped row, but their weight is 0.
   deviations = x - means[jnp.clip(labels, 0, num_classes - 1)]
-  return (jnp.sum(w * jnp.sum(jnp.square(deviations), axis=-1))
-          / jnp.maximum(n, 1.0))
+  return jnp.sum(w * jnp.sum(jnp.square(deviations), axis=-1)) / jnp.maximum(
+    n, 1.0
+  )
 
 
-def between_class_trace(features, labels, num_classes: int,
-                        mask: Optional[jax.Array] = None) -> jax.Array:
+def between_class_trace(
+  features, labels, num_classes: int, mask: Optional[jax.Array] = None
+) -> jax.Array:
   """Tr(Sigma_B) = sum_c (n_c / n) ||mu_c - mu_G||^2 (FedRCL Fig. 2c).
 
   Frequency weights n_c / n (not 1/K) make Tr(Sigma_W) + Tr(Sigma_B) the total
@@ -203,24 +209,33 @@ def between_class_trace(features, labels, num_classes: int,
   """
   x = _as_float(features)
   w = _class_weights(x, labels, num_classes, mask)
-  return jnp.sum(jnp.square(_between_rows(x, jnp.asarray(labels), num_classes,
-                                          w)))
+  return jnp.sum(
+    jnp.square(_between_rows(x, jnp.asarray(labels), num_classes, w))
+  )
 
 
-def within_between_ratio(features, labels, num_classes: int,
-                         mask: Optional[jax.Array] = None) -> jax.Array:
+def within_between_ratio(
+  features, labels, num_classes: int, mask: Optional[jax.Array] = None
+) -> jax.Array:
   """Tr(Sigma_W) / Tr(Sigma_B): smaller means tighter, better separated classes.
 
   A scalar summary of FedRCL Fig. 2b/2c (not the NC1 metric Tr(Sigma_W
   Sigma_B^+) / K). It is +inf when Tr(Sigma_B) = 0 < Tr(Sigma_W), and NaN only
   when both are 0.
   """
-  return (within_class_trace(features, labels, num_classes, mask)
-          / between_class_trace(features, labels, num_classes, mask))
+  return within_class_trace(
+    features, labels, num_classes, mask
+  ) / between_class_trace(features, labels, num_classes, mask)
 
 
-def vci(features, labels, num_classes: int, mask: Optional[jax.Array] = None,
-        *, rtol: Optional[float] = None) -> jax.Array:
+def vci(
+  features,
+  labels,
+  num_classes: int,
+  mask: Optional[jax.Array] = None,
+  *,
+  rtol: Optional[float] = None,
+) -> jax.Array:
   """Variability Collapse Index (Xu & Liu, ICML 2023).
 
     VCI = 1 - Tr(Sigma_T^+ Sigma_B) / rank(Sigma_B),
@@ -268,8 +283,9 @@ def vci(features, labels, num_classes: int, mask: Optional[jax.Array] = None,
   return jnp.where(rank_b > 0, 1.0 - explained / jnp.maximum(rank_b, 1.0), 1.0)
 
 
-def uniformity(features, t: float = 2.0,
-               mask: Optional[jax.Array] = None) -> jax.Array:
+def uniformity(
+  features, t: float = 2.0, mask: Optional[jax.Array] = None
+) -> jax.Array:
   """Uniformity (Wang & Isola 2020; SSD Eq. (4) is its negative).
 
     U = log( 1/|P| sum_{(i, j) in P} exp(-t ||f_i - f_j||^2) ),
@@ -296,17 +312,19 @@ def uniformity(features, t: float = 2.0,
   sq_norms = jnp.sum(jnp.square(f), axis=-1)
   gram = jnp.einsum('id,jd->ij', f, f, precision=_HIGHEST)
   # Rounding can make the expansion slightly negative; distances are >= 0.
-  sq_dists = jnp.maximum(sq_norms[:, None] + sq_norms[None, :] - 2.0 * gram,
-                         0.0)
+  sq_dists = jnp.maximum(
+    sq_norms[:, None] + sq_norms[None, :] - 2.0 * gram, 0.0
+  )
   pairs = w[:, None] * w[None, :] * (1.0 - jnp.eye(x.shape[0], dtype=x.dtype))
   num_pairs = jnp.sum(pairs)
-  return (jax.nn.logsumexp(-t * sq_dists, b=pairs)
-          - jnp.log(jnp.where(num_pairs > 0, num_pairs, jnp.nan)))
+  return jax.nn.logsumexp(-t * sq_dists, b=pairs) - jnp.log(
+    jnp.where(num_pairs > 0, num_pairs, jnp.nan)
+  )
 
 
-def representation_metrics(features, labels, num_classes: int,
-                           mask: Optional[jax.Array] = None
-                           ) -> Dict[str, jax.Array]:
+def representation_metrics(
+  features, labels, num_classes: int, mask: Optional[jax.Array] = None
+) -> Dict[str, jax.Array]:
   """All metrics above with their defaults, as ``{name: scalar}``.
 
   Keys: 'effective_rank' (covariance, FedRCL), 'vci', 'within_class_trace',
@@ -314,13 +332,15 @@ def representation_metrics(features, labels, num_classes: int,
   static.
   """
   return {
-      'effective_rank': effective_rank(features, mask),
-      'vci': vci(features, labels, num_classes, mask),
-      'within_class_trace': within_class_trace(features, labels, num_classes,
-                                               mask),
-      'between_class_trace': between_class_trace(features, labels, num_classes,
-                                                 mask),
-      'uniformity': uniformity(features, mask=mask),
+    'effective_rank': effective_rank(features, mask),
+    'vci': vci(features, labels, num_classes, mask),
+    'within_class_trace': within_class_trace(
+      features, labels, num_classes, mask
+    ),
+    'between_class_trace': between_class_trace(
+      features, labels, num_classes, mask
+    ),
+    'uniformity': uniformity(features, mask=mask),
   }
 
 
@@ -329,8 +349,15 @@ def representation_metrics(features, labels, num_classes: int,
 # ---------------------------------------------------------------------------
 
 
-def make_feature_fn(model, preprocess, images: np.ndarray, labels: np.ndarray,
-                    *, batch_size: int = 1000, max_examples: int = 2000):
+def make_feature_fn(
+  model,
+  preprocess,
+  images: np.ndarray,
+  labels: np.ndarray,
+  *,
+  batch_size: int = 1000,
+  max_examples: int = 2000,
+):
   """Returns ``variables -> (features [n, D] np.ndarray, labels [n])``.
 
   The features are ``outputs['embedding']`` of ``model.apply(..., train=False)``
@@ -347,11 +374,18 @@ def make_feature_fn(model, preprocess, images: np.ndarray, labels: np.ndarray,
   """
   n = min(len(labels), max_examples)
   if n == 0:
-    raise ValueError('No examples to compute features on (empty split or '
-                     'max_examples <= 0).')
+    raise ValueError(
+      'No examples to compute features on (empty split or max_examples <= 0).'
+    )
   forward = forward_lib.make_forward_pass(
-      model, preprocess, np.asarray(images[:n]), np.asarray(labels[:n]),
-      batch_size=batch_size, feature_examples=n, classify=False)
+    model,
+    preprocess,
+    np.asarray(images[:n]),
+    np.asarray(labels[:n]),
+    batch_size=batch_size,
+    feature_examples=n,
+    classify=False,
+  )
   subset_labels = np.asarray(labels[:n]).copy()
 
   def features(variables):

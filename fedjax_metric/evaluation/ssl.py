@@ -38,9 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric.data import augment
-from fedjax_metric.evaluation import downstream
+from fedjax_metric.evaluation import downstream, representation
 from fedjax_metric.evaluation import forward as forward_lib
-from fedjax_metric.evaluation import representation
 
 
 def unit_preprocess(images, key):
@@ -49,8 +48,7 @@ def unit_preprocess(images, key):
   return jnp.asarray(images).astype(jnp.float32) / 255.0
 
 
-def make_finetune_augment(*, scale=(0.64, 1.0), ratio=(1.0, 1.0),
-                          flip_p=0.5):
+def make_finetune_augment(*, scale=(0.64, 1.0), ratio=(1.0, 1.0), flip_p=0.5):
   """``(uint8 images [B, H, W, C], key) -> float [B, H, W, C]``: the
   released semi_eval.py training transform, RandomResizedCrop(H, scale
   (0.64, 1), ratio (1, 1)) then a horizontal flip, no normalisation."""
@@ -80,8 +78,9 @@ def fraction_name(fraction):
   return f'{text}pct'
 
 
-def make_ssl_evaluator(model, train, test, clients, eval_config, *,
-                       batch_size=1000, seed=0):
+def make_ssl_evaluator(
+  model, train, test, clients, eval_config, *, batch_size=1000, seed=0
+):
   """``(every, final)`` of the 'ssl' protocol, each ``variables -> dict``.
 
   Args:
@@ -114,8 +113,14 @@ def make_ssl_evaluator(model, train, test, clients, eval_config, *,
 
   def features_of(images, labels):
     return forward_lib.make_forward_pass(
-        model, unit_preprocess, images, labels, batch_size=batch_size,
-        feature_examples=len(labels), classify=False)
+      model,
+      unit_preprocess,
+      images,
+      labels,
+      batch_size=batch_size,
+      feature_examples=len(labels),
+      classify=False,
+    )
 
   bank = _subset(len(pool), e.knn_bank_examples, seed)
   queries = _subset(len(test_labels), e.knn_test_examples, seed + 1)
@@ -123,20 +128,34 @@ def make_ssl_evaluator(model, train, test, clients, eval_config, *,
   full_queries = len(queries) == len(test_labels)
   pool_pass = features_of(pool_images, pool_labels)
   test_pass = features_of(test_images, test_labels)
-  bank_pass = pool_pass if full_bank else features_of(pool_images[bank],
-                                                      pool_labels[bank])
-  query_pass = test_pass if full_queries else features_of(
-      test_images[queries], test_labels[queries])
+  bank_pass = (
+    pool_pass
+    if full_bank
+    else features_of(pool_images[bank], pool_labels[bank])
+  )
+  query_pass = (
+    test_pass
+    if full_queries
+    else features_of(test_images[queries], test_labels[queries])
+  )
 
   def knn(bank_features, query_features):
     return downstream.knn_accuracy(
-        bank_features, pool_labels[bank], query_features,
-        test_labels[queries], num_classes=num_classes, k=e.knn_k,
-        temperature=e.knn_temperature)
+      bank_features,
+      pool_labels[bank],
+      query_features,
+      test_labels[queries],
+      num_classes=num_classes,
+      k=e.knn_k,
+      temperature=e.knn_temperature,
+    )
 
   def every(variables) -> Dict[str, float]:
-    return {'knn_accuracy': knn(bank_pass(variables).features,
-                                query_pass(variables).features)}
+    return {
+      'knn_accuracy': knn(
+        bank_pass(variables).features, query_pass(variables).features
+      )
+    }
 
   finetune_augment = make_finetune_augment()
 
@@ -145,29 +164,47 @@ def make_ssl_evaluator(model, train, test, clients, eval_config, *,
     train_features = pool_pass(variables).features
     test_features = test_pass(variables).features
     probe = downstream.linear_probe(
-        train_features, pool_labels, test_features, test_labels,
-        num_classes=num_classes, epochs=e.linear_epochs,
-        learning_rate=e.linear_learning_rate,
-        batch_size=e.linear_batch_size, eval_every=max(1, e.linear_epochs // 10))
+      train_features,
+      pool_labels,
+      test_features,
+      test_labels,
+      num_classes=num_classes,
+      epochs=e.linear_epochs,
+      learning_rate=e.linear_learning_rate,
+      batch_size=e.linear_batch_size,
+      eval_every=max(1, e.linear_epochs // 10),
+    )
     metrics = {'linear_probe_accuracy': probe['accuracy']}
     for fraction in e.finetune_fractions:
-      labelled = downstream.stratified_subset(pool_labels, fraction,
-                                              seed=e.finetune_seed)
+      labelled = downstream.stratified_subset(
+        pool_labels, fraction, seed=e.finetune_seed
+      )
       tuned = downstream.fine_tune(
-          model.apply, variables, pool_images[labelled],
-          pool_labels[labelled], test_images, test_labels,
-          num_classes=num_classes, augment=finetune_augment,
-          preprocess=unit_preprocess, epochs=e.finetune_epochs,
-          batch_size=e.finetune_batch_size,
-          encoder_lr=e.finetune_encoder_lr, head_lr=e.finetune_head_lr,
-          num_evals=e.finetune_evals, seed=e.finetune_seed,
-          eval_batch_size=batch_size)
+        model.apply,
+        variables,
+        pool_images[labelled],
+        pool_labels[labelled],
+        test_images,
+        test_labels,
+        num_classes=num_classes,
+        augment=finetune_augment,
+        preprocess=unit_preprocess,
+        epochs=e.finetune_epochs,
+        batch_size=e.finetune_batch_size,
+        encoder_lr=e.finetune_encoder_lr,
+        head_lr=e.finetune_head_lr,
+        num_evals=e.finetune_evals,
+        seed=e.finetune_seed,
+        eval_batch_size=batch_size,
+      )
       metrics[f'finetune_{fraction_name(fraction)}_accuracy'] = tuned[
-          'accuracy']
-    quality = test_features[:e.quality_examples or None]
+        'accuracy'
+      ]
+    quality = test_features[: e.quality_examples or None]
     metrics['test_uniformity'] = float(representation.uniformity(quality))
-    metrics['test_effective_rank'] = float(representation.effective_rank(
-        quality, matrix=e.erank_matrix))
+    metrics['test_effective_rank'] = float(
+      representation.effective_rank(quality, matrix=e.erank_matrix)
+    )
     metrics['final_eval_seconds'] = time.time() - start
     return metrics
 

@@ -15,11 +15,17 @@ _COS_EPS = 1e-8  # torch.nn.CosineSimilarity default (MOON).
 
 
 def _as_mask(mask, size):
-  return jnp.ones((size,), bool) if mask is None else jnp.asarray(mask).astype(bool)
+  return (
+    jnp.ones((size,), bool) if mask is None else jnp.asarray(mask).astype(bool)
+  )
 
 
 def _apply_mask(values, mask):
-  return values if mask is None else jnp.where(_as_mask(mask, values.shape[0]), values, 0.0)
+  return (
+    values
+    if mask is None
+    else jnp.where(_as_mask(mask, values.shape[0]), values, 0.0)
+  )
 
 
 def _distance(x, y, squared):
@@ -60,7 +66,9 @@ def _masked_logsumexp(x, valid):
   row_max = jnp.max(jnp.where(valid, x, -jnp.inf), axis=-1)
   # LSE is shift-invariant, so the shift needs no gradient.
   row_max = jax.lax.stop_gradient(jnp.where(has_any, row_max, 0.0))
-  total = jnp.sum(jnp.exp(jnp.where(valid, x - row_max[:, None], -jnp.inf)), axis=-1)
+  total = jnp.sum(
+    jnp.exp(jnp.where(valid, x - row_max[:, None], -jnp.inf)), axis=-1
+  )
   return jnp.log(jnp.where(has_any, total, 1.0)) + row_max
 
 
@@ -73,7 +81,9 @@ def _pair_masks(labels, mask):
   return real, valid, same
 
 
-def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=False, mask=None):
+def triplet_loss(
+  anchor, positive, negative, *, margin=1.0, squared=False, mask=None
+):
   """Triplet loss (Hoffer & Ailon 2015; the TripletFL baseline of FedQuad, Tables I-IV).
 
   Hoffer & Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015.
@@ -95,8 +105,17 @@ def triplet_loss(anchor, positive, negative, *, margin=1.0, squared=False, mask=
   return _apply_mask(jax.nn.relu(d_ap - d_an + margin), mask)
 
 
-def quadruplet_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, margin_2=0.5,
-                    squared=False, mask=None):
+def quadruplet_loss(
+  anchor,
+  positive,
+  negative_1,
+  negative_2,
+  *,
+  margin_1=1.0,
+  margin_2=0.5,
+  squared=False,
+  mask=None,
+):
   """Classic quadruplet loss (Chen et al., CVPR 2017, Eq. 5; the QuadrupletFL baseline).
 
   Chen, Chen, Zhang and Huang, 'Beyond Triplet Loss: A Deep Quadruplet Network for
@@ -117,12 +136,23 @@ def quadruplet_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, m
   """
   d_ap = _distance(anchor, positive, squared)
   term_1 = jax.nn.relu(d_ap - _distance(anchor, negative_1, squared) + margin_1)
-  term_2 = jax.nn.relu(d_ap - _distance(negative_1, negative_2, squared) + margin_2)
+  term_2 = jax.nn.relu(
+    d_ap - _distance(negative_1, negative_2, squared) + margin_2
+  )
   return _apply_mask(term_1 + term_2, mask)
 
 
-def fedquad_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, margin_2=0.5,
-                 squared=False, mask=None):
+def fedquad_loss(
+  anchor,
+  positive,
+  negative_1,
+  negative_2,
+  *,
+  margin_1=1.0,
+  margin_2=0.5,
+  squared=False,
+  mask=None,
+):
   """FedQuad's reformulated quadruplet loss l_quad* (Eq. 5 / Algorithm 1).
 
   Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to Mitigate
@@ -152,7 +182,9 @@ def fedquad_loss(anchor, positive, negative_1, negative_2, *, margin_1=1.0, marg
   return _apply_mask(term_1 + term_2, mask)
 
 
-def supcon_loss(features, labels, *, temperature=0.07, reduction='mean', mask=None):
+def supcon_loss(
+  features, labels, *, temperature=0.07, reduction='mean', mask=None
+):
   """Supervised contrastive loss over one view's batch (Khosla et al.; FedRCL Eq. 2).
 
   With s_ij the cosine similarity, P(i) = {p != i : y_p = y_i} and A(i) = {a != i}::
@@ -191,8 +223,16 @@ def supcon_loss(features, labels, *, temperature=0.07, reduction='mean', mask=No
   return jnp.where(real & (num_pos > 0), -log_prob, 0.0)
 
 
-def relaxed_supcon_loss(features, labels, *, temperature=0.05, threshold=0.7, beta=1.0,
-                        form='code', mask=None):
+def relaxed_supcon_loss(
+  features,
+  labels,
+  *,
+  temperature=0.05,
+  threshold=0.7,
+  beta=1.0,
+  form='code',
+  mask=None,
+):
   """FedRCL relaxed supervised contrastive loss for ONE feature level (Seo et al., CVPR 2024).
 
   Returns ``l_scl(i) + beta * l_pen(i)`` with s_ij the cosine similarity and t = temperature.
@@ -257,15 +297,18 @@ def relaxed_supcon_loss(features, labels, *, temperature=0.05, threshold=0.7, be
     # (b) Least-similar other same-class partner, used only at or above the threshold.
     s_partner = jnp.min(jnp.where(same, sim, jnp.inf), axis=-1)
     fires = jnp.any(same, axis=-1) & (s_partner >= threshold)
-    l_pen = jax.nn.softplus((jnp.where(fires, s_partner, -1.0) - 1.0) / temperature)
+    l_pen = jax.nn.softplus(
+      (jnp.where(fires, s_partner, -1.0) - 1.0) / temperature
+    )
   elif form == 'paper':
     logits = sim / temperature
     lse = _masked_logsumexp(logits, valid)
     l_scl = jnp.sum(jnp.where(same, lse[:, None] - logits, 0.0), axis=-1)
     over = same & (sim > threshold)
     # log(1 + sum e^{(s-1)/t}): (s - 1)/t <= ~0, so exp never overflows.
-    l_pen = jnp.log1p(jnp.sum(jnp.where(over, jnp.exp((sim - 1.0) / temperature), 0.0),
-                              axis=-1))
+    l_pen = jnp.log1p(
+      jnp.sum(jnp.where(over, jnp.exp((sim - 1.0) / temperature), 0.0), axis=-1)
+    )
   else:
     raise ValueError(f"form must be 'code' or 'paper', got {form!r}")
   return jnp.where(real, l_scl + beta * l_pen, 0.0)
@@ -276,8 +319,16 @@ def _check_levels(levels):
     raise ValueError('levels must hold at least one [B, D_l] feature array')
 
 
-def multilevel_relaxed_supcon_loss(levels, labels, *, temperature=0.05, threshold=0.7,
-                                   beta=1.0, form='code', mask=None):
+def multilevel_relaxed_supcon_loss(
+  levels,
+  labels,
+  *,
+  temperature=0.05,
+  threshold=0.7,
+  beta=1.0,
+  form='code',
+  mask=None,
+):
   """FedRCL multi-level loss (Seo et al., Sec. 4.4 / Alg. 1 line 8): mean over levels.
 
   ``L_RCL = 1/L sum_l L_RCL(x, y; phi_l)`` -- the MEAN, not the sum, as Sec. 4.4 writes
@@ -293,15 +344,27 @@ def multilevel_relaxed_supcon_loss(levels, labels, *, temperature=0.05, threshol
     [B] per-example loss.
   """
   _check_levels(levels)
-  per_level = [relaxed_supcon_loss(f, labels, temperature=temperature, threshold=threshold,
-                                   beta=beta, form=form, mask=mask) for f in levels]
+  per_level = [
+    relaxed_supcon_loss(
+      f,
+      labels,
+      temperature=temperature,
+      threshold=threshold,
+      beta=beta,
+      form=form,
+      mask=mask,
+    )
+    for f in levels
+  ]
   return sum(per_level) / len(per_level)
 
 
 SCL_FORMS = ('code', 'paper', 'khosla')
 
 
-def multilevel_supcon_loss(levels, labels, *, temperature=0.05, form='code', mask=None):
+def multilevel_supcon_loss(
+  levels, labels, *, temperature=0.05, form='code', mask=None
+):
   """FedSCL's term (Seo et al., CVPR 2024, Table 3): mean over levels of an SCL loss.
 
   FedSCL is FedRCL without its divergence penalty, so ``form`` names the same readings
@@ -333,17 +396,21 @@ def multilevel_supcon_loss(levels, labels, *, temperature=0.05, form='code', mas
   if form not in SCL_FORMS:
     raise ValueError(f'form must be one of {SCL_FORMS}, got {form!r}')
   if form == 'code':
-    level_loss = lambda f: relaxed_supcon_loss(f, labels, temperature=temperature,
-                                               beta=0.0, form='code', mask=mask)
+    level_loss = lambda f: relaxed_supcon_loss(
+      f, labels, temperature=temperature, beta=0.0, form='code', mask=mask
+    )
   else:
     reduction = 'sum' if form == 'paper' else 'mean'
-    level_loss = lambda f: supcon_loss(f, labels, temperature=temperature,
-                                       reduction=reduction, mask=mask)
+    level_loss = lambda f: supcon_loss(
+      f, labels, temperature=temperature, reduction=reduction, mask=mask
+    )
   per_level = [level_loss(f) for f in levels]
   return sum(per_level) / len(per_level)
 
 
-def moon_contrastive_loss(z, z_global, z_previous, *, temperature=0.5, mask=None):
+def moon_contrastive_loss(
+  z, z_global, z_previous, *, temperature=0.5, mask=None
+):
   """MOON model-contrastive loss (Li et al., CVPR 2021, Eq. 3; QinbinLi/MOON main.py).
 
   Li, He and Song, 'Model-Contrastive Federated Learning', CVPR 2021; the authors'

@@ -16,10 +16,12 @@ on a center.
 import jax
 import jax.numpy as jnp
 
-from fedjax_metric.losses.metric import _apply_mask
-from fedjax_metric.losses.metric import _cosine
-from fedjax_metric.losses.metric import _distance
-from fedjax_metric.losses.metric import _l2_normalize
+from fedjax_metric.losses.metric import (
+  _apply_mask,
+  _cosine,
+  _distance,
+  _l2_normalize,
+)
 
 FEDAWS_FORMS = ('cosine', 'euclidean')
 SPREADOUT_DISTANCES = ('euclidean', 'cosine')
@@ -31,8 +33,17 @@ def _check_choice(name, value, choices):
     raise ValueError(f'{name} must be one of {choices}, got {value!r}')
 
 
-def fedmetric_loss(embeddings, center, proxy_centers, proxy_margins, *,
-                   proxy_mask=None, lam=1.0, squared_hinge=True, mask=None):
+def fedmetric_loss(
+  embeddings,
+  center,
+  proxy_centers,
+  proxy_margins,
+  *,
+  proxy_mask=None,
+  lam=1.0,
+  squared_hinge=True,
+  mask=None,
+):
   """FedMetric client loss, l_pos + lam * l_neg, per example.
 
   Park, Hosseini and Yun, 'Federated Learning with Metric Loss', FL-ICML
@@ -68,8 +79,9 @@ def fedmetric_loss(embeddings, center, proxy_centers, proxy_margins, *,
   """
   embeddings = jnp.asarray(embeddings)
   positive = _distance(embeddings, jnp.asarray(center)[None], squared=False)
-  to_proxies = _distance(embeddings[:, None, :],
-                         jnp.asarray(proxy_centers)[None], squared=False)
+  to_proxies = _distance(
+    embeddings[:, None, :], jnp.asarray(proxy_centers)[None], squared=False
+  )
   hinge = jax.nn.relu(jnp.asarray(proxy_margins)[None] - to_proxies)
   if squared_hinge:
     hinge = jnp.square(hinge)
@@ -98,8 +110,9 @@ def deepsvdd_loss(embeddings, center, *, mask=None):
     [B] per-example loss.
   """
   return _apply_mask(
-      _distance(jnp.asarray(embeddings), jnp.asarray(center)[None],
-                squared=True), mask)
+    _distance(jnp.asarray(embeddings), jnp.asarray(center)[None], squared=True),
+    mask,
+  )
 
 
 def deepsvdd_center(embeddings, mask=None, *, eps=0.1):
@@ -122,17 +135,22 @@ def deepsvdd_center(embeddings, mask=None, *, eps=0.1):
     [D] center (zeros when every row is masked).
   """
   embeddings = jnp.asarray(embeddings)
-  weights = jnp.ones(embeddings.shape[:1]) if mask is None else (
-      jnp.asarray(mask).astype(embeddings.dtype))
+  weights = (
+    jnp.ones(embeddings.shape[:1])
+    if mask is None
+    else (jnp.asarray(mask).astype(embeddings.dtype))
+  )
   # An elementwise sum, not a matmul, so TF32 on GPUs cannot round it.
   center = jnp.sum(weights[:, None] * embeddings, axis=0) / jnp.maximum(
-      jnp.sum(weights), 1.0)
+    jnp.sum(weights), 1.0
+  )
   small = (jnp.abs(center) < eps) & (center != 0)
   return jnp.where(small, jnp.sign(center) * eps, center)
 
 
-def fedaws_positive_loss(embeddings, class_embedding, *, margin=0.9,
-                         form='cosine', mask=None):
+def fedaws_positive_loss(
+  embeddings, class_embedding, *, margin=0.9, form='cosine', mask=None
+):
   """FedAwS positive-only client loss, per example.
 
   Yu, Rawat, Menon and Kumar, 'Federated Learning with Only Positive
@@ -162,8 +180,7 @@ def fedaws_positive_loss(embeddings, class_embedding, *, margin=0.9,
   if form == 'cosine':
     loss = jnp.square(jax.nn.relu(margin - _cosine(embeddings, w)))
   else:
-    loss = _distance(_l2_normalize(embeddings), _l2_normalize(w),
-                     squared=True)
+    loss = _distance(_l2_normalize(embeddings), _l2_normalize(w), squared=True)
   return _apply_mask(loss, mask)
 
 
@@ -201,8 +218,9 @@ def feduv_loss(embeddings, codeword, *, squared=False, mask=None):
   return _apply_mask(jnp.square(hinge) if squared else hinge, mask)
 
 
-def spreadout_regularizer(class_embeddings, *, margin, distance='euclidean',
-                          reduction='sum'):
+def spreadout_regularizer(
+  class_embeddings, *, margin, distance='euclidean', reduction='sum'
+):
   """FedAwS spreadout regulariser on the class-embedding matrix (server side).
 
   Yu, Rawat, Menon and Kumar, 'Federated Learning with Only Positive

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 from fedjax_metric.losses.metric import _cosine, _masked_logsumexp
 
 
-def pmfl_contrastive_loss(z, z_global, z_buffer, buffer_mask, mu, *,
-                          temperature=0.5, mask=None):
+def pmfl_contrastive_loss(
+  z, z_global, z_buffer, buffer_mask, mu, *, temperature=0.5, mask=None
+):
   """PMFL's model-contrastive term l_con with a buffer of historical models.
 
   Zhang et al., 'Towards Performance-Enhanced Model-Contrastive Federated
@@ -61,28 +62,37 @@ def pmfl_contrastive_loss(z, z_global, z_buffer, buffer_mask, mu, *,
     [B] per-example loss.
   """
   if z.ndim != 2 or z_global.shape != z.shape:
-    raise ValueError(f'z and z_global must both be [B, D], got {z.shape} and '
-                     f'{z_global.shape}.')
+    raise ValueError(
+      f'z and z_global must both be [B, D], got {z.shape} and {z_global.shape}.'
+    )
   if z_buffer.ndim != 3 or z_buffer.shape[1:] != z.shape:
-    raise ValueError(f'z_buffer must be [N, B, D] with [B, D] = {z.shape}, got '
-                     f'{z_buffer.shape}.')
+    raise ValueError(
+      f'z_buffer must be [N, B, D] with [B, D] = {z.shape}, got '
+      f'{z_buffer.shape}.'
+    )
   if jnp.shape(buffer_mask) != z_buffer.shape[:1]:
-    raise ValueError(f'buffer_mask must be [N] = {z_buffer.shape[:1]}, got '
-                     f'{jnp.shape(buffer_mask)}.')
+    raise ValueError(
+      f'buffer_mask must be [N] = {z_buffer.shape[:1]}, got '
+      f'{jnp.shape(buffer_mask)}.'
+    )
   if jnp.shape(mu) != z.shape[:1]:
     raise ValueError(f'mu must be [B] = {z.shape[:1]}, got {jnp.shape(mu)}.')
   sim_global = _cosine(z, z_global)  # [B]
   sim_buffer = _cosine(z[None], z_buffer).T  # [B, N]
-  logits = jnp.concatenate([sim_global[:, None], sim_buffer],
-                           axis=1) / temperature  # [B, 1 + N]
-  slot = jnp.broadcast_to(jnp.asarray(buffer_mask, bool)[None, :],
-                          sim_buffer.shape)
+  logits = (
+    jnp.concatenate([sim_global[:, None], sim_buffer], axis=1) / temperature
+  )  # [B, 1 + N]
+  slot = jnp.broadcast_to(
+    jnp.asarray(buffer_mask, bool)[None, :], sim_buffer.shape
+  )
   # The sets are chosen by a comparison, not learned through it.
-  positive = slot & (jax.lax.stop_gradient(sim_buffer)
-                     >= jax.lax.stop_gradient(mu)[:, None])
+  positive = slot & (
+    jax.lax.stop_gradient(sim_buffer) >= jax.lax.stop_gradient(mu)[:, None]
+  )
   always = jnp.ones_like(sim_global, bool)[:, None]  # the global positive
   log_all = _masked_logsumexp(logits, jnp.concatenate([always, slot], axis=1))
-  log_pos = _masked_logsumexp(logits,
-                              jnp.concatenate([always, positive], axis=1))
+  log_pos = _masked_logsumexp(
+    logits, jnp.concatenate([always, positive], axis=1)
+  )
   loss = log_all - log_pos
   return loss if mask is None else jnp.where(jnp.asarray(mask, bool), loss, 0.0)

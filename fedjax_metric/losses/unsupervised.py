@@ -27,10 +27,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fedjax_metric.losses.metric import _apply_mask
-from fedjax_metric.losses.metric import _as_mask
-from fedjax_metric.losses.metric import _l2_normalize
-from fedjax_metric.losses.metric import _masked_logsumexp
+from fedjax_metric.losses.metric import (
+  _apply_mask,
+  _as_mask,
+  _l2_normalize,
+  _masked_logsumexp,
+)
 
 # Larger than any projected tangent vector (|<log_x(y), w>| <= pi ||w||): a
 # masked row gets this value so that it sorts after every real one.
@@ -103,8 +105,9 @@ def uniformity_loss(p, *, t=2.0, mask=None):
   pairs = real[:, None] & real[None, :] & ~jnp.eye(size, dtype=bool)
   lse = _masked_logsumexp((-t * d2).reshape(1, -1), pairs.reshape(1, -1))[0]
   num_pairs = jnp.sum(pairs.astype(z.dtype))
-  return jnp.where(num_pairs > 0, lse - jnp.log(jnp.maximum(num_pairs, 1.0)),
-                   0.0)
+  return jnp.where(
+    num_pairs > 0, lse - jnp.log(jnp.maximum(num_pairs, 1.0)), 0.0
+  )
 
 
 def dsr_loss(p, scaling, *, form='code', mask=None):
@@ -155,8 +158,9 @@ def dsr_loss(p, scaling, *, form='code', mask=None):
   return jnp.sum(jnp.where(real, per_row, 0.0)) / jnp.maximum(n, 1.0)
 
 
-def projector_distillation_loss(encoder_out, projector_out, *, temperature=0.5,
-                                form='code', mask=None):
+def projector_distillation_loss(
+  encoder_out, projector_out, *, temperature=0.5, form='code', mask=None
+):
   """SSD projector distillation L_distill (Fang et al., ICCV 2025, Eq. 9).
 
   With h the raw encoder output and p the raw projector output (neither
@@ -201,8 +205,9 @@ def projector_distillation_loss(encoder_out, projector_out, *, temperature=0.5,
   return _apply_mask(kl, mask)
 
 
-def nt_xent_loss(z1, z2, *, temperature=0.07, self_in_denominator=True,
-                 mask=None):
+def nt_xent_loss(
+  z1, z2, *, temperature=0.07, self_in_denominator=True, mask=None
+):
   """NT-Xent (Chen et al., 'A Simple Framework for Contrastive Learning of
   Visual Representations', ICML 2020), as FedU2 computes it.
 
@@ -308,9 +313,17 @@ def _masked_log_softmax(logits, valid):
   return jnp.where(valid, logits - lse[:, None], 0.0)
 
 
-def relational_loss(z1, z2, anchors, *, temperature=0.1,
-                    target_temperature=0.1, form='code', mask=None,
-                    anchor_mask=None):
+def relational_loss(
+  z1,
+  z2,
+  anchors,
+  *,
+  temperature=0.1,
+  target_temperature=0.1,
+  form='code',
+  mask=None,
+  anchor_mask=None,
+):
   """FedX relational loss (Han et al., 'FedX: Unsupervised Federated Learning
   with Cross Knowledge Distillation', ECCV 2022), one of its two uses.
 
@@ -359,19 +372,22 @@ def relational_loss(z1, z2, anchors, *, temperature=0.1,
   na = _l2_normalize(anchors)
   s1 = _l2_normalize(z1) @ na.T
   s2 = _l2_normalize(z2) @ na.T
-  valid = jnp.broadcast_to(_as_mask(anchor_mask, anchors.shape[0])[None, :],
-                           s1.shape)
+  valid = jnp.broadcast_to(
+    _as_mask(anchor_mask, anchors.shape[0])[None, :], s1.shape
+  )
   log_r1 = _masked_log_softmax(s1 / temperature, valid)
   log_r2 = _masked_log_softmax(s2 / temperature, valid)
 
   def kl(log_p, log_q):  # sum_a p (log p - log q) over valid anchors
-    return jnp.sum(jnp.where(valid, jnp.exp(log_p) * (log_p - log_q), 0.0),
-                   axis=-1)
+    return jnp.sum(
+      jnp.where(valid, jnp.exp(log_p) * (log_p - log_q), 0.0), axis=-1
+    )
 
   if form == 'code':
     log_m = jnp.logaddexp(
-        _masked_log_softmax(s1 / target_temperature, valid),
-        _masked_log_softmax(s2 / target_temperature, valid)) - math.log(2.0)
+      _masked_log_softmax(s1 / target_temperature, valid),
+      _masked_log_softmax(s2 / target_temperature, valid),
+    ) - math.log(2.0)
     per_row = (kl(log_m, log_r1) + kl(log_m, log_r2)) / 2.0
   else:
     log_m = jnp.logaddexp(log_r1, log_r2) - math.log(2.0)
@@ -410,16 +426,18 @@ def _sliced_w2(x, y, projections, real):
   only and the tail contributes exactly 0.
   """
   n = jnp.sum(real.astype(x.dtype))
+
   def sorted_projections(v):
     proj = v @ projections.T  # [N, K]
     return jnp.sort(jnp.where(real[:, None], proj, _SORT_SENTINEL), axis=0)
+
   diff = sorted_projections(x) - sorted_projections(y)
-  return (jnp.sum(jnp.square(diff))
-          / jnp.maximum(n * projections.shape[0], 1.0))
+  return jnp.sum(jnp.square(diff)) / jnp.maximum(n * projections.shape[0], 1.0)
 
 
-def tangent_sliced_wasserstein(z, tangent_points, reference, projections, *,
-                               num_tangent_space=6, mask=None):
+def tangent_sliced_wasserstein(
+  z, tangent_points, reference, projections, *, num_tangent_space=6, mask=None
+):
   """FedU2's flexible uniform regulariser for given random draws.
 
   Liao et al., 'Rethinking the Representation in Federated Unsupervised
@@ -453,15 +471,17 @@ def tangent_sliced_wasserstein(z, tangent_points, reference, projections, *,
   features = _l2_normalize(z)
 
   def at_tangent_point(base, w):
-    return _sliced_w2(_sphere_logmap(base, reference),
-                      _sphere_logmap(base, features), w, real)
+    return _sliced_w2(
+      _sphere_logmap(base, reference), _sphere_logmap(base, features), w, real
+    )
 
   per_point = jax.vmap(at_tangent_point)(tangent_points, projections)
   return jnp.sum(jnp.where(real, per_point, 0.0)) / num_tangent_space
 
 
-def fedu2_uniform_regularizer(z, key, *, num_projections=6,
-                              num_tangent_space=6, mask=None):
+def fedu2_uniform_regularizer(
+  z, key, *, num_projections=6, num_tangent_space=6, mask=None
+):
   """FedU2's flexible uniform regulariser with fresh random draws.
 
   Draws, as ``RepresentationTagentCollapse.forward`` does on every call, B
@@ -486,9 +506,16 @@ def fedu2_uniform_regularizer(z, key, *, num_projections=6,
   k_tangent, k_reference, k_projection = jax.random.split(key, 3)
   tangent = _l2_normalize(jax.random.normal(k_tangent, (size, dim), z.dtype))
   reference = _l2_normalize(
-      jax.random.normal(k_reference, (size, dim), z.dtype))
-  projections = jax.random.normal(k_projection,
-                                  (size, num_projections, dim), z.dtype)
-  return tangent_sliced_wasserstein(z, tangent, reference, projections,
-                                    num_tangent_space=num_tangent_space,
-                                    mask=mask)
+    jax.random.normal(k_reference, (size, dim), z.dtype)
+  )
+  projections = jax.random.normal(
+    k_projection, (size, num_projections, dim), z.dtype
+  )
+  return tangent_sliced_wasserstein(
+    z,
+    tangent,
+    reference,
+    projections,
+    num_tangent_space=num_tangent_space,
+    mask=mask,
+  )

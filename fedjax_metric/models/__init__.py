@@ -13,13 +13,15 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_metric.models import fedquad_cnn
-from fedjax_metric.models import lenet
-from fedjax_metric.models import moon_cnn
-from fedjax_metric.models import resnet
-from fedjax_metric.models import resnet32
-from fedjax_metric.models import small_cnn
-from fedjax_metric.models import ssl
+from fedjax_metric.models import (
+  fedquad_cnn,
+  lenet,
+  moon_cnn,
+  resnet,
+  resnet32,
+  small_cnn,
+  ssl,
+)
 
 
 class ModelFns(NamedTuple):
@@ -35,6 +37,7 @@ class ModelFns(NamedTuple):
       over examples where ``mask`` [B] is True.
     module: the linen module, for inspection.
   """
+
   init: Callable[..., Any]
   apply: Callable[..., Any]
   module: Any
@@ -53,8 +56,9 @@ def merge_variables(params, model_state):
 
 def _cast_floats(tree, dtype):
   return jax.tree.map(
-      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-      tree)
+    lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+    tree,
+  )
 
 
 def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
@@ -77,10 +81,15 @@ def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
   def apply(params, model_state, images, *, train, mask=None):
     if compute_dtype is not None:
       outputs, updated = apply_in_dtype(
-          _cast_floats(params, compute_dtype), model_state,
-          images.astype(compute_dtype), train=train, mask=mask)
-      updated = jax.tree.map(lambda new, old: new.astype(old.dtype), updated,
-                             model_state)
+        _cast_floats(params, compute_dtype),
+        model_state,
+        images.astype(compute_dtype),
+        train=train,
+        mask=mask,
+      )
+      updated = jax.tree.map(
+        lambda new, old: new.astype(old.dtype), updated, model_state
+      )
       return _cast_floats(outputs, jnp.float32), updated
     return apply_in_dtype(params, model_state, images, train=train, mask=mask)
 
@@ -88,31 +97,34 @@ def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
     variables = merge_variables(params, model_state)
     if train and model_state:
       outputs, updated = module.apply(
-          variables, images, train=True, mask=mask, mutable=list(model_state))
+        variables, images, train=True, mask=mask, mutable=list(model_state)
+      )
       return outputs, dict(updated)
     outputs = module.apply(variables, images, train=train, mask=mask)
     return outputs, model_state
 
-  return ModelFns(init=init, apply=apply, module=module,
-                  input_shape=input_shape)
+  return ModelFns(
+    init=init, apply=apply, module=module, input_shape=input_shape
+  )
 
 
 # name -> constructor(num_classes, **kwargs); explicit and grep-able.
 REGISTRY = {
-    'small_cnn': small_cnn.SmallCNN,
-    'fedquad_cnn': fedquad_cnn.FedQuadCNN,
-    'moon_cnn': moon_cnn.MoonCNN,
-    'resnet18': resnet.ResNet18,
-    'ssl_resnet18': ssl.SSLResNet18,
-    'ssl_cnn': ssl.SSLSmallCNN,
-    # Embedding networks of the one-class family: no 'logits' output.
-    'lenet': lenet.LeNet,
-    'resnet32': resnet32.ResNet32,
+  'small_cnn': small_cnn.SmallCNN,
+  'fedquad_cnn': fedquad_cnn.FedQuadCNN,
+  'moon_cnn': moon_cnn.MoonCNN,
+  'resnet18': resnet.ResNet18,
+  'ssl_resnet18': ssl.SSLResNet18,
+  'ssl_cnn': ssl.SSLSmallCNN,
+  # Embedding networks of the one-class family: no 'logits' output.
+  'lenet': lenet.LeNet,
+  'resnet32': resnet32.ResNet32,
 }
 
 
-def build(name: str, num_classes: int, input_shape=None, *,
-          compute_dtype=None, **kwargs) -> ModelFns:
+def build(
+  name: str, num_classes: int, input_shape=None, *, compute_dtype=None, **kwargs
+) -> ModelFns:
   """Builds a registered model by name; kwargs go to the module.
 
   ``input_shape`` (H, W, C) lets ``init(key)`` run without sample images;
@@ -120,16 +132,20 @@ def build(name: str, num_classes: int, input_shape=None, *,
   """
   if name not in REGISTRY:
     raise ValueError(
-        f'Unknown model {name!r}; known models: {sorted(REGISTRY)}. '
-        'Set --config.model.name to one of them.')
+      f'Unknown model {name!r}; known models: {sorted(REGISTRY)}. '
+      'Set --config.model.name to one of them.'
+    )
   fields = set(REGISTRY[name].__dataclass_fields__) - {'parent', 'name'}
   unknown = sorted(set(kwargs) - fields)
   if unknown:
-    raise TypeError(f'{name} has no field(s) {unknown}; its fields are '
-                    f'{sorted(fields - {"num_classes"})}')
+    raise TypeError(
+      f'{name} has no field(s) {unknown}; its fields are '
+      f'{sorted(fields - {"num_classes"})}'
+    )
   shape = None if input_shape is None else (1,) + tuple(input_shape)
-  return make_model_fns(REGISTRY[name](num_classes=num_classes, **kwargs), shape,
-                        compute_dtype)
+  return make_model_fns(
+    REGISTRY[name](num_classes=num_classes, **kwargs), shape, compute_dtype
+  )
 
 
 def count_params(params) -> int:

@@ -45,6 +45,7 @@ class FedQuadCNN(nn.Module):
       on the embedding: 'embedding' is then its output z and the classifier
       sits on z (for MOON in FedQuad's comparison; FedQuad itself uses 0).
   """
+
   num_classes: int
   widths: Sequence[int] = (64, 128, 256)
   embedding_dim: int = 128
@@ -53,7 +54,9 @@ class FedQuadCNN(nn.Module):
   projection_dim: int = 0
 
   @nn.compact
-  def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """Forward pass.
 
     Args:
@@ -68,14 +71,17 @@ class FedQuadCNN(nn.Module):
       pooled output, spatially averaged (the last is the flattened 1x1 GAP).
     """
     if len(self.widths) != 3:
-      raise ValueError(f'FedQuadCNN has 3 conv blocks; got widths={self.widths}')
+      raise ValueError(
+        f'FedQuadCNN has 3 conv blocks; got widths={self.widths}'
+      )
     norm = make_norm(self.norm)
     x = images
     features = []
     for block, channels in enumerate(self.widths):
       # 3x3, stride 1, SAME == PyTorch padding=1.
-      x = make_conv(self.conv_impl)(channels, (3, 3), strides=1,
-                                    padding='SAME')(x)
+      x = make_conv(self.conv_impl)(
+        channels, (3, 3), strides=1, padding='SAME'
+      )(x)
       x = nn.relu(norm(x, train, mask))
       if block < 2:
         x = pool_2x2(x, 'max')
@@ -86,6 +92,8 @@ class FedQuadCNN(nn.Module):
         features.append(x)
     embedding = nn.Dense(self.embedding_dim)(x)
     embedding, logits = head_and_classifier(
-        embedding, projection_dim=self.projection_dim,
-        num_classes=self.num_classes)
+      embedding,
+      projection_dim=self.projection_dim,
+      num_classes=self.num_classes,
+    )
     return {'logits': logits, 'embedding': embedding, 'features': features}

@@ -21,7 +21,7 @@ def pool_2x2(x, kind: str):
     [B, H // 2, W // 2, C].
   """
   b, h, w, c = x.shape
-  x = x[:, :h // 2 * 2, :w // 2 * 2]
+  x = x[:, : h // 2 * 2, : w // 2 * 2]
   windows = x.reshape(b, h // 2, 2, w // 2, 2, c)
   if kind == 'max':
     return windows.max(axis=(2, 4))
@@ -40,13 +40,17 @@ def make_norm(kind: str, groups: int = 2):
   if kind == 'none':
     return lambda x, train, mask: x
   if kind == 'batch':
+
     def batch_norm(x, train, mask):
       bn_mask = None
       if mask is not None:
         bn_mask = jnp.broadcast_to(
-            mask.reshape((-1,) + (1,) * (x.ndim - 1)), x.shape)
+          mask.reshape((-1,) + (1,) * (x.ndim - 1)), x.shape
+        )
       return nn.BatchNorm(use_running_average=not train, momentum=0.9)(
-          x, mask=bn_mask)
+        x, mask=bn_mask
+      )
+
     return batch_norm
   if kind == 'group':
     return lambda x, train, mask: nn.GroupNorm(num_groups=groups)(x)
@@ -72,6 +76,7 @@ class PatchConv(nn.Module):
     padding: 'SAME' or 'VALID'.
     use_bias: add a bias.
   """
+
   features: int
   kernel_size: tuple = (3, 3)
   strides: int | tuple = 1
@@ -82,15 +87,25 @@ class PatchConv(nn.Module):
   def __call__(self, x):
     """x [B, H, W, C] -> [B, H', W', O]."""
     kh, kw = self.kernel_size
-    strides = ((self.strides, self.strides) if isinstance(self.strides, int)
-               else tuple(self.strides))
+    strides = (
+      (self.strides, self.strides)
+      if isinstance(self.strides, int)
+      else tuple(self.strides)
+    )
     channels = x.shape[-1]
-    kernel = self.param('kernel', nn.initializers.lecun_normal(),
-                        (kh, kw, channels, self.features))
+    kernel = self.param(
+      'kernel',
+      nn.initializers.lecun_normal(),
+      (kh, kw, channels, self.features),
+    )
     # [B, H', W', C * kh * kw], features ordered channel-major (C, kh, kw).
     patches = jax.lax.conv_general_dilated_patches(
-        x, (kh, kw), strides, self.padding,
-        dimension_numbers=('NHWC', 'OIHW', 'NHWC'))
+      x,
+      (kh, kw),
+      strides,
+      self.padding,
+      dimension_numbers=('NHWC', 'OIHW', 'NHWC'),
+    )
     matrix = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, self.features)
     y = jnp.einsum('bhwk,ko->bhwo', patches, matrix.astype(patches.dtype))
     if self.use_bias:
@@ -112,5 +127,6 @@ def make_conv(impl: str):
     return nn.Conv
   if impl == 'patches':
     return lambda features, kernel_size, **kwargs: Conv(
-        features, tuple(kernel_size), **kwargs)
+      features, tuple(kernel_size), **kwargs
+    )
   raise ValueError(f"Unknown conv_impl {impl!r}; use 'xla' or 'patches'.")

@@ -44,6 +44,7 @@ class LeNet(nn.Module):
     use_bias: biases in the convolutions and the dense layer (False in
       Deep SVDD).
   """
+
   num_classes: int = 0
   embedding_dim: int = 32
   widths: tuple = (8, 4)
@@ -56,19 +57,27 @@ class LeNet(nn.Module):
     if self.norm == 'none':
       return x
     if self.norm == 'group':
-      return nn.GroupNorm(num_groups=self.groups, epsilon=_NORM_EPS,
-                          use_bias=self.norm_affine,
-                          use_scale=self.norm_affine)(x)
+      return nn.GroupNorm(
+        num_groups=self.groups,
+        epsilon=_NORM_EPS,
+        use_bias=self.norm_affine,
+        use_scale=self.norm_affine,
+      )(x)
     bn_mask = None
     if mask is not None:
       bn_mask = jnp.broadcast_to(mask[:, None, None, None], x.shape)
-    return nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                        epsilon=_NORM_EPS, use_bias=self.norm_affine,
-                        use_scale=self.norm_affine)(x, mask=bn_mask)
+    return nn.BatchNorm(
+      use_running_average=not train,
+      momentum=0.9,
+      epsilon=_NORM_EPS,
+      use_bias=self.norm_affine,
+      use_scale=self.norm_affine,
+    )(x, mask=bn_mask)
 
   @nn.compact
-  def __call__(self, images, *, train: bool,
-               mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """Forward pass.
 
     Args:
@@ -83,8 +92,9 @@ class LeNet(nn.Module):
        [B, widths[1]]}.
     """
     if self.norm not in ('group', 'batch', 'none'):
-      raise ValueError(f"norm must be 'group', 'batch' or 'none', got "
-                       f'{self.norm!r}')
+      raise ValueError(
+        f"norm must be 'group', 'batch' or 'none', got {self.norm!r}"
+      )
     x = images
     features = []
     for channels in self.widths:

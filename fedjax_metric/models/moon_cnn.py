@@ -43,13 +43,16 @@ class MoonCNN(nn.Module):
     hidden: widths of the two dense layers of the header; the last is d_h, also
       the width of the projection's hidden layer l1.
   """
+
   num_classes: int
   out_dim: int = 256
   conv_widths: Sequence[int] = (6, 16)
   hidden: Sequence[int] = (120, 84)
 
   @nn.compact
-  def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """Forward pass; ``train`` and ``mask`` are unused (no normalisation layers).
 
     Args:

@@ -25,6 +25,7 @@ class ProjectionHead(nn.Module):
   Attributes:
     out_dim: width of z (256 in the released MOON code's main.py).
   """
+
   out_dim: int
 
   @nn.compact
@@ -34,8 +35,9 @@ class ProjectionHead(nn.Module):
     return nn.Dense(self.out_dim, name='l2')(z)
 
 
-def head_and_classifier(h, *, projection_dim: int, num_classes: int,
-                        classifier_name=None):
+def head_and_classifier(
+  h, *, projection_dim: int, num_classes: int, classifier_name=None
+):
   """(embedding, logits) of a backbone's pre-classifier vector ``h`` [B, d_h].
 
   ``projection_dim == 0``: embedding h, logits Dense(K)(h) (the backbone as

@@ -46,6 +46,7 @@ class BasicBlock(nn.Module):
     norm: 'group', 'batch' or 'none'.
     groups: GroupNorm groups.
   """
+
   channels: int
   strides: int = 1
   norm: str = 'group'
@@ -55,15 +56,21 @@ class BasicBlock(nn.Module):
   def __call__(self, x, train: bool, mask: Optional[jnp.ndarray]):
     """x [B, H, W, C_in] -> pre-ReLU [B, H / strides, W / strides, channels]."""
     norm = make_norm(self.norm, self.groups)
-    out = nn.Conv(self.channels, (3, 3), strides=self.strides, padding='SAME',
-                  use_bias=False)(x)
+    out = nn.Conv(
+      self.channels,
+      (3, 3),
+      strides=self.strides,
+      padding='SAME',
+      use_bias=False,
+    )(x)
     out = nn.relu(norm(out, train, mask))
     out = nn.Conv(self.channels, (3, 3), padding='SAME', use_bias=False)(out)
     out = norm(out, train, mask)
     shortcut = x
     if self.strides != 1 or x.shape[-1] != self.channels:
-      shortcut = nn.Conv(self.channels, (1, 1), strides=self.strides,
-                         use_bias=False)(x)
+      shortcut = nn.Conv(
+        self.channels, (1, 1), strides=self.strides, use_bias=False
+      )(x)
       shortcut = norm(shortcut, train, mask)
     return out + shortcut
 
@@ -81,6 +88,7 @@ class ResNet18(nn.Module):
       on the pooled features: 'embedding' is then its output z and the
       classifier 'fc' sits on z (MOON's ResNet layout; FedRCL uses 0).
   """
+
   num_classes: int
   norm: str = 'group'
   groups: int = 2
@@ -88,7 +96,9 @@ class ResNet18(nn.Module):
   projection_dim: int = 0
 
   @nn.compact
-  def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """Forward pass.
 
     Args:
@@ -104,21 +114,31 @@ class ResNet18(nn.Module):
        [B, 8w]}.
     """
     norm = make_norm(self.norm, self.groups)
-    x = nn.Conv(self.width, (3, 3), padding='SAME', use_bias=False,
-                name='conv1')(images)
+    x = nn.Conv(
+      self.width, (3, 3), padding='SAME', use_bias=False, name='conv1'
+    )(images)
     x = norm(x, train, mask)
     features = [jnp.mean(x, axis=(1, 2))]
     x = nn.relu(x)
-    for stage, (num_blocks, stride) in enumerate(zip(_STAGE_BLOCKS, _STAGE_STRIDES)):
+    for stage, (num_blocks, stride) in enumerate(
+      zip(_STAGE_BLOCKS, _STAGE_STRIDES)
+    ):
       channels = self.width * 2**stage
       for block in range(num_blocks):
-        x = BasicBlock(channels, strides=stride if block == 0 else 1,
-                       norm=self.norm, groups=self.groups,
-                       name=f'layer{stage + 1}_{block}')(x, train, mask)
+        x = BasicBlock(
+          channels,
+          strides=stride if block == 0 else 1,
+          norm=self.norm,
+          groups=self.groups,
+          name=f'layer{stage + 1}_{block}',
+        )(x, train, mask)
         if block == num_blocks - 1:
           features.append(jnp.mean(x, axis=(1, 2)))
         x = nn.relu(x)
     embedding, logits = head_and_classifier(
-        jnp.mean(x, axis=(1, 2)), projection_dim=self.projection_dim,
-        num_classes=self.num_classes, classifier_name='fc')
+      jnp.mean(x, axis=(1, 2)),
+      projection_dim=self.projection_dim,
+      num_classes=self.num_classes,
+      classifier_name='fc',
+    )
     return {'logits': logits, 'embedding': embedding, 'features': features}

@@ -44,6 +44,7 @@ class ResNet32(nn.Module):
     groups: GroupNorm groups (must divide w).
     use_bias: bias of the projection layer (only when D != 4 * width).
   """
+
   num_classes: int = 0
   embedding_dim: int = 64
   width: int = 16
@@ -52,8 +53,9 @@ class ResNet32(nn.Module):
   use_bias: bool = True
 
   @nn.compact
-  def __call__(self, images, *, train: bool,
-               mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """Forward pass.
 
     Args:
@@ -68,22 +70,28 @@ class ResNet32(nn.Module):
        `resnet.ResNet18`): [B, w], [B, w], [B, 2w], [B, 4w]}.
     """
     norm = make_norm(self.norm, self.groups)
-    x = nn.Conv(self.width, (3, 3), padding='SAME', use_bias=False,
-                name='conv1')(images)
+    x = nn.Conv(
+      self.width, (3, 3), padding='SAME', use_bias=False, name='conv1'
+    )(images)
     x = norm(x, train, mask)
     features = [jnp.mean(x, axis=(1, 2))]
     x = nn.relu(x)
     for stage, stride in enumerate(_STAGE_STRIDES):
       channels = self.width * 2**stage
       for block in range(_BLOCKS_PER_STAGE):
-        x = BasicBlock(channels, strides=stride if block == 0 else 1,
-                       norm=self.norm, groups=self.groups,
-                       name=f'layer{stage + 1}_{block}')(x, train, mask)
+        x = BasicBlock(
+          channels,
+          strides=stride if block == 0 else 1,
+          norm=self.norm,
+          groups=self.groups,
+          name=f'layer{stage + 1}_{block}',
+        )(x, train, mask)
         if block == _BLOCKS_PER_STAGE - 1:
           features.append(jnp.mean(x, axis=(1, 2)))
         x = nn.relu(x)
     embedding = jnp.mean(x, axis=(1, 2))
     if self.embedding_dim != embedding.shape[-1]:
-      embedding = nn.Dense(self.embedding_dim, use_bias=self.use_bias,
-                           name='projection')(embedding)
+      embedding = nn.Dense(
+        self.embedding_dim, use_bias=self.use_bias, name='projection'
+      )(embedding)
     return {'embedding': embedding, 'features': features}

@@ -30,6 +30,7 @@ class SmallCNN(nn.Module):
       on the dense layer: 'embedding' is then its output z [B,
       projection_dim] and the classifier sits on z.
   """
+
   num_classes: int
   width: int = 32
   embedding_dim: int = 128
@@ -39,14 +40,18 @@ class SmallCNN(nn.Module):
   projection_dim: int = 0
 
   @nn.compact
-  def __call__(self, images, *, train: bool, mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """images [B,H,W,C] float -> {'logits' [B,K], 'embedding' [B,D], 'features'}.
 
     'features' are the two conv stages' pre-ReLU outputs, average-pooled:
     [B, width] and [B, 2 * width]; 'embedding' the post-ReLU dense layer.
     """
     if self.pool not in ('stride', 'avg', 'max'):
-      raise ValueError(f"pool must be 'stride', 'avg' or 'max', got {self.pool!r}")
+      raise ValueError(
+        f"pool must be 'stride', 'avg' or 'max', got {self.pool!r}"
+      )
     norm = make_norm(self.norm)
     x = images
     features = []
@@ -64,6 +69,8 @@ class SmallCNN(nn.Module):
     x = x.reshape(x.shape[0], -1)
     embedding = nn.relu(nn.Dense(self.embedding_dim)(x))
     embedding, logits = head_and_classifier(
-        embedding, projection_dim=self.projection_dim,
-        num_classes=self.num_classes)
+      embedding,
+      projection_dim=self.projection_dim,
+      num_classes=self.num_classes,
+    )
     return {'logits': logits, 'embedding': embedding, 'features': features}

@@ -45,6 +45,7 @@ class Projector(nn.Module):
     out: output width P (512 in SSD).
     norm: 'batch' (BatchNorm1d, the papers' choice), 'group' or 'none'.
   """
+
   hidden: int = 2048
   out: int = 512
   norm: str = 'batch'
@@ -70,6 +71,7 @@ class ResNet18Encoder(nn.Module):
     groups: GroupNorm groups when norm == 'group'.
     width: channels w of the stem and first stage (64: 512-d output).
   """
+
   norm: str = 'batch'
   groups: int = 2
   width: int = 64
@@ -78,16 +80,21 @@ class ResNet18Encoder(nn.Module):
   def __call__(self, images, train: bool, mask: Optional[jnp.ndarray]):
     """images [B, H, W, C] -> pooled ReLU(layer4) [B, 8w] (>= 0)."""
     norm = make_norm(self.norm, self.groups)
-    x = nn.Conv(self.width, (3, 3), padding='SAME', use_bias=False,
-                name='conv1')(images)
+    x = nn.Conv(
+      self.width, (3, 3), padding='SAME', use_bias=False, name='conv1'
+    )(images)
     x = nn.relu(norm(x, train, mask))
     for stage, (num_blocks, stride) in enumerate(
-        zip(_STAGE_BLOCKS, _STAGE_STRIDES, strict=True)):
+      zip(_STAGE_BLOCKS, _STAGE_STRIDES, strict=True)
+    ):
       for block in range(num_blocks):
-        x = BasicBlock(self.width * 2**stage,
-                       strides=stride if block == 0 else 1, norm=self.norm,
-                       groups=self.groups,
-                       name=f'layer{stage + 1}_{block}')(x, train, mask)
+        x = BasicBlock(
+          self.width * 2**stage,
+          strides=stride if block == 0 else 1,
+          norm=self.norm,
+          groups=self.groups,
+          name=f'layer{stage + 1}_{block}',
+        )(x, train, mask)
         x = nn.relu(x)
     return jnp.mean(x, axis=(1, 2))
 
@@ -104,6 +111,7 @@ class SSLResNet18(nn.Module):
       papers), 'group' or 'none'.
     width: encoder width w; the representation has 8w = 512 dims for w = 64.
   """
+
   num_classes: int = 0
   projector_hidden: int = 2048
   projection_dim: int = 512
@@ -111,8 +119,9 @@ class SSLResNet18(nn.Module):
   width: int = 64
 
   @nn.compact
-  def __call__(self, images, *, train: bool,
-               mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """Forward pass.
 
     Args:
@@ -125,10 +134,12 @@ class SSLResNet18(nn.Module):
       {'embedding': h [B, 8w] (>= 0), 'projection': z [B, P],
        'features': []}.
     """
-    h = ResNet18Encoder(norm=self.norm, width=self.width,
-                        name='encoder')(images, train, mask)
-    z = Projector(self.projector_hidden, self.projection_dim, self.norm,
-                  name='projector')(h, train, mask)
+    h = ResNet18Encoder(norm=self.norm, width=self.width, name='encoder')(
+      images, train, mask
+    )
+    z = Projector(
+      self.projector_hidden, self.projection_dim, self.norm, name='projector'
+    )(h, train, mask)
     return {'embedding': h, 'projection': z, 'features': []}
 
 
@@ -145,6 +156,7 @@ class SmallCNNEncoder(nn.Module):
     embedding_dim: E, the representation width.
     norm: 'batch', 'group' or 'none'.
   """
+
   width: int = 32
   embedding_dim: int = 128
   norm: str = 'batch'
@@ -155,8 +167,7 @@ class SmallCNNEncoder(nn.Module):
     norm = make_norm(self.norm)
     x = images
     for channels in (self.width, 2 * self.width):
-      x = nn.Conv(channels, (3, 3), strides=2,
-                  use_bias=self.norm == 'none')(x)
+      x = nn.Conv(channels, (3, 3), strides=2, use_bias=self.norm == 'none')(x)
       x = nn.relu(norm(x, train, mask))
     x = x.reshape(x.shape[0], -1)
     return nn.relu(nn.Dense(self.embedding_dim)(x))
@@ -176,6 +187,7 @@ class SSLSmallCNN(nn.Module):
     projection_dim: P, projector output width.
     norm: 'batch' (default), 'group' or 'none', in encoder and projector.
   """
+
   num_classes: int = 0
   width: int = 32
   embedding_dim: int = 128
@@ -184,12 +196,15 @@ class SSLSmallCNN(nn.Module):
   norm: str = 'batch'
 
   @nn.compact
-  def __call__(self, images, *, train: bool,
-               mask: Optional[jnp.ndarray] = None):
+  def __call__(
+    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+  ):
     """images [B, H, W, C] float -> {'embedding' [B, E] (>= 0),
     'projection' [B, P], 'features': []}; mask as in `SSLResNet18`."""
-    h = SmallCNNEncoder(self.width, self.embedding_dim, self.norm,
-                        name='encoder')(images, train, mask)
-    z = Projector(self.projector_hidden, self.projection_dim, self.norm,
-                  name='projector')(h, train, mask)
+    h = SmallCNNEncoder(
+      self.width, self.embedding_dim, self.norm, name='encoder'
+    )(images, train, mask)
+    z = Projector(
+      self.projector_hidden, self.projection_dim, self.norm, name='projector'
+    )(h, train, mask)
     return {'embedding': h, 'projection': z, 'features': []}
