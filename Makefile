@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto tests
+	$(PY) -m pytest -q -n auto --dist worksteal tests
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

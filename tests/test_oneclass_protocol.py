@@ -239,13 +239,3 @@ def test_negative_scale_in_a_config_is_a_clear_error():
   config = load_config('fedmetric', 'runlocal,scale=-2.0')
   with pytest.raises(ValueError, match='scale.*>= 0'):
     train.build_algorithm(config, lenet())
-
-
-@pytest.mark.parametrize('name', ['fedmetric', 'deepsvdd', 'fedaws', 'feduv'])
-def test_one_class_configs_run_locally(name, tmp_path):
-  summary = train.run(load_config(name), str(tmp_path))
-  assert summary['rounds_completed'] == 2
-  assert 0.0 <= summary['auroc_mean'] <= 1.0
-  assert {f'auroc_class_{c}' for c in range(10)} <= set(summary)
-  if name == 'feduv':  # Hadamard rows of length 16: distance 8.
-    assert summary['codeword_min_distance'] == 8

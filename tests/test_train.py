@@ -75,6 +75,10 @@ def test_every_config_runs_locally(name, tmp_path):
   rows = read_metrics(tmp_path)
   assert [r['round'] for r in rows] == [1, 2]
   assert {'round', 'wall_time', headline, 'train_loss'} <= set(rows[0])
+  if headline == 'auroc_mean':  # One-class: every class's AUROC too.
+    assert {f'auroc_class_{c}' for c in range(10)} <= set(summary)
+  if name == 'feduv':  # Hadamard rows of length 16: distance 8.
+    assert summary['codeword_min_distance'] == 8
 
 
 def test_fedavg_learns_digits(tmp_path):
