@@ -12,9 +12,29 @@
 
 Tests that compare a subprocess with an in-process run bit for bit give the
 subprocess the same settings through `JAX_ENV`.
+
+* A persistent compilation cache shared by the xdist workers and the
+  subprocesses tests start (through the environment): the same programs (a
+  config's round, a model's evaluation) are compiled in several tests and
+  processes. It lives in the system's temporary directory and is kept
+  between runs (its keys include the JAX version and flags, so a stale entry
+  is never used); FEDJAX_METRIC_TEST_JAX_CACHE puts it elsewhere.
 """
 
+import os
+import tempfile
+
 import jax
+
+_CACHE_DIR = os.environ.setdefault(
+  'FEDJAX_METRIC_TEST_JAX_CACHE',
+  os.path.join(tempfile.gettempdir(), 'fedjax_metric_test_jax_cache'),
+)
+os.environ['JAX_COMPILATION_CACHE_DIR'] = _CACHE_DIR
+# Most of the suite's programs compile in well under 0.2 s: not worth a file.
+os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0.2'
+jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.2)
 
 JAX_ENV = {
   'JAX_NUM_CPU_DEVICES': '4',

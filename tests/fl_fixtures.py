@@ -8,6 +8,7 @@ import numpy as np
 from fedjax_metric import engine, models, optimizers
 from fedjax_metric.data import augment
 from fedjax_metric.data import cohort as cohort_lib
+from fedjax_metric.data import partition as partition_lib
 from fedjax_metric.models import layers
 
 NUM_CLASSES = 3
@@ -132,6 +133,42 @@ def cohort(
     seed=0,
     round_idx=round_idx,
   )
+
+
+def dirichlet_federation(num_examples=96, num_clients=4):
+  """``(images, labels, parts, DeviceData)``: label-skewed clients of
+  unequal sizes (per-class Dirichlet 1.0), for whole-round tests."""
+  images, labels = make_data(num_examples)
+  parts = partition_lib.dirichlet(
+    labels, num_clients, 1.0, seed=2, variant='per_class'
+  )
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  return images, labels, parts, data
+
+
+def round_cohorts(alg, parts, labels, rounds, *, batch_size=8):
+  """One 4-slot cohort per entry of ``rounds`` (the clients of that round),
+  one local epoch each, with the algorithm's own batch schedule."""
+  sizes = [len(p) for p in parts]
+  s = cohort_lib.num_local_steps(
+    sizes, batch_size=batch_size, local_epochs=1, local_steps=0
+  )
+  return [
+    cohort_lib.make_cohort(
+      np.asarray(ids),
+      parts,
+      num_slots=4,
+      num_steps=s,
+      batch_size=batch_size,
+      local_epochs=1,
+      local_steps=0,
+      seed=0,
+      round_idx=r,
+      labels=labels,
+      batches_fn=alg.client_batches,
+    )
+    for r, ids in enumerate(rounds)
+  ]
 
 
 def executor_tolerance():

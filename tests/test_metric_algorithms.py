@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 
 from fedjax_metric import algorithms, engine, executors, optimizers
-from fedjax_metric.data import cohort as cohort_lib
-from fedjax_metric.data import partition as partition_lib
 from fedjax_metric.models import split_variables
 
 SERVER = optimizers.make_server_optimizer('sgd')
@@ -20,38 +18,6 @@ SERVER = optimizers.make_server_optimizer('sgd')
 
 def build(name, model, **kwargs):
   return algorithms.REGISTRY[name](model, server_optimizer=SERVER, **kwargs)
-
-
-def federation(num_examples=96, num_clients=4):
-  images, labels = fx.make_data(num_examples)
-  parts = partition_lib.dirichlet(
-    labels, num_clients, 1.0, seed=2, variant='per_class'
-  )
-  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
-  return images, labels, parts, data
-
-
-def cohorts(alg, parts, labels, rounds, *, batch_size=8):
-  sizes = [len(p) for p in parts]
-  s = cohort_lib.num_local_steps(
-    sizes, batch_size=batch_size, local_epochs=1, local_steps=0
-  )
-  return [
-    cohort_lib.make_cohort(
-      np.asarray(ids),
-      parts,
-      num_slots=4,
-      num_steps=s,
-      batch_size=batch_size,
-      local_epochs=1,
-      local_steps=0,
-      seed=0,
-      round_idx=r,
-      labels=labels,
-      batches_fn=alg.client_batches,
-    )
-    for r, ids in enumerate(rounds)
-  ]
 
 
 def one_step_loss(
@@ -97,7 +63,7 @@ def test_fedquad_loss_is_ce_plus_beta_quad_on_sampled_quadruplets(squared):
   (FedQuad, Goksu & Pugeault, arXiv 2025, Eq. 3 and Eq. 5), recomputed in
   NumPy: by default d is Eq. 5's Euclidean distance, with squared=True
   Algorithm 1's squared distance."""
-  images, labels, parts, _ = federation()
+  images, labels, parts, _ = fx.dirichlet_federation()
   model = fx.linear()
   variables = fx.init_variables(model, images)
   kwargs = {} if squared is None else {'squared': squared}
@@ -131,7 +97,7 @@ def test_fedquad_loss_is_ce_plus_beta_quad_on_sampled_quadruplets(squared):
 def test_moon_loss_round_zero_and_later():
   """Embedding = input for every model, so all cosines are 1 and
   l_con = -log(e^(1/t) / (e^(1/t) + e^(1/t))) = log 2 after round 0."""
-  images, labels, parts, _ = federation()
+  images, labels, parts, _ = fx.dirichlet_federation()
   model = fx.linear()
   alg = build('moon', model, mu=2.0)
   variables = fx.init_variables(model, images)
@@ -153,7 +119,7 @@ def test_moon_loss_round_zero_and_later():
 
 
 def test_moon_table_holds_random_inits_then_local_models():
-  images, labels, parts, data = federation()
+  images, labels, parts, data = fx.dirichlet_federation()
   model = fx.cnn()
   alg = build('moon', model)
   variables = fx.init_variables(model, images)
@@ -163,7 +129,7 @@ def test_moon_table_holds_random_inits_then_local_models():
   kernels = np.asarray(table['params']['Conv_0']['kernel'])
   assert not np.allclose(kernels[0], kernels[1])  # independent random inits
   round_fn = executors.make_round_fn(fx.make_spec(alg), data, executor='vmap')
-  c = cohorts(alg, parts, labels, [[2]])[0]
+  c = fx.round_cohorts(alg, parts, labels, [[2]])[0]
   before = np.asarray(table['params']['Conv_0']['kernel'])
   new_state, table, _ = round_fn(state, table, c)
   after = np.asarray(table['params']['Conv_0']['kernel'])

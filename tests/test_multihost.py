@@ -48,6 +48,8 @@ def start(workdir, num_devices, *flags):
     ),
   )
   env.pop('XLA_FLAGS', None)  # Could force another device count.
+  # Programs of a 2-process run are not shared with one-process ones.
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)
   return subprocess.Popen(
     [
       sys.executable,

@@ -15,40 +15,8 @@ import numpy as np
 import pytest
 
 from fedjax_metric import algorithms, engine, executors, optimizers
-from fedjax_metric.data import cohort as cohort_lib
-from fedjax_metric.data import partition as partition_lib
 
 SERVER = optimizers.make_server_optimizer('sgd')
-
-
-def federation():
-  images, labels = fx.make_data(96)
-  parts = partition_lib.dirichlet(labels, 4, 1.0, seed=2, variant='per_class')
-  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
-  return images, labels, parts, data
-
-
-def cohorts(alg, parts, labels, rounds, *, batch_size=8):
-  sizes = [len(p) for p in parts]
-  s = cohort_lib.num_local_steps(
-    sizes, batch_size=batch_size, local_epochs=1, local_steps=0
-  )
-  return [
-    cohort_lib.make_cohort(
-      np.asarray(ids),
-      parts,
-      num_slots=4,
-      num_steps=s,
-      batch_size=batch_size,
-      local_epochs=1,
-      local_steps=0,
-      seed=0,
-      round_idx=r,
-      labels=labels,
-      batches_fn=alg.client_batches,
-    )
-    for r, ids in enumerate(rounds)
-  ]
 
 
 def run(alg, variables, parts, data, round_cohorts, executor):
@@ -65,12 +33,12 @@ def run(alg, variables, parts, data, round_cohorts, executor):
 
 @pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
 def test_registered_algorithm_trains_and_executors_agree(name):
-  images, labels, parts, data = federation()
+  images, labels, parts, data = fx.dirichlet_federation()
   model = fx.all_outputs()
   alg = algorithms.REGISTRY[name](model, server_optimizer=SERVER)
   variables = fx.init_variables(model, images)
   # Cohort sizes differ between rounds: the program must not recompile.
-  round_cohorts = cohorts(alg, parts, labels, [[0, 1, 3], [1, 2]])
+  round_cohorts = fx.round_cohorts(alg, parts, labels, [[0, 1, 3], [1, 2]])
   initial = engine.init_state(alg, variables, len(parts))
   results = {}
   for executor in ('vmap', 'host'):

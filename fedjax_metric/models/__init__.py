@@ -71,12 +71,17 @@ def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
   float32. None computes in the variables' own dtype.
   """
 
+  # One program: flax's init run op by op compiles every initialiser alone.
+  jitted_init = jax.jit(
+    lambda key, images: module.init(key, images, train=False)
+  )
+
   def init(key, images=None):
     if images is None:
       if input_shape is None:
         raise ValueError('init needs images: this ModelFns has no input_shape.')
       images = jnp.zeros(input_shape, jnp.float32)
-    return dict(module.init(key, images, train=False))
+    return dict(jitted_init(key, images))
 
   def apply(params, model_state, images, *, train, mask=None):
     if compute_dtype is not None:
