@@ -512,7 +512,11 @@ def test_a_field_without_a_rule_is_not_range_checked():
   config = load_config('fedavg')
   config.brand_new_field = -12345  # A field added after this validator.
   config.local.brand_new_knob = 'anything'
-  validation.validate(config)
+  validation.validate(config)  # Raises on any field it checks.
+  # The fields that have a rule are still checked beside the new ones.
+  config.local.learning_rate = -1.0
+  with pytest.raises(validation.ConfigError, match='local.learning_rate'):
+    validation.validate(config)
 
 
 # ---------------------------------------------------------------------------

@@ -85,10 +85,11 @@ def test_probabilities_clip_warns_and_caps():
 
 def test_probabilities_no_warning_without_clip():
   with warnings.catch_warnings():
-    warnings.simplefilter('error')
-    participation.probabilities(
+    warnings.simplefilter('error')  # A clipping warning would raise here.
+    p = participation.probabilities(
       COUNTS_3X3, mean=0.5, floor=0.02, label_weights=[1.0, 0.0, 0.0]
     )
+  assert np.all((p >= 0.02) & (p < 1.0))  # Nothing reached the clip at 1.
 
 
 def test_probabilities_one_shared_dirichlet_vector():
