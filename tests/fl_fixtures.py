@@ -171,6 +171,35 @@ def round_cohorts(alg, parts, labels, rounds, *, batch_size=8):
   ]
 
 
+def client_context(
+  server_state,
+  *,
+  client_row=(),
+  local_state=(),
+  key=None,
+  client_id=0,
+  slot=0,
+  learning_rate=0.1,
+  num_steps=1.0,
+  num_examples=1.0,
+):
+  """One client's `engine.ClientContext` outside a round (step 0, no
+  scan_batches), for calling an algorithm's hooks directly."""
+  return engine.ClientContext(
+    server_state=server_state,
+    client_row=client_row,
+    local_state=local_state,
+    client_id=jnp.int32(client_id),
+    slot=jnp.int32(slot),
+    key=jax.random.key(0) if key is None else key,
+    step=jnp.int32(0),
+    learning_rate=jnp.float32(learning_rate),
+    num_steps=jnp.float32(num_steps),
+    num_examples=jnp.float32(num_examples),
+    scan_batches=None,
+  )
+
+
 def executor_tolerance():
   """How closely two executors' results agree after a few rounds.
 

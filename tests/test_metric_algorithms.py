@@ -32,19 +32,7 @@ def one_step_loss(
     jnp.asarray(images[idx]),
   )
   state = engine.ServerState(variables, (), jnp.asarray(round_idx), ())
-  ctx = engine.ClientContext(
-    state,
-    client_row,
-    (),
-    client_id=jnp.asarray(0),
-    slot=jnp.asarray(0),
-    key=jax.random.key(0),
-    step=jnp.asarray(0),
-    learning_rate=0.1,
-    num_steps=1.0,
-    num_examples=float(len(idx)),
-    scan_batches=None,
-  )
+  ctx = fx.client_context(state, client_row=client_row, num_examples=len(idx))
   loss, _ = alg.client_loss(params, model_state, batch, ctx)
   return float(loss)
 

@@ -258,18 +258,9 @@ def one_step_loss(alg, variables, images, labels, idx, mask):
     jnp.asarray(mask),
     jnp.asarray(images[idx]),
   )
-  ctx = engine.ClientContext(
+  ctx = fx.client_context(
     engine.ServerState(variables, (), jnp.asarray(0), ()),
-    (),
-    (),
-    client_id=jnp.asarray(0),
-    slot=jnp.asarray(0),
-    key=jax.random.key(0),
-    step=jnp.asarray(0),
-    learning_rate=0.1,
-    num_steps=1.0,
-    num_examples=float(len(idx)),
-    scan_batches=None,
+    num_examples=len(idx),
   )
   with jax.default_matmul_precision('highest'):
     loss, _ = alg.client_loss(params, model_state, batch, ctx)
@@ -395,18 +386,10 @@ def test_moon_trains_with_a_projection_head_model():
     jnp.asarray(images),
   )
   row = model.init(jax.random.key(7))
-  ctx = engine.ClientContext(
+  ctx = fx.client_context(
     engine.ServerState(variables, (), jnp.asarray(2), ()),
-    row,
-    (),
-    client_id=jnp.asarray(0),
-    slot=jnp.asarray(0),
-    key=jax.random.key(0),
-    step=jnp.asarray(0),
-    learning_rate=0.1,
-    num_steps=1.0,
-    num_examples=24.0,
-    scan_batches=None,
+    client_row=row,
+    num_examples=24,
   )
   (loss, (_, metrics)), grads = jax.value_and_grad(
     alg.client_loss, has_aux=True

@@ -301,18 +301,10 @@ def test_fedmetric_host_and_vmap_agree_and_gradients_finite_on_center():
   images = jnp.zeros((2,) + SHAPE[1:])  # e = 0 for a bias-free model.
   extra = dict(server_state.extra)
   extra['proxy_centers'] = jnp.zeros_like(extra['proxy_centers'])
-  ctx = engine.ClientContext(
-    server_state=server_state._replace(extra=extra),
-    client_row=(),
+  ctx = fx.client_context(
+    server_state._replace(extra=extra),
     local_state={'center': jnp.zeros(DIM), 'class': jnp.asarray(0)},
-    client_id=jnp.asarray(0),
-    slot=jnp.asarray(0),
-    key=jax.random.key(0),
-    step=jnp.asarray(0),
-    learning_rate=jnp.asarray(0.1),
-    num_steps=jnp.asarray(1.0),
-    num_examples=jnp.asarray(2.0),
-    scan_batches=None,
+    num_examples=2,
   )
   batch = engine.Batch(
     images, jnp.zeros(2, jnp.int32), jnp.ones(2, bool), images

@@ -651,18 +651,8 @@ def test_pmfl_loss_gradient_finite_with_empty_buffer_and_zero_model():
     jnp.ones(8, bool),
     jnp.asarray(images),
   )
-  ctx = engine.ClientContext(
-    server_state=state,
-    client_row=row,
-    local_state=None,
-    client_id=jnp.int32(0),
-    slot=jnp.int32(0),
-    key=jax.random.key(0),
-    step=jnp.int32(0),
-    learning_rate=jnp.float32(0.1),
-    num_steps=jnp.float32(1),
-    num_examples=jnp.float32(8),
-    scan_batches=None,
+  ctx = fx.client_context(
+    state, client_row=row, local_state=None, num_examples=8
   )
   _, local = alg.client_begin(ctx)
   ctx = ctx._replace(local_state=local)

@@ -15,6 +15,7 @@ over layers; batch schedules and aggregation weights against hand counts.
 
 import math
 
+import fl_fixtures as fx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -73,18 +74,14 @@ def make_ctx(
   num_examples=20.0,
   client_row=(),
 ):
-  return engine.ClientContext(
-    server_state=server_state,
+  return fx.client_context(
+    server_state,
     client_row=client_row,
-    local_state=(),
-    client_id=jnp.int32(client_id),
-    slot=jnp.int32(slot),
     key=jax.random.key(7) if key is None else key,
-    step=jnp.int32(0),
-    learning_rate=jnp.float32(0.1),
-    num_steps=jnp.float32(num_steps),
-    num_examples=jnp.float32(num_examples),
-    scan_batches=None,
+    client_id=client_id,
+    slot=slot,
+    num_steps=num_steps,
+    num_examples=num_examples,
   )
 
 
