@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 
+import conftest
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -47,7 +48,8 @@ def start(workdir, num_devices, *flags):
       filter(None, [ROOT, os.environ.get('PYTHONPATH')])
     ),
   )
-  env.pop('XLA_FLAGS', None)  # Could force another device count.
+  # Only the suite's compile flags: a user's could force another device count.
+  env['XLA_FLAGS'] = conftest.SUITE_XLA_FLAGS
   # Programs of a 2-process run are not shared with one-process ones.
   env.pop('JAX_COMPILATION_CACHE_DIR', None)
   return subprocess.Popen(
