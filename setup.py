@@ -39,7 +39,12 @@ setuptools.setup(
       'nbclient',
       'ipykernel',
       'ruff==0.17.6',
+      # The TFDS path is tested for real (tests/tiny_tfds.py prepares a
+      # dataset); ArrayRecord datasets need no TensorFlow.
+      'tensorflow-datasets',
     ],
+    # tensorflow-cpu: only for datasets prepared in TFDS's default TFRecord
+    # format; `--file_format=array_record` ones load with TFDS alone.
     'tfds': ['tensorflow-datasets', 'tensorflow-cpu'],
     # The PyTorch per-client loop that launch/bench.py compares against.
     # 2.13.0 is the CPU build this project's machines carry on disk.

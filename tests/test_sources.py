@@ -1,16 +1,27 @@
 """Tests for fedjax_metric.data.sources against hand-built files."""
 
+import glob
 import gzip
+import importlib.util
 import io
+import json
 import os
 import pickle
+import shutil
 import struct
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
 import pytest
+import tiny_tfds
 
+from configs import fedavg
+from fedjax_metric import validation
 from fedjax_metric.data import sources
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 FASHION_DIR = '/usr/share/datasets/fashion-mnist'
 
@@ -350,18 +361,109 @@ def test_bad_split():
 # ------------------------------------------------------------------ TFDS ----
 
 
-def test_unknown_name_goes_to_tfds(tmp_path):
+@pytest.fixture(scope='module')
+def tfds_dir(tmp_path_factory):
+  """A data directory with `tiny_tfds.NAME` prepared as ArrayRecord, by TFDS
+  itself, in another process (see tests/tiny_tfds.py)."""
+  data_dir = str(tmp_path_factory.mktemp('tfds'))
+  subprocess.run(
+    [sys.executable, os.path.join(TESTS, 'tiny_tfds.py'), data_dir],
+    check=True,
+    capture_output=True,
+  )
+  return data_dir
+
+
+def _sorted_pairs(images, labels):
+  """Images and labels ordered by the images' bytes: TFDS shuffles records
+  when it prepares a dataset, so only the multiset of examples is fixed."""
+  order = sorted(range(len(labels)), key=lambda i: images[i].tobytes())
+  return images[order], np.asarray(labels)[order]
+
+
+def test_tfds_array_record_dataset_loads_without_tensorflow(
+  tfds_dir, monkeypatch
+):
+  def no_tensorflow(*args):
+    raise AssertionError(f'TensorFlow path taken: {args[1:]}')
+
+  monkeypatch.setattr(sources, '_read_with_tensorflow', no_tensorflow)
+  sources.check_available(tiny_tfds.NAME, tfds_dir)
+  for split, size in tiny_tfds.SIZES.items():
+    ds = sources.load(tiny_tfds.NAME, split, data_dir=tfds_dir)
+    assert ds.images.dtype == np.uint8 and ds.labels.dtype == np.int32
+    assert ds.images.shape == (size, *tiny_tfds.SHAPE)
+    assert ds.num_classes == tiny_tfds.NUM_CLASSES
+    got = _sorted_pairs(ds.images, ds.labels)
+    want = _sorted_pairs(*tiny_tfds.examples(split))
+    np.testing.assert_array_equal(got[0], want[0])  # PNG is lossless.
+    np.testing.assert_array_equal(got[1], want[1])
+  # TFDS split strings work as in tfds.load.
+  half = sources.load(tiny_tfds.NAME, 'train[:50%]', data_dir=tfds_dir)
+  assert half.images.shape[0] == tiny_tfds.SIZES['train'] // 2
+  train = {im.tobytes() for im in tiny_tfds.examples('train')[0]}
+  assert {im.tobytes() for im in half.images} <= train
+  # A run's config names it like any dataset; validation reads its metadata.
+  config = fedavg.get_config('runlocal')
+  config.dataset.name, config.dataset.data_dir = tiny_tfds.NAME, tfds_dir
+  validation.validate(config)
+  # The environment variable stands in for data_dir.
+  monkeypatch.setenv(sources.ENV_VAR, tfds_dir)
+  test = sources.load(tiny_tfds.NAME, 'test')
+  assert test.images.shape[0] == tiny_tfds.SIZES['test']
+
+
+def test_tfds_dataset_not_prepared_is_a_clear_error(tmp_path):
   missing = str(tmp_path / 'no_tfds_here')
-  try:
-    import tensorflow_datasets  # noqa: F401  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    with pytest.raises(ImportError, match=r'pip install -e \.\[tfds\]'):
-      sources.load('svhn_cropped', 'train', data_dir=missing)
-    return
-  with pytest.raises(sources.DatasetNotFoundError) as info:
-    sources.load('svhn_cropped', 'train', data_dir=missing)
-  msg = str(info.value)
-  assert missing in msg and 'tfds build svhn_cropped' in msg
+  for call in (
+    lambda: sources.load(tiny_tfds.NAME, 'train', data_dir=missing),
+    lambda: sources.check_available(tiny_tfds.NAME, missing),
+  ):
+    with pytest.raises(sources.DatasetNotFoundError) as info:
+      call()
+    msg = str(info.value)
+    assert missing in msg
+    assert f'tfds build {tiny_tfds.NAME} --file_format=array_record' in msg
+  # Before a run writes anything.
+  config = fedavg.get_config('runlocal')
+  config.dataset.name, config.dataset.data_dir = tiny_tfds.NAME, missing
+  with pytest.raises(sources.DatasetNotFoundError, match='tfds build'):
+    validation.validate(config)
+
+
+def test_tfds_record_format_without_tensorflow_is_a_clear_error(
+  tfds_dir, tmp_path, monkeypatch
+):
+  """A dataset prepared in TFDS's default TFRecord format needs TensorFlow;
+  without it the error says how to rebuild it in a format read without."""
+  copy = str(tmp_path / 'copy')
+  shutil.copytree(tfds_dir, copy)
+  (info_path,) = glob.glob(
+    os.path.join(copy, tiny_tfds.NAME, '*', 'dataset_info.json')
+  )
+  with open(info_path) as f:
+    info = json.load(f)
+  assert info['fileFormat'] == 'array_record'
+  info['fileFormat'] = 'tfrecord'
+  with open(info_path, 'w') as f:
+    json.dump(info, f)
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(
+    sources.importlib.util,
+    'find_spec',
+    lambda name, *a: None if name == 'tensorflow' else find_spec(name, *a),
+  )
+  with pytest.raises(ImportError, match='stored as tfrecord') as error:
+    sources.load(tiny_tfds.NAME, 'train', data_dir=copy)
+  assert '--file_format=array_record' in str(error.value)
+
+
+def test_unknown_name_without_tfds_says_what_to_install(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)
+  with pytest.raises(ImportError, match='pip install tensorflow-datasets'):
+    sources.load('svhn_cropped', 'train', data_dir=str(tmp_path))
+  with pytest.raises(sources.DatasetNotFoundError, match=r'\.\[tfds\]'):
+    sources.check_available('svhn_cropped', str(tmp_path))
 
 
 def test_listing():
