@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from fedjax_metric import train
 from fedjax_metric.data import augment, sources
 from fedjax_metric.evaluation import make_feature_fn
+from launch import evaluate
 
 METHODS = ('pca', 'tsne')
 _METHOD_NAMES = {'pca': 'PCA', 'tsne': 't-SNE'}
@@ -172,10 +173,11 @@ def compute_embeddings(
   """
   config = load_config(workdir)
   data_dir = config.dataset.data_dir or None
-  # The train split is needed for the normalisation statistics the run used.
+  # The train split is needed for the input scaling the run evaluated with
+  # (its channel statistics; 0..1 under the 'ssl' protocol).
   train_split = sources.load(config.dataset.name, 'train', data_dir)
   test_split = sources.load(config.dataset.name, 'test', data_dir)
-  mean, std = augment.channel_stats(train_split.images)
+  mean, std = evaluate.input_scaling(config, train_split.images)
   preprocess = augment.make_preprocess(mean, std, 'none')
   model = train.build_model(config.model, train_split.num_classes)
   # Restoring without a target needs no template, but init checks that the

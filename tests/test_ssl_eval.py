@@ -31,6 +31,7 @@ from fedjax_metric.evaluation import ssl as ssl_eval
 from fedjax_metric.models import make_model_fns
 from launch import evaluate as evaluate_lib
 from launch import main as launch_main  # noqa: F401  (both in one process)
+from launch import report
 
 
 class Encoder(nn.Module):
@@ -238,6 +239,12 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
     num_classes=test_split.num_classes,
   )
   assert knn == pytest.approx(summary['knn_accuracy'], abs=2e-3)
+  # launch/report.py embeds the run's test images on the same 0..1 scale.
+  with jax.default_matmul_precision('highest'):
+    reported = report.compute_embeddings(workdir, max_examples=50)
+  np.testing.assert_allclose(
+    reported['features'], embed(test_split.images[:50]), atol=1e-4
+  )
 
 
 def test_export_of_a_classifier_gives_the_runs_test_accuracy(tmp_path):
