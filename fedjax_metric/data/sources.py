@@ -481,8 +481,8 @@ def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
 
   Datasets written in the ArrayRecord format are read with TFDS's random
   access data source, which needs no TensorFlow (images are decoded with
-  Pillow); other formats (TFRecord, TFDS's default) go through `tfds.load`,
-  which needs TensorFlow.
+  Pillow); other formats (TFRecord, TFDS's default) go through TFDS's
+  tf.data pipeline (`builder.as_dataset`), which needs TensorFlow.
   """
   builder = _tfds_builder(name, data_dir)
   info = builder.info
@@ -496,7 +496,7 @@ def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
   file_format = str(getattr(info.file_format, 'value', info.file_format))
   if file_format == 'array_record':
     images, labels = _read_data_source(
-      builder.as_data_source(split=split), keys
+      builder.as_data_source(split=split), keys, f'{name}/{split}'
     )
   else:
     images, labels = _read_with_tensorflow(builder, name, split, file_format)
@@ -507,7 +507,7 @@ def _load_tfds(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
 
 
 def _read_data_source(
-  source, keys: Tuple[str, str], chunk: int = 4096
+  source, keys: Tuple[str, str], where: str, chunk: int = 4096
 ) -> Tuple[np.ndarray, np.ndarray]:
   """Every record of a TFDS data source, stacked: ([N, H, W, C], [N])."""
   image_key, label_key = keys
@@ -519,14 +519,14 @@ def _read_data_source(
     images.extend(r[image_key] for r in records)
     labels.extend(r[label_key] for r in records)
   if not images:
-    raise ValueError(f'TFDS split {source!r} is empty.')
+    raise ValueError(f'TFDS split {where} is empty.')
   return np.stack(images), np.asarray(labels)
 
 
 def _read_with_tensorflow(
   builder, name: str, split: str, file_format: str
 ) -> Tuple[np.ndarray, np.ndarray]:
-  """A TFRecord dataset, through `tfds.load` (needs TensorFlow)."""
+  """A TFRecord dataset, whole, through tf.data (needs TensorFlow)."""
   if importlib.util.find_spec('tensorflow') is None:
     raise ImportError(
       f'TFDS dataset {name!r} is stored as {file_format}, which only '
