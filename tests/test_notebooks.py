@@ -186,5 +186,10 @@ def test_unsupervised_runs_on_tiny_settings(tiny_env, tmp_path):
       f'{summary["test_uniformity"]:.3f}, test_effective_rank '
       f'{summary["test_effective_rank"]:.1f}'
     ) in proc.stdout
-  for png in ('knn_curves.png', 'final_metrics.png'):
+  for png in (
+    'knn_curves.png',
+    'final_metrics.png',
+    'fedalignuniform_embedding.png',
+    'ssd_embedding.png',
+  ):
     assert_png(tiny_env / png)
