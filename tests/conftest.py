@@ -55,9 +55,9 @@ JAX_ENV = {
 
 # Child processes (the CLI, multi-host, notebook and scaling tests) inherit
 # the compile settings; each test that needs a device count sets its own.
-for _key in ('JAX_DEFAULT_MATMUL_PRECISION', 'JAX_DISABLE_MOST_OPTIMIZATIONS'):
-  os.environ[_key] = JAX_ENV[_key]
-os.environ['XLA_FLAGS'] = XLA_FLAGS
+os.environ.update(
+  {k: v for k, v in JAX_ENV.items() if k != 'JAX_NUM_CPU_DEVICES'}
+)
 
 jax.config.update('jax_num_cpu_devices', 4)
 jax.config.update('jax_default_matmul_precision', 'highest')
