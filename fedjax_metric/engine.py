@@ -131,6 +131,12 @@ class Algorithm(NamedTuple):
       mask [S, B'])``, the client's batch schedule; None means
       `cohort.client_batches`. FedQuad lays each step out as
       [anchors | positives | negatives_1 | negatives_2].
+    cohort_batches: optional, host-side: the same schedule for a whole
+      cohort at once, used by ``cohort_sampler='vectorized'``: ``(clients:
+      cohort.CohortClients, labels, *, seed, round_idx, num_steps,
+      batch_size, local_epochs, local_steps) -> (idx [R, S, B'], mask)``;
+      None means `cohort.vectorized_batches`. An algorithm that sets
+      client_batches sets this too, or runs with the per-client sampler only.
 
   How the methods of this library map onto the slots:
 
@@ -171,6 +177,7 @@ class Algorithm(NamedTuple):
   client_final: Callable[..., Any]
   server_update: Callable[..., Any]
   client_batches: Optional[Callable[..., Any]] = None
+  cohort_batches: Optional[Callable[..., Any]] = None
 
 
 class RoundSpec(NamedTuple):

@@ -680,6 +680,8 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       round_idx=round_idx,
       labels=train.labels,
       batches_fn=algorithm.client_batches,
+      cohort_batches_fn=algorithm.cohort_batches,
+      sampler=config.cohort_sampler,
     )
 
   def memory_model():

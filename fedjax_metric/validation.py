@@ -16,7 +16,13 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from fedjax_metric import algorithms, executors, models, optimizers
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.data import augment, participation, partition, sources
+from fedjax_metric.data import (
+  augment,
+  cohort,
+  participation,
+  partition,
+  sources,
+)
 from fedjax_metric.evaluation import protocols
 
 
@@ -171,6 +177,7 @@ RULES: Dict[str, Check] = {
   'participation.markov_rate': _number(0.0, 1.0, low_open=True),
   'participation.cycle': _integer(1),
   'precision': _one_of(executors.PRECISIONS),
+  'cohort_sampler': _one_of(cohort.SAMPLERS),
   'executor': _one_of(executors.EXECUTORS),
   'chunk_size': _integer(0),
   'steps_per_call': _integer(1),

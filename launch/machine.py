@@ -25,6 +25,11 @@ def device_name() -> str:
   device = jax.devices()[0]
   if device.platform != 'cpu':
     return device.device_kind
+  return cpu_name()
+
+
+def cpu_name() -> str:
+  """The host CPU's model and core count."""
   cpu = platform.processor() or 'cpu'
   try:
     with open('/proc/cpuinfo') as f:

@@ -110,6 +110,7 @@ class Point:
   seed: int = 0
   precision: str = 'default'  # executors.PRECISIONS
   conv_impl: str = 'xla'  # 'xla' | 'patches' (models.layers.make_conv)
+  cohort_sampler: str = 'per_client'  # cohort.SAMPLERS (config.cohort_sampler)
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self))
@@ -298,6 +299,8 @@ def _measure_point(point: Point) -> Dict[str, Any]:
       round_idx=round_idx,
       labels=labels,
       batches_fn=algorithm.client_batches,
+      cohort_batches_fn=algorithm.cohort_batches,
+      sampler=point.cohort_sampler,
     )
 
   choice = executors.fit_to_memory(
@@ -508,7 +511,8 @@ def describe_work(point: Point) -> str:
   return (
     f'{point.model}{pool}, {"x".join(map(str, point.image_shape))}, '
     f'{point.local_steps} local {steps} of {point.batch_size}, '
-    f'{point.examples_per_client} synthetic examples per client'
+    f'{point.examples_per_client} synthetic examples per client, '
+    f'{point.cohort_sampler} cohort sampler'
   )
 
 
@@ -751,6 +755,12 @@ def define_flags():
     ['xla', 'patches'],
     'Convolution form (models.layers.make_conv).',
   )
+  flags.DEFINE_enum(
+    'cohort_sampler',
+    Point.cohort_sampler,
+    list(cohort_lib.SAMPLERS),
+    'How the host draws batches (config.cohort_sampler).',
+  )
   flags.DEFINE_boolean(
     'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).'
   )
@@ -803,6 +813,7 @@ def main(argv):
     unroll=f.unroll,
     precision=f.precision,
     conv_impl=f.conv_impl,
+    cohort_sampler=f.cohort_sampler,
   )
   described = machine.describe_backend()
   backend, device = described['backend'], described['device']

@@ -146,7 +146,9 @@ def dirichlet_federation(num_examples=96, num_clients=4):
   return images, labels, parts, data
 
 
-def round_cohorts(alg, parts, labels, rounds, *, batch_size=8):
+def round_cohorts(
+  alg, parts, labels, rounds, *, batch_size=8, sampler='per_client'
+):
   """One 4-slot cohort per entry of ``rounds`` (the clients of that round),
   one local epoch each, with the algorithm's own batch schedule."""
   sizes = [len(p) for p in parts]
@@ -166,6 +168,8 @@ def round_cohorts(alg, parts, labels, rounds, *, batch_size=8):
       round_idx=r,
       labels=labels,
       batches_fn=alg.client_batches,
+      cohort_batches_fn=alg.cohort_batches,
+      sampler=sampler,
     )
     for r, ids in enumerate(rounds)
   ]

@@ -477,6 +477,10 @@ def _set(path, value):
     (_set('algorithm', 'fedavgm'), "algorithm must be one of .*'fedprox'"),
     (_set('num_rounds', 0), 'num_rounds must be >= 1'),
     (_set('eval_every', 0), 'eval_every must be >= 1'),
+    (
+      _set('cohort_sampler', 'fast'),
+      "cohort_sampler must be one of .*'vectorized'",
+    ),
     (_set('local.steps', 0), 'trains nothing'),
     (_set('dataset.name', 'fashion-mnist'), "Did you mean 'fashion_mnist'"),
     (_set('dataset.name', 'cifar_10'), "Did you mean 'cifar10'"),

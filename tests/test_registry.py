@@ -62,3 +62,26 @@ def test_registered_algorithm_trains_and_executors_agree(name):
   amplifying = {'fedalignuniform', 'feddecorr', 'fedu2'}
   tolerance = max(fx.executor_tolerance(), 1e-3 if name in amplifying else 0)
   assert fx.max_abs_diff(results['vmap'], results['host']) < tolerance
+
+
+@pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
+def test_vectorized_sampler_gives_the_per_client_schedule_shape(name):
+  """Both samplers give a cohort of the same shapes and the same masks (which
+  steps and columns are real is not random), with every real index drawn
+  from the slot's own client; only the draws differ."""
+  images, labels, parts, data = fx.dirichlet_federation()
+  alg = algorithms.REGISTRY[name](fx.all_outputs(), server_optimizer=SERVER)
+  rounds = [[0, 1, 3], [1, 2], []]  # the last: a round nobody joins
+  per_client = fx.round_cohorts(alg, parts, labels, rounds)
+  vectorized = fx.round_cohorts(
+    alg, parts, labels, rounds, sampler='vectorized'
+  )
+  for a, b, ids in zip(per_client, vectorized, rounds):
+    for field in ('client_ids', 'slot_mask', 'example_mask', 'num_examples'):
+      np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert a.example_idx.shape == b.example_idx.shape
+    for slot, client in enumerate(ids):
+      real = b.example_idx[slot][b.example_mask[slot]]
+      assert np.isin(real, parts[client]).all(), (name, client)
+    if ids:
+      assert not np.array_equal(a.example_idx, b.example_idx)

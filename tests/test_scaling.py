@@ -20,7 +20,8 @@ import jax
 import numpy as np
 import pytest
 
-from launch import scaling
+from fedjax_metric.data import cohort as cohort_lib
+from launch import cohort_bench, scaling
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'scaling.ipynb')
@@ -204,9 +205,14 @@ def test_save_outputs_writes_json_markdown_and_png(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('algorithm', ['fedavg', 'fedquad'])
-def test_tiny_point_in_process(algorithm):
-  result = scaling.measure_point(scaling.Point(algorithm, 3, 6, **TINY))
+@pytest.mark.parametrize(
+  'algorithm, sampler',
+  [('fedavg', 'per_client'), ('fedquad', 'vectorized')],
+)
+def test_tiny_point_in_process(algorithm, sampler):
+  point = scaling.Point(algorithm, 3, 6, cohort_sampler=sampler, **TINY)
+  result = scaling.measure_point(point)
+  assert result['cohort_sampler'] == sampler
   # auto: the host loop on CPU, one vmapped program on an accelerator.
   expected = 'host' if jax.default_backend() == 'cpu' else 'vmap'
   assert result['status'] == 'ok' and result['executor'] == expected
@@ -301,3 +307,29 @@ def test_broken_notebook_cell_fails(tmp_path):
   proc = run_cells(broken, tmp_path)
   assert proc.returncode != 0
   assert 'broken cell' in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# launch/cohort_bench.py: host time of both cohort samplers.
+# ---------------------------------------------------------------------------
+
+
+def test_cohort_bench_times_both_samplers():
+  assert 'repeats' not in flags.FLAGS  # flags only when it is the program
+  times = cohort_bench.measure(
+    'fedquad', 30, examples_per_client=6, local_steps=2, repeats=2
+  )
+  assert set(times) == set(cohort_lib.SAMPLERS)
+  assert all(len(t) == 2 and min(t) > 0 for t in times.values())
+  row = cohort_bench.format_row(
+    'fedquad', 30, {'per_client': [0.4, 0.2], 'vectorized': [0.1, 0.1]}
+  )
+  assert row == [
+    'fedquad',
+    '30',
+    '0.3000',
+    '0.2000-0.4000',
+    '0.1000',
+    '0.1000-0.1000',
+    '3.0x',
+  ]

@@ -20,7 +20,7 @@ local batches.
 Shared pieces (used by `ssd`, `feddecorr`, `fedu2`, `fedx`, `l_dawa`):
   * `two_view_forward`: two SimCLR views of ``batch.raw_images`` drawn with
     ctx.key (on device) and one training forward pass per view.
-  * `make_ssl_client_batches`: the batch schedule (drop_last, skipping
+  * `ssl_batch_schedules`: the batch schedule (drop_last, skipping
     batches of one example, FedX's extra random batch, FedU2's 'even'
     local epochs).
   * `make_client_final`: update = local - global, weight = local batches.
@@ -31,8 +31,7 @@ Slots replaced relative to FedAvg: ``client_loss`` (the two-view loss),
 ``client_batches`` (the schedule above).
 """
 
-import math
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -149,14 +148,15 @@ def output_width(model, variables, name='projection'):
 # ---------------------------------------------------------------------------
 
 
-def make_ssl_client_batches(
+def ssl_batch_schedules(
   *,
   drop_last=False,
   min_batch_examples=2,
   random_batch=False,
   even_epochs_cap=0,
 ):
-  """An `engine.Algorithm.client_batches` schedule for two-view training.
+  """The batch schedule for two-view training, as both `engine.Algorithm`
+  slots: ``client_batches`` (per client) and ``cohort_batches`` (vectorized).
 
   Starts from `cohort.client_batches` (a fresh permutation per local epoch,
   the last batch partial) and then:
@@ -183,8 +183,11 @@ def make_ssl_client_batches(
   all-False mask, so they are no-ops and do not count in ctx.num_steps.
 
   Returns:
-    ``(indices, labels, rng, *, num_steps, batch_size, local_epochs,
-    local_steps) -> (idx [S, B or 2B], mask [S, B or 2B])``.
+    ``dict(client_batches=(indices, labels, rng, *, num_steps, batch_size,
+    local_epochs, local_steps) -> (idx [S, B or 2B], mask [S, B or 2B]),
+    cohort_batches=(clients, labels, *, seed, round_idx, **shape) -> (idx
+    [R, S, B or 2B], mask))``; the vectorized form draws the random batch
+    from its own stream of permutations.
   """
   if min_batch_examples < 0 or even_epochs_cap < 0:
     raise ValueError(
@@ -192,34 +195,48 @@ def make_ssl_client_batches(
       f'(got {min_batch_examples}, {even_epochs_cap}).'
     )
 
-  def client_batches(
-    indices, labels, rng, *, num_steps, batch_size, local_epochs, local_steps
-  ):
-    del labels
-    n = len(indices)
-    epochs = local_epochs
-    if even_epochs_cap and local_steps == 0 and n > 0:
-      per_epoch = math.ceil(n / batch_size)
-      epochs = max(1, min(num_steps // per_epoch, even_epochs_cap))
-    shape = dict(
-      num_steps=num_steps,
-      batch_size=batch_size,
-      local_epochs=epochs,
-      local_steps=local_steps,
-    )
-    idx, mask = cohort_lib.client_batches(indices, rng, **shape)
-    counts = mask.sum(axis=1)
+  def epochs_of(sizes, *, num_steps, batch_size, local_epochs, local_steps):
+    """Local epochs of clients with ``sizes`` examples (int array)."""
+    sizes = np.asarray(sizes)
+    if not (even_epochs_cap and local_steps == 0):
+      return np.full(sizes.shape, local_epochs)
+    per_epoch = np.maximum(-(-sizes // batch_size), 1)
+    return np.clip(num_steps // per_epoch, 1, even_epochs_cap)
+
+  def kept_steps(mask, batch_size):
+    """[..., S] which steps train: enough real examples (and full)."""
+    counts = mask.sum(axis=-1)
     keep = counts >= max(min_batch_examples, 1)
     if drop_last:
       keep &= counts == batch_size
-    mask = mask & keep[:, None]
+    return keep[..., None]
+
+  def client_batches(indices, labels, rng, **shape):
+    del labels
+    shape['local_epochs'] = int(epochs_of(len(indices), **shape))
+    idx, mask = cohort_lib.client_batches(indices, rng, **shape)
+    keep = kept_steps(mask, shape['batch_size'])
+    mask = mask & keep
     if random_batch:
       idx_r, mask_r = cohort_lib.client_batches(indices, rng, **shape)
       idx = np.concatenate([idx, idx_r], axis=1)
-      mask = np.concatenate([mask, mask_r & keep[:, None]], axis=1)
+      mask = np.concatenate([mask, mask_r & keep], axis=1)
     return idx, mask
 
-  return client_batches
+  def cohort_batches(clients, labels, *, seed, round_idx, **shape):
+    del labels
+    epochs = epochs_of(clients.sizes, **shape)
+    draws = dict(seed=seed, round_idx=round_idx, epochs=epochs, **shape)
+    pos, mask = cohort_lib.vectorized_schedule(clients, **draws)
+    keep = kept_steps(mask, shape['batch_size'])
+    mask = mask & keep
+    if random_batch:  # the second loader: an independent stream
+      pos_r, mask_r = cohort_lib.vectorized_schedule(clients, stream=1, **draws)
+      pos = np.concatenate([pos, pos_r], axis=2)
+      mask = np.concatenate([mask, mask_r & keep], axis=2)
+    return cohort_lib.take(clients, pos, mask), mask
+
+  return dict(client_batches=client_batches, cohort_batches=cohort_batches)
 
 
 def batches_per_epoch(ctx):
@@ -284,11 +301,12 @@ def make_algorithm(
   *,
   server_optimizer,
   weighting='num_batches',
-  client_batches: Optional[Callable] = None,
+  schedules: Optional[dict] = None,
   init_extra=None,
 ):
   """FedAvg with an unsupervised ``client_loss``, `make_client_final` and an
-  ssl batch schedule (default `make_ssl_client_batches()`)."""
+  ssl batch schedule (``schedules``, both slots; default
+  `ssl_batch_schedules()`)."""
   del model
   base = fedavg.make(
     None, server_optimizer=server_optimizer, weighting='num_examples'
@@ -297,7 +315,7 @@ def make_algorithm(
     init_server=fedavg.make_init_server(server_optimizer, init_extra),
     client_loss=client_loss,
     client_final=make_client_final(weighting),
-    client_batches=client_batches or make_ssl_client_batches(),
+    **(schedules or ssl_batch_schedules()),
   )
 
 
@@ -346,5 +364,5 @@ def make(
     client_loss,
     server_optimizer=server_optimizer,
     weighting=weighting,
-    client_batches=make_ssl_client_batches(drop_last=drop_last),
+    schedules=ssl_batch_schedules(drop_last=drop_last),
   )

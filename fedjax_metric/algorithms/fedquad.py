@@ -86,9 +86,7 @@ def _make_sampled(
   )
   return fedavg.make(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(
-    client_loss=loss, client_batches=quadruplets.make_batches_fn(num_negatives)
-  )
+  )._replace(client_loss=loss, **quadruplets.batch_schedules(num_negatives))
 
 
 def make_fedquad(

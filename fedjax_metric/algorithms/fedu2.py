@@ -16,7 +16,7 @@ uniform regulariser (`losses.fedu2_uniform_regularizer`: sliced
 Wasserstein distance to a uniform sample in random tangent spaces, fresh
 random draws per view and step). Clients follow the 'even' schedule:
 E_k = min(S // ceil(n_k / B), 10) local epochs, so small clients take about
-as many steps as the largest (`fedalignuniform.make_ssl_client_batches`).
+as many steps as the largest (`fedalignuniform.ssl_batch_schedules`).
 
 Server (EUA): with g_i = theta - theta_i the cohort's parameter updates
 (BatchNorm statistics excluded) and v_i = 2 g_i / ||g_i|| (norm over the
@@ -307,7 +307,7 @@ def make(
     client_loss,
     server_optimizer=server_optimizer,
     weighting=weighting,
-    client_batches=fau.make_ssl_client_batches(even_epochs_cap=even_epochs_cap),
+    schedules=fau.ssl_batch_schedules(even_epochs_cap=even_epochs_cap),
   )
   if aggregation == 'avg':
     return base._replace(

@@ -11,7 +11,7 @@ on the projection, ``ModelFedX.predictionMLP``); it is federated like the
 rest, and lives in the parameters under the key ``'fedx_predictor'`` (the
 encoder and projector ignore it). Each step sees the two views x1, x2 of a
 batch and one view x_r of an independent random batch of the client's data
-(`fedalignuniform.make_ssl_client_batches` with random_batch=True); one
+(`fedalignuniform.ssl_batch_schedules` with random_batch=True); one
 forward pass of the local model over [x1; x2; x_r] (BatchNorm statistics
 over all 3B) gives projections z and predictions q(z), and the frozen
 global model in eval mode gives z^g. The loss is
@@ -180,8 +180,6 @@ def make(
     client_loss,
     server_optimizer=server_optimizer,
     weighting=weighting,
-    client_batches=fau.make_ssl_client_batches(
-      drop_last=drop_last, random_batch=True
-    ),
+    schedules=fau.ssl_batch_schedules(drop_last=drop_last, random_batch=True),
   )
   return algorithm._replace(init_server=init_server)

@@ -168,5 +168,5 @@ def make(
     client_loss,
     server_optimizer=server_optimizer,
     weighting=weighting,
-    client_batches=fau.make_ssl_client_batches(drop_last=drop_last),
+    schedules=fau.ssl_batch_schedules(drop_last=drop_last),
   )._replace(client_final=client_final)

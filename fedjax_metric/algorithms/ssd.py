@@ -295,5 +295,5 @@ def make(
     server_optimizer=server_optimizer,
     weighting=weighting,
     init_extra=init_extra,
-    client_batches=fau.make_ssl_client_batches(drop_last=drop_last),
+    schedules=fau.ssl_batch_schedules(drop_last=drop_last),
   )

@@ -7,17 +7,20 @@ For every anchor x_a of class k on client i, drawn from the client's own data:
   x_p  ~ D_k \\ {x_a}                 (same class, not the anchor itself)
   x_n1 ~ D_k'   with k'  != k         (a class present on the client)
   x_n2 ~ D_k''  with k'' not in {k, k'}
-Host-side NumPy, deterministic in the generator it is given (the cohort seeds it
-from (seed, round, client)). Each local step's row of indices is laid out as
-[anchors | positives | negatives_1 | negatives_2], B each, so the device side
-gathers 4B images in one go and the loss splits them.
+Host-side NumPy, deterministic in (seed, round, client): `sample_companions`
+per client from its generator (the 'per_client' sampler),
+`cohort_companions` for the whole cohort from counter-based draws (the
+'vectorized' sampler; same distribution, different draws). Each local
+step's row of indices is laid out as [anchors | positives | negatives_1 |
+negatives_2], B each, so the device side gathers 4B images in one go and the
+loss splits them.
 
 Fallbacks, for clients whose data cannot form a full quadruplet (the paper
 does not cover this case; docs/methods.md, FedQuad):
   * the anchor is the only example of its class: x_p = x_a (d(a, p) = 0, the
     negatives are still pushed away);
   * exactly one other class on the client: k'' = k' (two negatives of that
-    class, distinct examples when it has two);
+    class, drawn independently, so they can be the same example);
   * no other class at all: the companions are masked out and only the
     cross-entropy term trains on that anchor.
 """
@@ -123,3 +126,132 @@ def make_batches_fn(num_negatives: int = 2):
     return np.concatenate(groups, axis=1), np.concatenate(masks, axis=1)
 
   return batches
+
+
+def cohort_companions(
+  anchor_pos: np.ndarray,
+  anchor_slot: np.ndarray,
+  clients: cohort_lib.CohortClients,
+  labels: np.ndarray,
+  uniforms: np.ndarray,
+  num_negatives: int = 2,
+):
+  """`sample_companions` for all the anchors of a cohort at once.
+
+  The same rules and fallbacks, with the cohort's examples grouped by
+  (client, class) in one sort instead of one `np.unique` per client.
+
+  Args:
+    anchor_pos: int [M] anchors as positions into ``clients.indices``.
+    anchor_slot: int [M] the client (slot r < R) each anchor belongs to.
+    clients: the cohort's clients.
+    labels: int [num_examples] global labels.
+    uniforms: float [M, 1 + 2 * num_negatives] in [0, 1): the positive's
+      draw, then for each negative the draw of its class and of its member.
+    num_negatives: 1 (triplets) or 2 (quadruplets).
+
+  Returns:
+    (positives [M], negatives [num_negatives, M], valid [M] bool) as
+    positions into ``clients.indices``; invalid anchors (no other class on
+    the client) have companions equal to themselves.
+  """
+  if num_negatives not in (1, 2):
+    raise ValueError(f'num_negatives={num_negatives}; expected 1 or 2.')
+  total = len(clients.indices)
+  elem_slot = np.repeat(np.arange(len(clients.sizes)), clients.sizes)
+  elem_label = labels[clients.indices]
+  # The cohort's examples grouped by (client, class): group g holds
+  # by_class[group_start[g] : group_start[g] + group_size[g]].
+  by_class = np.lexsort((elem_label, elem_slot))
+  rank_of = np.empty(total, np.int64)
+  rank_of[by_class] = np.arange(total)
+  sorted_slot, sorted_label = elem_slot[by_class], elem_label[by_class]
+  new_group = np.ones(total, bool)
+  new_group[1:] = (sorted_slot[1:] != sorted_slot[:-1]) | (
+    sorted_label[1:] != sorted_label[:-1]
+  )
+  group_of = np.cumsum(new_group) - 1  # [T], by sorted rank
+  group_start = np.flatnonzero(new_group)
+  group_size = np.diff(np.append(group_start, total))
+  classes_on = np.bincount(
+    sorted_slot[group_start], minlength=len(clients.sizes)
+  )  # [R]
+  first_group = np.cumsum(classes_on) - classes_on  # [R]
+
+  rank = rank_of[anchor_pos]
+  group = group_of[rank]
+  size = group_size[group]
+  # Positive: uniform over the class's other members (skip the anchor).
+  draw = (uniforms[:, 0] * np.maximum(size - 1, 1)).astype(np.int64)
+  draw = np.minimum(draw + (draw >= rank - group_start[group]), size - 1)
+  positives = np.where(
+    size > 1, by_class[group_start[group] + draw], anchor_pos
+  )
+
+  # Negative classes: distinct random classes other than the anchor's,
+  # drawn as indices among the client's m - 1 other classes (the second
+  # skips the first); with one other class both come from it (fallback).
+  m = classes_on[anchor_slot]
+  valid = m > 1
+  own = group - first_group[anchor_slot]  # the anchor's class index, < m
+  negatives = np.tile(anchor_pos, (num_negatives, 1))
+  first = (uniforms[:, 1] * np.maximum(m - 1, 1)).astype(np.int64)
+  others = [first]
+  if num_negatives == 2:
+    second = (uniforms[:, 3] * np.maximum(m - 2, 1)).astype(np.int64)
+    others.append(np.where(m > 2, second + (second >= first), first))
+  for j, other in enumerate(others):
+    neg_group = np.where(
+      valid, first_group[anchor_slot] + other + (other >= own), group
+    )
+    member = (uniforms[:, 2 + 2 * j] * group_size[neg_group]).astype(np.int64)
+    negatives[j] = np.where(
+      valid, by_class[group_start[neg_group] + member], anchor_pos
+    )
+  return positives, negatives, valid
+
+
+def make_cohort_batches_fn(num_negatives: int = 2):
+  """An `engine.Algorithm.cohort_batches`: `make_batches_fn` for a cohort.
+
+  Returns ``(clients, labels, *, seed, round_idx, **shape) -> (idx [R, S,
+  (2+K)B], mask)``, the same layout as `make_batches_fn`; the companions'
+  draws are ``counter_uniform(seed, round, client, 2, step, column, j)``
+  for companion draw j.
+  """
+
+  def batches(clients, labels, *, seed, round_idx, **shape):
+    pos, mask = cohort_lib.vectorized_schedule(
+      clients, seed=seed, round_idx=round_idx, **shape
+    )
+    slot, step, col = np.nonzero(mask)
+    # counter_bits(seed, round, client, 2, step, column, j), its shared
+    # prefixes hashed once; stream 2 is apart from the permutations'.
+    client_bits = cohort_lib.counter_bits(seed, round_idx, clients.ids, 2)
+    anchor_bits = cohort_lib.counter_bits(step, col, bits=client_bits[slot])
+    uniforms = cohort_lib.to_uniform(
+      cohort_lib.counter_bits(
+        np.arange(1 + 2 * num_negatives), bits=anchor_bits[:, None]
+      )
+    )
+    positives, negatives, valid = cohort_companions(
+      pos[mask], slot, clients, labels, uniforms, num_negatives
+    )
+    groups = [pos] + [np.zeros_like(pos) for _ in range(1 + num_negatives)]
+    masks = [mask] + [np.zeros_like(mask) for _ in range(1 + num_negatives)]
+    for group, values in zip(groups[1:], [positives, *negatives]):
+      group[mask] = values
+    for m in masks[1:]:
+      m[mask] = valid
+    mask = np.concatenate(masks, axis=2)
+    return cohort_lib.take(clients, np.concatenate(groups, axis=2), mask), mask
+
+  return batches
+
+
+def batch_schedules(num_negatives: int = 2):
+  """Both schedule slots of an `engine.Algorithm` (per-client, vectorized)."""
+  return dict(
+    client_batches=make_batches_fn(num_negatives),
+    cohort_batches=make_cohort_batches_fn(num_negatives),
+  )
