@@ -4,7 +4,7 @@ Workdir contract (README.md, "The workdir"):
   config.json      the resolved config
   partition.json   per-client sizes and class counts; partition.png heatmap
   metrics.jsonl    one JSON object per evaluation: round, wall_time,
-                   total_wall_time, train_loss, test_*
+                   total_wall_time, eval_seconds, train_loss, test_*
   events.*         TensorBoard scalars, flushed at every evaluation
   checkpoints/     orbax checkpoints of (server_state, client_table)
   summary.json     written at the end; its presence means the run finished
@@ -794,12 +794,20 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       train_loss = float(loss_sum / max(examples, 1.0))
       if not math.isfinite(train_loss):
         raise diverged(f'Training loss is {train_loss}', done)
+      # Stamped after the evaluation, so that a row's wall_time covers its
+      # own evaluation (the first one compiles the evaluation programs) and
+      # the next row's difference is that row's training and evaluation.
+      eval_start = time.time()
+      evaluation = evaluator.every(
+        *sharding.local_copy((server_state, client_table))
+      )
       last = {
         'round': done,
         'wall_time': time.time() - start_time,
         'total_wall_time': total_time(),
+        'eval_seconds': time.time() - eval_start,
         'train_loss': train_loss,
-        **evaluator.every(*sharding.local_copy((server_state, client_table))),
+        **evaluation,
       }
       if chief:
         with open(metrics_path, 'a') as f:

@@ -95,6 +95,39 @@ def test_vectorized_cohort_sampler_trains_fedquad(tmp_path):
     assert json.load(f)['cohort_sampler'] == 'vectorized'
 
 
+def test_wall_time_of_a_row_includes_its_evaluation(tmp_path, monkeypatch):
+  # A clock that moves only while the model is evaluated (100 s each time):
+  # each row's wall_time must already count that row's evaluation.
+  from fedjax_metric.evaluation import protocols
+
+  class Clock:
+    now = 0.0
+
+    @staticmethod
+    def time():
+      return Clock.now
+
+  make_evaluator = protocols.make_evaluator
+
+  def slow_evaluator(*args, **kwargs):
+    evaluator = make_evaluator(*args, **kwargs)
+
+    def every(*state):
+      Clock.now += 100.0
+      return evaluator.every(*state)
+
+    return evaluator._replace(every=every)
+
+  monkeypatch.setattr(train, 'time', Clock)
+  monkeypatch.setattr(protocols, 'make_evaluator', slow_evaluator)
+  config = load_config('fedavg')
+  config.checkpoint_every = 100
+  train.run(config, str(tmp_path))
+  rows = read_metrics(tmp_path)
+  assert [r['wall_time'] for r in rows] == [100.0, 200.0]
+  assert [r['eval_seconds'] for r in rows] == [100.0, 100.0]
+
+
 def test_fedavg_learns_digits(tmp_path):
   config = load_config('fedavg', '')
   config.num_rounds = 6
