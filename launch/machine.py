@@ -150,14 +150,13 @@ def markdown_section(
     columns: table column names.
     rows: one sequence of cell values (already formatted) per row.
   """
-  lines = [
-    f'\n## {datetime.date.today()} - {heading}',
-    '',
-    *notes,
-    '',
-    '| ' + ' | '.join(columns) + ' |',
-    '|' + '---|' * len(columns),
-  ]
+  head = [f'\n## {datetime.date.today()} - {heading}', '', *notes, '']
+  return '\n'.join(head) + '\n' + markdown_table(columns, rows)
+
+
+def markdown_table(columns: List[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A markdown table of already formatted cells."""
+  lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
   lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows]
   return '\n'.join(lines) + '\n'
 
