@@ -232,10 +232,10 @@ def _permutations(
   # permutation's positions end up ordered by their keys. elem_perm is
   # already sorted, so position j keeps its permutation and rank. A stable
   # sort makes the rare tie of truncated keys deterministic.
-  perm_bits_needed = max(1, int(len(perm_slot)).bit_length())
-  sort_key = (
-    elem_perm.astype(np.uint64) << np.uint64(64 - perm_bits_needed)
-  ) | (keys >> np.uint64(perm_bits_needed))
+  id_bits = max(1, int(len(perm_slot)).bit_length())
+  sort_key = (elem_perm.astype(np.uint64) << np.uint64(64 - id_bits)) | (
+    keys >> np.uint64(id_bits)
+  )
   order = np.argsort(sort_key, kind='stable')
   return perm_slot[elem_perm], perm_epoch[elem_perm], rank, rank[order]
 
@@ -290,24 +290,24 @@ def vectorized_schedule(
     )
     mask[filled] = True
     return pos, mask
-  else:
-    if epochs is None:
-      epochs = np.full(num_real, local_epochs, np.int64)
-    epochs = np.where(sizes > 0, epochs, 0)
-    steps_per_epoch = -(-sizes // batch_size)
-    too_long = epochs * steps_per_epoch > num_steps
-    if too_long.any():
-      r = int(np.argmax(too_long))
-      raise ValueError(
-        f'A client of {sizes[r]} examples needs {epochs[r]} x '
-        f'{steps_per_epoch[r]} steps of {batch_size}, more than the '
-        f'{num_steps} local steps; compute S with num_local_steps.'
-      )
-    slot, epoch, rank, value = _permutations(
-      clients, epochs, seed=seed, round_idx=round_idx, stream=stream
+  # Epoch mode.
+  if epochs is None:
+    epochs = np.full(num_real, local_epochs, np.int64)
+  epochs = np.where(sizes > 0, epochs, 0)
+  steps_per_epoch = -(-sizes // batch_size)
+  too_long = epochs * steps_per_epoch > num_steps
+  if too_long.any():
+    r = int(np.argmax(too_long))
+    raise ValueError(
+      f'A client of {sizes[r]} examples needs {epochs[r]} x '
+      f'{steps_per_epoch[r]} steps of {batch_size}, more than the '
+      f'{num_steps} local steps; compute S with num_local_steps.'
     )
-    step = epoch * steps_per_epoch[slot] + rank // batch_size
-    col = rank % batch_size
+  slot, epoch, rank, value = _permutations(
+    clients, epochs, seed=seed, round_idx=round_idx, stream=stream
+  )
+  step = epoch * steps_per_epoch[slot] + rank // batch_size
+  col = rank % batch_size
   pos[slot, step, col] = clients.starts[slot] + value
   mask[slot, step, col] = True
   return pos, mask
