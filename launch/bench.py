@@ -36,7 +36,6 @@ import numpy as np
 import optax
 
 from fedjax_metric import engine, executors, models
-from fedjax_metric.data import cohort as cohort_lib
 from launch import machine, scaling
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
@@ -137,18 +136,9 @@ def time_jax(executor, num_clients, *, unroll):
   state, table = engine.init_state(run.algorithm, run.variables, num_clients)
   times = []
   for r in range(_ROUNDS.value + 1):
-    cohort = cohort_lib.make_cohort(
-      np.arange(num_clients),
-      run.partition,
-      num_slots=num_clients,
-      num_steps=steps,
-      batch_size=batch,
-      local_epochs=1,
-      local_steps=steps,
-      seed=0,
-      round_idx=r,
+    cohort = jax.device_put(
+      scaling.full_cohort(run, r, local_steps=steps, batch_size=batch)
     )
-    cohort = jax.device_put(cohort)
     start = time.perf_counter()
     state, table, metrics = round_fn(state, table, cohort)
     jax.block_until_ready((state, metrics))

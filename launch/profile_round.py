@@ -33,10 +33,8 @@ from typing import Dict, List, NamedTuple
 
 from absl import app, flags
 import jax
-import numpy as np
 
 from fedjax_metric import engine, executors
-from fedjax_metric.data import cohort as cohort_lib
 from launch import machine, scaling
 
 
@@ -257,18 +255,8 @@ def profile(
 
     def cohort(round_idx):
       return jax.device_put(
-        cohort_lib.make_cohort(
-          np.arange(num_clients),
-          run.partition,
-          num_slots=num_clients,
-          num_steps=local_steps,
-          batch_size=batch_size,
-          local_epochs=1,
-          local_steps=local_steps,
-          seed=0,
-          round_idx=round_idx,
-          labels=run.labels,
-          batches_fn=run.algorithm.client_batches,
+        scaling.full_cohort(
+          run, round_idx, local_steps=local_steps, batch_size=batch_size
         )
       )
 

@@ -238,6 +238,29 @@ def synthetic_run(
   )
 
 
+def full_cohort(
+  run: SyntheticRun, round_idx: int, *, local_steps: int, batch_size: int
+) -> cohort_lib.Cohort:
+  """Round ``round_idx``'s cohort with every client of ``run`` taking part,
+  each taking exactly ``local_steps`` steps of ``batch_size`` (with the
+  algorithm's own schedule): the round launch.bench and
+  launch.profile_round time."""
+  num_clients = len(run.partition)
+  return cohort_lib.make_cohort(
+    np.arange(num_clients),
+    run.partition,
+    num_slots=num_clients,
+    num_steps=local_steps,
+    batch_size=batch_size,
+    local_epochs=1,
+    local_steps=local_steps,
+    seed=0,
+    round_idx=round_idx,
+    labels=run.labels,
+    batches_fn=run.algorithm.client_batches,
+  )
+
+
 def measure_point(point: Point) -> Dict[str, Any]:
   """Builds the federation and round function for ``point`` and times rounds.
 
