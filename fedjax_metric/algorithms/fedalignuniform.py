@@ -28,7 +28,8 @@ Shared pieces (used by `ssd`, `feddecorr`, `fedu2`, `fedx`, `l_dawa`):
 
 Slots replaced relative to FedAvg: ``client_loss`` (the two-view loss),
 ``client_final`` (weights by ctx.num_steps, the client's real local steps),
-``client_batches`` (the schedule above).
+``client_batches`` and ``cohort_batches`` (the schedule above, per client
+and for the whole cohort).
 """
 
 from typing import Optional

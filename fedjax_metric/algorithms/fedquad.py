@@ -17,7 +17,7 @@ metric term only:
     embeddings (no sampled companions).
 
 Slots replaced relative to FedAvg: ``client_loss`` and (except SupConFL)
-``client_batches``. The distance defaults to Eq. 5's Euclidean norm
+``client_batches`` / ``cohort_batches``. The distance defaults to Eq. 5's Euclidean norm
 (``squared=False``); ``squared=True`` is Algorithm 1's squared distance. The
 distance readings, the sampling fallbacks and the baselines' defaults are
 discussed in docs/methods.md, FedQuad.

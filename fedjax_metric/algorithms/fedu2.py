@@ -40,7 +40,8 @@ Slots replaced relative to FedAvg: ``init_client`` (the client's last
 parameter update and weight: EUA needs every cohort member's own update,
 which the engine's weighted sum does not keep), ``client_loss``,
 ``client_final`` (writes the update and weight to the row),
-``client_batches`` (the even schedule), ``server_update`` (EUA).
+``client_batches`` / ``cohort_batches`` (the even schedule),
+``server_update`` (EUA).
 """
 
 import jax

@@ -27,7 +27,8 @@ len(train_loader)``).
 
 Slots replaced relative to FedAvg: ``init_server`` (adds the prediction
 head), ``client_loss``, ``client_final`` (weight = local batches),
-``client_batches`` ([batch | random batch] per step, width 2B).
+``client_batches`` / ``cohort_batches`` ([batch | random batch] per step,
+width 2B).
 """
 
 import math

@@ -18,7 +18,8 @@ Slots replaced relative to FedAvg: ``init_server`` (the K scaling matrices
 in the server extra, [K, D, D]), ``client_loss`` (two views drawn from
 ``batch.raw_images`` with ctx.key; S_k picked by ctx.client_id, or by
 ctx.slot as the released code does), ``client_final`` (weight = local
-batches), ``client_batches`` (drop_last / skip one-example batches).
+batches), ``client_batches`` / ``cohort_batches`` (drop_last / skip
+one-example batches).
 """
 
 import jax
