@@ -99,6 +99,9 @@ def base_config():
       embedding_dim=128,
       pool='stride',  # stride | avg | max
       norm='none',  # none | batch | group
+      # auto: patches (batched matmuls) when one program trains several
+      # clients (vmap, chunked), xla (nn.Conv) otherwise | xla | patches
+      conv_impl='auto',
     )
   )
   c.local = ml_collections.ConfigDict(
@@ -254,12 +257,21 @@ def model_block(name, *, norm):
   """The paper models at their sizes, or the small CNN for CPU-sized runs."""
   blocks = {
     'fedquad_cnn': dict(
-      name='fedquad_cnn', widths=(64, 128, 256), embedding_dim=128, norm=norm
+      name='fedquad_cnn',
+      widths=(64, 128, 256),
+      embedding_dim=128,
+      norm=norm,
+      conv_impl='auto',
     ),
     'resnet18': dict(name='resnet18', norm=norm, groups=2, width=64),
     'moon_cnn': dict(name='moon_cnn', out_dim=256),
     'small_cnn': dict(
-      name='small_cnn', width=32, embedding_dim=128, pool='stride', norm=norm
+      name='small_cnn',
+      width=32,
+      embedding_dim=128,
+      pool='stride',
+      norm=norm,
+      conv_impl='auto',
     ),
   }
   if name not in blocks:
@@ -536,6 +548,7 @@ def participation_setting(arg):
       embedding_dim=4 * arg.width,
       pool='stride',
       norm='none',
+      conv_impl='auto',
     )
   )
   c.local.update(

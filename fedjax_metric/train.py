@@ -137,10 +137,24 @@ def partition_label(p):
 
 
 def build_model(
-  model_config, num_classes, input_shape=None, precision='default'
+  model_config,
+  num_classes,
+  input_shape=None,
+  precision='default',
+  *,
+  clients_together=False,
 ):
-  """``config.model`` is ``name`` plus that model's constructor fields."""
+  """``config.model`` is ``name`` plus that model's constructor fields.
+
+  ``conv_impl='auto'`` becomes 'patches' when ``clients_together`` (the
+  program trains several clients at once) and 'xla' otherwise
+  (`executors.resolve_conv_impl`); both forms have the same parameters.
+  """
   kwargs = {k: v for k, v in model_config.items() if k != 'name'}
+  if 'conv_impl' in kwargs:
+    kwargs['conv_impl'] = executors.resolve_conv_impl(
+      kwargs['conv_impl'], clients_together
+    )
   compute_dtype = jnp.bfloat16 if precision == 'bf16' else None
   try:
     return models.build(
@@ -561,8 +575,24 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   mean, std = augment.channel_stats(train.images)
   train_preprocess = augment.make_preprocess(mean, std, ds.augmentation)
   eval_preprocess = augment.make_preprocess(mean, std, 'none')
-  model = build_model(
-    config.model, train.num_classes, train.images.shape[1:], config.precision
+  choice = executors.choose_executor(
+    config.executor, chunk_size=config.chunk_size
+  )
+  # The clients' program and the evaluation (one model, large batches) may
+  # want different convolution forms; the parameters are the same.
+  together = executors.trains_clients_together(choice)
+  model, eval_model = (
+    build_model(
+      config.model,
+      train.num_classes,
+      train.images.shape[1:],
+      config.precision,
+      clients_together=flag,
+    )
+    for flag in (together, False)
+  )
+  conv_impl = config.model.get('conv_impl') and executors.resolve_conv_impl(
+    config.model.conv_impl, together
   )
   variables = model.init(
     jax.random.key(config.seed),
@@ -570,9 +600,6 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   )
   algorithm = build_algorithm(config, model, probs)
   spec = build_round_spec(config, algorithm, train_preprocess)
-  choice = executors.choose_executor(
-    config.executor, chunk_size=config.chunk_size
-  )
   mesh = None
   num_devices = 1
   if choice.name != 'host':
@@ -582,7 +609,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
   evaluator = protocols.make_evaluator(
     config,
-    model=model,
+    model=eval_model,
     preprocess=eval_preprocess,
     train=train,
     test=test,
@@ -607,8 +634,9 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     f'{config.algorithm} on {ds.name}: {config.num_clients} clients, '
     f'{per_round} per round in {num_slots} slots, {num_steps} '
     f'local steps of {lc.batch_size}; executor={choice.name} on '
-    f'{num_devices} {jax.default_backend()} device(s); '
-    f'{models.count_params(variables["params"]):,} params.'
+    f'{num_devices} {jax.default_backend()} device(s)'
+    + (f', convolutions: {conv_impl}' if conv_impl else '')
+    + f'; {models.count_params(variables["params"]):,} params.'
   )
 
   # ----- State: fresh or restored. -----
@@ -844,6 +872,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     'workdir': workdir,
     'executor': choice.name,
     'chunk_size': choice.chunk_size,
+    'conv_impl': conv_impl,
     'backend': jax.default_backend(),
     'num_steps': num_steps,
     'num_slots': num_slots,

@@ -145,7 +145,7 @@ RULES: Dict[str, Check] = {
   'model.groups': _integer(1),
   'model.norm': _one_of(('none', 'batch', 'group')),
   'model.pool': _one_of(('stride', 'avg', 'max')),
-  'model.conv_impl': _one_of(('xla', 'patches')),
+  'model.conv_impl': _one_of(executors.CONV_IMPLS),
   'local.epochs': _integer(0),
   'local.steps': _integer(0),
   'local.batch_size': _integer(1),

@@ -58,14 +58,18 @@ _EXECUTORS = flags.DEFINE_list(
 )
 _CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
 _UNROLL = flags.DEFINE_boolean(
-  'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).'
+  'unroll',
+  None,
+  'Unroll local steps in vmap/chunked (default: on CPU with xla '
+  'convolutions, whose grouped backward is slow inside a loop there).',
 )
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds after warm-up.')
 _CONV = flags.DEFINE_enum(
   'conv_impl',
-  'xla',
-  ['xla', 'patches'],
-  'Convolution form (models.layers.make_conv).',
+  'auto',
+  list(executors.CONV_IMPLS),
+  'Convolution form (config.model.conv_impl; auto: patches where clients '
+  'train together, executors.resolve_conv_impl).',
 )
 _PRECISION = flags.DEFINE_enum(
   'precision',
@@ -110,9 +114,15 @@ TORCH_LABELS = {
 
 
 def time_jax(executor, num_clients, *, unroll):
-  """-> dict(seconds per round, compile seconds, rounds) for one executor."""
+  """-> dict(seconds per round, compile seconds, rounds, the convolution
+  form and unrolling used) for one executor; ``unroll`` None: see --unroll."""
   h, w, c = (int(x) for x in _IMAGE.value)
   steps, batch = _STEPS.value, _BATCH.value
+  choice = executors.choose_executor(executor, chunk_size=_CHUNK.value)
+  together = executors.trains_clients_together(choice)
+  conv_impl = scaling.model_conv_impl(_MODEL.value, _CONV.value, together)
+  if unroll is None:
+    unroll = jax.default_backend() == 'cpu' and conv_impl in (None, 'xla')
   run = scaling.synthetic_run(
     'fedavg',
     _MODEL.value,
@@ -122,6 +132,7 @@ def time_jax(executor, num_clients, *, unroll):
     examples_per_client=steps * batch,
     precision=_PRECISION.value,
     conv_impl=_CONV.value,
+    clients_together=together,
   )
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
   flops = client_step_flops(run, batch)
@@ -150,6 +161,8 @@ def time_jax(executor, num_clients, *, unroll):
     'max': max(times[1:]),
     'compile': times[0] - median,
     'step_flops': flops,
+    'conv_impl': conv_impl,
+    'unroll': bool(unroll),
   }
 
 
@@ -419,14 +432,11 @@ def main(argv):
     # default preallocation would hold most of the memory torch needs.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   if _POINT.value:
-    backend = jax.default_backend()
-    unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
-    machine.print_result(measure_point(_POINT.value, unroll))
+    machine.print_result(measure_point(_POINT.value, _UNROLL.value))
     return
   # The parent never starts a backend itself (see machine.describe_backend).
   described = machine.describe_backend()
   backend = described['backend']
-  unroll = _UNROLL.value if _UNROLL.value is not None else backend == 'cpu'
   peak = peak_tflops(described['device'], _PRECISION.value)
   rows, measured = [], []
   names = executor_names()
@@ -474,9 +484,19 @@ def main(argv):
         )
       )
 
+  forms = ', '.join(
+    sorted(
+      {
+        f'{name} {r["conv_impl"] or "-"}{" unrolled" if r["unroll"] else ""}'
+        for name, r in measured
+        if 'conv_impl' in r
+      }
+    )
+  )
   notes = [
     f'Device: {described["device"]} ({backend}); jax {jax.__version__}; '
-    f'median of {_ROUNDS.value} rounds after 1 warm-up; unroll={unroll}. '
+    f'median of {_ROUNDS.value} rounds after 1 warm-up; convolutions and '
+    f'unrolled local steps: {forms}. '
     "Each row ran in its own process: peak RSS is that row's; device MB is "
     "XLA's peak on device 0 (not reported on CPU, where it is host memory). "
     "TFLOP/s = clients x local steps x XLA's FLOP count of one client "
@@ -492,7 +512,8 @@ def main(argv):
     f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
     f'--chunk_size={_CHUNK.value} --precision={_PRECISION.value} '
     f'--conv_impl={_CONV.value} --torch={_TORCH.value} '
-    f'--torch_compile={_TORCH_COMPILE.value}'
+    + ('' if _UNROLL.value is None else f'--unroll={_UNROLL.value} ')
+    + f'--torch_compile={_TORCH_COMPILE.value}'
     + (
       f' --torch_threads={_TORCH_THREADS.value}' if _TORCH_THREADS.value else ''
     )

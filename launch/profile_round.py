@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional
 
 from absl import app, flags
 import jax
@@ -208,6 +208,19 @@ def summarize(
   return category_rows, op_rows, total
 
 
+class Profile(NamedTuple):
+  """What `profile` traced: the program's `HloOp`s by name, each op's event
+  durations (ns), the traced rounds' wall seconds, the xplane file, and the
+  convolution form (None: the model has no choice) and unrolling used."""
+
+  hlo: Dict[str, HloOp]
+  times: Dict[str, List[float]]
+  seconds: List[float]
+  path: str
+  conv_impl: Optional[str]
+  unroll: bool
+
+
 def profile(
   *,
   algorithm: str = 'fedavg',
@@ -218,18 +231,24 @@ def profile(
   local_steps: int = 10,
   batch_size: int = 32,
   executor: str = 'vmap',
-  conv_impl: str = 'xla',
+  conv_impl: str = 'auto',
   precision: str = 'default',
   rounds: int = 2,
   trace_dir: str = '',
   unroll=None,
 ):
-  """Traces ``rounds`` rounds after a warm-up one. ``unroll``: as
-  launch/bench.py's (None: unrolled local steps on CPU only).
+  """Traces ``rounds`` rounds after a warm-up one. ``conv_impl``,
+  ``unroll``: as launch/bench.py's (None: unrolled local steps on CPU with
+  xla convolutions only).
 
-  Returns (hlo {name: HloOp}, event times {name: [ns]}, round seconds [...]
-  measured inside the trace, the trace's xplane path).
+  Returns a `Profile`.
   """
+  together = executors.trains_clients_together(
+    executors.choose_executor(executor)
+  )
+  conv_used = scaling.model_conv_impl(model, conv_impl, together)
+  if unroll is None:
+    unroll = jax.default_backend() == 'cpu' and conv_used in (None, 'xla')
   with executors.matmul_precision(precision):
     run = scaling.synthetic_run(
       algorithm,
@@ -240,10 +259,9 @@ def profile(
       examples_per_client=local_steps * batch_size,
       precision=precision,
       conv_impl=conv_impl,
+      clients_together=together,
     )
     data = jax.device_put(engine.DeviceData(run.images, run.labels))
-    if unroll is None:
-      unroll = jax.default_backend() == 'cpu'
     round_fn = executors.make_round_fn(
       run.spec,
       data,
@@ -278,7 +296,14 @@ def profile(
   paths = sorted(
     glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'), recursive=True)
   )
-  return hlo, event_times(paths[-1], hlo), seconds, paths[-1]
+  return Profile(
+    hlo,
+    event_times(paths[-1], hlo),
+    seconds,
+    paths[-1],
+    conv_used,
+    bool(unroll),
+  )
 
 
 def define_flags():
@@ -293,13 +318,21 @@ def define_flags():
   flags.DEFINE_enum(
     'executor', 'vmap', ['vmap', 'chunked', 'sequential'], 'Executor.'
   )
-  flags.DEFINE_enum('conv_impl', 'xla', ['xla', 'patches'], 'Convolution form.')
+  flags.DEFINE_enum(
+    'conv_impl',
+    'auto',
+    list(executors.CONV_IMPLS),
+    'Convolution form (config.model.conv_impl).',
+  )
   flags.DEFINE_enum(
     'precision', 'default', list(executors.PRECISIONS), 'config.precision.'
   )
   flags.DEFINE_integer('rounds', 2, 'Traced rounds after one warm-up.')
   flags.DEFINE_boolean(
-    'unroll', None, 'Unroll local steps (default: on CPU, as launch.bench).'
+    'unroll',
+    None,
+    'Unroll local steps (default: on CPU with xla convolutions, as '
+    'launch.bench).',
   )
   flags.DEFINE_integer('top', 20, 'Ops listed.')
   flags.DEFINE_string('trace_dir', '', 'Where the trace stays (default: tmp).')
@@ -314,8 +347,7 @@ def main(argv):
   scaling.check_algorithms([f.algorithm])
   image_shape = tuple(int(x) for x in f.image_shape)
   backend = jax.default_backend()
-  unroll = f.unroll if f.unroll is not None else backend == 'cpu'
-  hlo, times, seconds, path = profile(
+  traced = profile(
     algorithm=f.algorithm,
     model=f.model,
     pool=f.pool,
@@ -328,17 +360,19 @@ def main(argv):
     precision=f.precision,
     rounds=f.rounds,
     trace_dir=f.trace_dir,
-    unroll=unroll,
+    unroll=f.unroll,
   )
   category_rows, op_rows, total = summarize(
-    times, hlo, rounds=f.rounds, top=f.top
+    traced.times, traced.hlo, rounds=f.rounds, top=f.top
   )
+  seconds, path = traced.seconds, traced.path
   wall = statistics.median(seconds)
   notes = [
     f'Device: {machine.device_name()} ({backend}); jax {jax.__version__}; '
     f'{f.algorithm}, {f.clients} clients x {f.local_steps} steps of '
-    f'{f.batch_size}, executor {f.executor}, conv {f.conv_impl}, precision '
-    f'{f.precision}, unroll={unroll}.',
+    f'{f.batch_size}, executor {f.executor}, conv '
+    f'{traced.conv_impl or "-"} ({f.conv_impl}), precision {f.precision}, '
+    f'unroll={traced.unroll}.',
     f'Round wall time while tracing: median {wall * 1e3:.1f} ms of '
     f'{len(seconds)}; ops listed: {total:.1f} ms per round (on CPU, summed '
     'over threads). Trace: ' + path,

@@ -106,10 +106,11 @@ class Point:
   pool: str = 'stride'
   image_shape: tuple = (28, 28, 1)
   chunk_size: int = 10
-  unroll: Optional[bool] = None  # None: on CPU only (as launch/bench.py).
+  # None: on CPU with xla convolutions only (as launch/bench.py).
+  unroll: Optional[bool] = None
   seed: int = 0
   precision: str = 'default'  # executors.PRECISIONS
-  conv_impl: str = 'xla'  # 'xla' | 'patches' (models.layers.make_conv)
+  conv_impl: str = 'auto'  # executors.CONV_IMPLS (config.model.conv_impl)
   cohort_sampler: str = 'per_client'  # cohort.SAMPLERS (config.cohort_sampler)
 
   def to_json(self) -> str:
@@ -189,6 +190,18 @@ class SyntheticRun(NamedTuple):
   model: Any = None  # models.ModelFns (bench counts a client step's FLOPs)
 
 
+def model_conv_impl(
+  model_name: str, conv_impl: str, clients_together: bool
+) -> Optional[str]:
+  """The convolution form ``model_name`` is built with (None: it has no
+  choice); 'auto' as `executors.resolve_conv_impl`."""
+  if 'conv_impl' not in models.REGISTRY[model_name].__dataclass_fields__:
+    if conv_impl not in ('auto', 'xla'):
+      raise ValueError(f'{model_name} has no conv_impl={conv_impl!r} form.')
+    return None
+  return executors.resolve_conv_impl(conv_impl, clients_together)
+
+
 def synthetic_run(
   algorithm_name: str,
   model_name: str,
@@ -199,16 +212,18 @@ def synthetic_run(
   examples_per_client: int,
   seed: int = 0,
   precision: str = 'default',
-  conv_impl: str = 'xla',
+  conv_impl: str = 'auto',
+  clients_together: bool = True,
 ) -> SyntheticRun:
   """`synthetic_federation` + a model + the algorithm with client SGD 0.01
   and a plain SGD server: what launch/bench.py and this study time.
-  ``precision``: as ``config.precision`` (executors.matmul_precision)."""
+  ``precision``: as ``config.precision`` (executors.matmul_precision);
+  ``conv_impl``, ``clients_together``: see `model_conv_impl`."""
   images, labels, partition = synthetic_federation(
     num_clients, examples_per_client, image_shape, seed=seed
   )
-  # Only the models with a patches form take conv_impl (xla is the default).
-  model_kwargs = {'conv_impl': conv_impl} if conv_impl != 'xla' else {}
+  conv_impl = model_conv_impl(model_name, conv_impl, clients_together)
+  model_kwargs = {'conv_impl': conv_impl} if conv_impl else {}
   if model_name == 'small_cnn':
     model_kwargs['pool'] = pool
   model = models.build(
@@ -279,7 +294,13 @@ def _measure_point(point: Point) -> Dict[str, Any]:
   choice = executors.choose_executor(
     point.executor, chunk_size=point.chunk_size
   )
-  unroll = point.unroll if point.unroll is not None else backend == 'cpu'
+  together = executors.trains_clients_together(choice)
+  conv_impl = model_conv_impl(point.model, point.conv_impl, together)
+  unroll = (
+    point.unroll
+    if point.unroll is not None
+    else backend == 'cpu' and conv_impl in (None, 'xla')
+  )
   images, labels, partition, algorithm, spec, variables, _ = synthetic_run(
     point.algorithm,
     point.model,
@@ -290,6 +311,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
     seed=point.seed,
     precision=point.precision,
     conv_impl=point.conv_impl,
+    clients_together=together,
   )
   # As train.run: the single-program executors shard the cohort over a mesh.
   mesh = sharding.make_mesh() if choice.name != 'host' else None
@@ -358,6 +380,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
     'executor': choice.name,
     'chunk_used': choice.chunk_size,
     'unroll': unroll,
+    'conv_used': conv_impl,
     'status': 'ok',
     'note': '',
     'backend': backend,
@@ -775,8 +798,8 @@ def define_flags():
   flags.DEFINE_enum(
     'conv_impl',
     Point.conv_impl,
-    ['xla', 'patches'],
-    'Convolution form (models.layers.make_conv).',
+    list(executors.CONV_IMPLS),
+    'Convolution form (config.model.conv_impl).',
   )
   flags.DEFINE_enum(
     'cohort_sampler',
@@ -785,7 +808,10 @@ def define_flags():
     'How the host draws batches (config.cohort_sampler).',
   )
   flags.DEFINE_boolean(
-    'unroll', None, 'Unroll local steps in vmap/chunked (default: on CPU).'
+    'unroll',
+    None,
+    'Unroll local steps in vmap/chunked (default: on CPU with xla '
+    'convolutions).',
   )
   flags.DEFINE_float(
     'max_seconds', 1800.0, 'Wall-time budget of one grid point; 0 = none.'

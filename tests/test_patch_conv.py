@@ -4,6 +4,7 @@ per-client weights, forward and backward; and against a NumPy loop."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -103,3 +104,29 @@ def test_models_give_the_same_outputs_with_either_conv(name, kwargs):
   a, _ = xla.apply(params, state, x, train=True, mask=jnp.ones(3, bool))
   b, _ = patches.apply(params, state, x, train=True, mask=jnp.ones(3, bool))
   np.testing.assert_allclose(a['logits'], b['logits'], atol=1e-5)
+
+
+def test_auto_conv_impl_follows_whether_clients_train_together():
+  from fedjax_metric import executors, train
+  from fedjax_metric.models import fedquad_cnn
+
+  choose = executors.choose_executor
+  together = executors.trains_clients_together
+  assert together(choose('vmap'))
+  assert together(choose('chunked', chunk_size=4))
+  assert together(choose('chunked'))  # k is fitted to memory later
+  assert not together(choose('sequential'))  # chunks of one client
+  assert not together(choose('host'))
+  resolve = executors.resolve_conv_impl
+  assert [resolve('auto', True), resolve('auto', False)] == ['patches', 'xla']
+  assert [resolve('xla', True), resolve('patches', False)] == ['xla', 'patches']
+  with pytest.raises(ValueError, match='conv_impl'):
+    resolve('im2col', True)
+  # train.build_model resolves the config's 'auto' the same way.
+  block = ml_collections.ConfigDict(
+    dict(name='fedquad_cnn', widths=(4, 8, 8), conv_impl='auto')
+  )
+  for flag, expected in ((True, 'patches'), (False, 'xla')):
+    model = train.build_model(block, 10, (8, 8, 1), clients_together=flag)
+    assert isinstance(model.module, fedquad_cnn.FedQuadCNN)
+    assert model.module.conv_impl == expected

@@ -1,6 +1,7 @@
 """launch/profile_round.py: HLO parsing, the tables, and a tiny traced run."""
 
 from absl import flags
+import jax
 
 from launch import profile_round
 
@@ -100,14 +101,16 @@ def test_summarize_by_hand():
 
 def test_tiny_traced_round_finds_its_convolutions(tmp_path):
   assert 'top' not in flags.FLAGS  # flags only when it is the program
-  hlo, times, seconds, path = profile_round.profile(
+  hlo, times, seconds, path, conv_impl, unroll = profile_round.profile(
     num_clients=2,
     local_steps=1,
     batch_size=4,
     rounds=1,
     trace_dir=str(tmp_path),
+    conv_impl='xla',  # the grouped convolutions this test looks for
   )
   assert path.startswith(str(tmp_path)) and len(seconds) == 1
+  assert conv_impl == 'xla' and unroll == (jax.default_backend() == 'cpu')
   assert times and all(name in hlo for name in times)
   categories, _, total = profile_round.summarize(times, hlo, rounds=1, top=5)
   assert total > 0

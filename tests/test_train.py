@@ -230,11 +230,13 @@ def test_cli_overrides_and_locked_config(tmp_path):
     '--config.num_rounds=1',
     '--config.seed=3',
     '--config.partition.alpha=0.3',
+    '--config.model.conv_impl=patches',
     '--config.progress=False',
     f'--workdir={tmp_path}/a',
   )
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert 'test_accuracy=' in ok.stdout
+  assert 'convolutions: patches' in ok.stdout + ok.stderr
   with open(tmp_path / 'a' / 'config.json') as f:
     saved = json.load(f)
   assert (saved['num_rounds'], saved['seed'], saved['partition']['alpha']) == (
@@ -242,6 +244,7 @@ def test_cli_overrides_and_locked_config(tmp_path):
     3,
     0.3,
   )
+  assert saved['model']['conv_impl'] == 'patches'
   bad = run_cli(
     '--config=configs/fedavg.py:runlocal',
     '--config.num_round=1',
@@ -267,6 +270,8 @@ def test_run_with_sharded_vmap_equals_host_executor(tmp_path):
     config.num_devices = 4
     summary = train.run(config, str(tmp_path / executor))
     assert summary['executor'] == executor
+    # conv_impl='auto': batched matmuls where clients train together.
+    assert summary['conv_impl'] == {'host': 'xla', 'vmap': 'patches'}[executor]
     finals[executor] = final_params(str(tmp_path / executor))
   assert train.num_cohort_slots(config, 4) == 4
   for x, y in zip(jax_leaves(finals['host']), jax_leaves(finals['vmap'])):
