@@ -591,9 +591,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     )
     for flag in (together, False)
   )
-  conv_impl = config.model.get('conv_impl') and executors.resolve_conv_impl(
-    config.model.conv_impl, together
-  )
+  conv_impl = getattr(model.module, 'conv_impl', None)  # for the log
   variables = model.init(
     jax.random.key(config.seed),
     eval_preprocess(jnp.asarray(train.images[:1]), None),
