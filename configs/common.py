@@ -99,8 +99,9 @@ def base_config():
       embedding_dim=128,
       pool='stride',  # stride | avg | max
       norm='none',  # none | batch | group
-      # auto: patches (batched matmuls) when one program trains several
-      # clients (vmap, chunked), xla (nn.Conv) otherwise | xla | patches
+      # auto: patches (im2col + matmul) in the single-program executors
+      # (vmap, chunked, sequential), xla (nn.Conv) in the host loop
+      # | xla | patches
       conv_impl='auto',
     )
   )

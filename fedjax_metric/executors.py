@@ -119,27 +119,26 @@ def choose_executor(
 CONV_IMPLS = ('auto', 'xla', 'patches')
 
 
-def trains_clients_together(choice: ExecutorChoice) -> bool:
-  """Whether one program trains several clients at once (vmap, chunked with
-  k != 1), where vmap turns per-client convolutions into grouped ones."""
-  return choice.name == 'vmap' or (
-    choice.name == 'chunked' and choice.chunk_size != 1
-  )
+def round_is_one_program(choice: ExecutorChoice) -> bool:
+  """Whether the round's local training is one XLA program with loops over
+  clients and steps (vmap, chunked, sequential), not the host loop."""
+  return choice.name != 'host'
 
 
-def resolve_conv_impl(conv_impl: str, clients_together: bool) -> str:
-  """``model.conv_impl`` for a run: 'auto' is 'patches' (`layers.PatchConv`,
-  a batched matmul over the clients axis) when clients train together
-  (`trains_clients_together`) and 'xla' (nn.Conv) when they train one at a
-  time.
+def resolve_conv_impl(conv_impl: str, one_program: bool) -> str:
+  """``model.conv_impl`` for a run: 'auto' is 'patches' (`layers.PatchConv`:
+  im2col by slicing, then a matmul) when the round is one program
+  (`round_is_one_program`) and 'xla' (nn.Conv) for the host loop.
 
-  Why (README, "Convolutions as batched matmuls"): under vmap, XLA computes
-  each layer's convolutions as grouped convolutions with one group per
-  client. Measured with launch.bench (benchmarks/cpu.md, gpu.md): on the
-  2-core CPU, vmap at 10 clients took 0.31 s (patches) vs 0.51-2.39 s
-  (grouped) for the small CNN and 6.4 s vs 22.8 s for the FedQuad CNN; on
-  one H100 the small CNN at 100 clients 0.077 s vs 0.204 s, the FedQuad CNN
-  0.542 s vs 0.495 s.
+  Why (README, "Convolutions as batched matmuls"): in one program, vmap over
+  per-client weights turns each convolution into a grouped one (a group per
+  client), and on CPU XLA runs convolutions inside loops with its generic
+  kernel instead of XNNPACK; the matmul form avoids both. Measured with
+  launch.bench on the 2-core CPU (benchmarks/cpu.md), 10 steps of 32: small
+  CNN at 10 clients, vmap 0.20 s with patches vs 0.51 s (nn.Conv, steps
+  unrolled) or 2.39 s (in the loop), sequential 0.13 s vs 2.6 s; FedQuad CNN
+  vmap 4.7 s vs 22.8 s. The host loop keeps nn.Conv (0.15-0.20 s vs 0.22 s
+  with patches).
   """
   if conv_impl not in CONV_IMPLS:
     raise ValueError(
@@ -148,7 +147,7 @@ def resolve_conv_impl(conv_impl: str, clients_together: bool) -> str:
     )
   if conv_impl != 'auto':
     return conv_impl
-  return 'patches' if clients_together else 'xla'
+  return 'patches' if one_program else 'xla'
 
 
 def fit_to_memory(

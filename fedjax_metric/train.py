@@ -142,18 +142,19 @@ def build_model(
   input_shape=None,
   precision='default',
   *,
-  clients_together=False,
+  one_program=False,
 ):
   """``config.model`` is ``name`` plus that model's constructor fields.
 
-  ``conv_impl='auto'`` becomes 'patches' when ``clients_together`` (the
-  program trains several clients at once) and 'xla' otherwise
-  (`executors.resolve_conv_impl`); both forms have the same parameters.
+  ``conv_impl='auto'`` becomes 'patches' when ``one_program`` (the model
+  trains inside a single-program round: vmap, chunked, sequential) and
+  'xla' otherwise (`executors.resolve_conv_impl`); both forms have the same
+  parameters.
   """
   kwargs = {k: v for k, v in model_config.items() if k != 'name'}
   if 'conv_impl' in kwargs:
     kwargs['conv_impl'] = executors.resolve_conv_impl(
-      kwargs['conv_impl'], clients_together
+      kwargs['conv_impl'], one_program
     )
   compute_dtype = jnp.bfloat16 if precision == 'bf16' else None
   try:
@@ -580,16 +581,16 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   )
   # The clients' program and the evaluation (one model, large batches) may
   # want different convolution forms; the parameters are the same.
-  together = executors.trains_clients_together(choice)
+  one_program = executors.round_is_one_program(choice)
   model, eval_model = (
     build_model(
       config.model,
       train.num_classes,
       train.images.shape[1:],
       config.precision,
-      clients_together=flag,
+      one_program=flag,
     )
-    for flag in (together, False)
+    for flag in (one_program, False)
   )
   conv_impl = getattr(model.module, 'conv_impl', None)  # for the log
   variables = model.init(

@@ -68,8 +68,8 @@ _CONV = flags.DEFINE_enum(
   'conv_impl',
   'auto',
   list(executors.CONV_IMPLS),
-  'Convolution form (config.model.conv_impl; auto: patches where clients '
-  'train together, executors.resolve_conv_impl).',
+  'Convolution form (config.model.conv_impl; auto: patches except in the '
+  'host loop, executors.resolve_conv_impl).',
 )
 _PRECISION = flags.DEFINE_enum(
   'precision',
@@ -119,8 +119,8 @@ def time_jax(executor, num_clients, *, unroll):
   h, w, c = (int(x) for x in _IMAGE.value)
   steps, batch = _STEPS.value, _BATCH.value
   choice = executors.choose_executor(executor, chunk_size=_CHUNK.value)
-  together = executors.trains_clients_together(choice)
-  conv_impl = scaling.model_conv_impl(_MODEL.value, _CONV.value, together)
+  one_program = executors.round_is_one_program(choice)
+  conv_impl = scaling.model_conv_impl(_MODEL.value, _CONV.value, one_program)
   if unroll is None:
     unroll = jax.default_backend() == 'cpu' and conv_impl in (None, 'xla')
   run = scaling.synthetic_run(
@@ -132,7 +132,7 @@ def time_jax(executor, num_clients, *, unroll):
     examples_per_client=steps * batch,
     precision=_PRECISION.value,
     conv_impl=_CONV.value,
-    clients_together=together,
+    one_program=one_program,
   )
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
   flops = client_step_flops(run, batch)

@@ -243,10 +243,10 @@ def profile(
 
   Returns a `Profile`.
   """
-  together = executors.trains_clients_together(
+  one_program = executors.round_is_one_program(
     executors.choose_executor(executor)
   )
-  conv_used = scaling.model_conv_impl(model, conv_impl, together)
+  conv_used = scaling.model_conv_impl(model, conv_impl, one_program)
   if unroll is None:
     unroll = jax.default_backend() == 'cpu' and conv_used in (None, 'xla')
   with executors.matmul_precision(precision):
@@ -259,7 +259,7 @@ def profile(
       examples_per_client=local_steps * batch_size,
       precision=precision,
       conv_impl=conv_impl,
-      clients_together=together,
+      one_program=one_program,
     )
     data = jax.device_put(engine.DeviceData(run.images, run.labels))
     round_fn = executors.make_round_fn(

@@ -191,7 +191,7 @@ class SyntheticRun(NamedTuple):
 
 
 def model_conv_impl(
-  model_name: str, conv_impl: str, clients_together: bool
+  model_name: str, conv_impl: str, one_program: bool
 ) -> Optional[str]:
   """The convolution form ``model_name`` is built with (None: it has no
   choice); 'auto' as `executors.resolve_conv_impl`."""
@@ -199,7 +199,7 @@ def model_conv_impl(
     if conv_impl not in ('auto', 'xla'):
       raise ValueError(f'{model_name} has no conv_impl={conv_impl!r} form.')
     return None
-  return executors.resolve_conv_impl(conv_impl, clients_together)
+  return executors.resolve_conv_impl(conv_impl, one_program)
 
 
 def synthetic_run(
@@ -213,16 +213,16 @@ def synthetic_run(
   seed: int = 0,
   precision: str = 'default',
   conv_impl: str = 'auto',
-  clients_together: bool = True,
+  one_program: bool = True,
 ) -> SyntheticRun:
   """`synthetic_federation` + a model + the algorithm with client SGD 0.01
   and a plain SGD server: what launch/bench.py and this study time.
   ``precision``: as ``config.precision`` (executors.matmul_precision);
-  ``conv_impl``, ``clients_together``: see `model_conv_impl`."""
+  ``conv_impl``, ``one_program``: see `model_conv_impl`."""
   images, labels, partition = synthetic_federation(
     num_clients, examples_per_client, image_shape, seed=seed
   )
-  conv_impl = model_conv_impl(model_name, conv_impl, clients_together)
+  conv_impl = model_conv_impl(model_name, conv_impl, one_program)
   model_kwargs = {'conv_impl': conv_impl} if conv_impl else {}
   if model_name == 'small_cnn':
     model_kwargs['pool'] = pool
@@ -294,8 +294,8 @@ def _measure_point(point: Point) -> Dict[str, Any]:
   choice = executors.choose_executor(
     point.executor, chunk_size=point.chunk_size
   )
-  together = executors.trains_clients_together(choice)
-  conv_impl = model_conv_impl(point.model, point.conv_impl, together)
+  one_program = executors.round_is_one_program(choice)
+  conv_impl = model_conv_impl(point.model, point.conv_impl, one_program)
   unroll = (
     point.unroll
     if point.unroll is not None
@@ -311,7 +311,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
     seed=point.seed,
     precision=point.precision,
     conv_impl=point.conv_impl,
-    clients_together=together,
+    one_program=one_program,
   )
   # As train.run: the single-program executors shard the cohort over a mesh.
   mesh = sharding.make_mesh() if choice.name != 'host' else None

@@ -106,17 +106,15 @@ def test_models_give_the_same_outputs_with_either_conv(name, kwargs):
   np.testing.assert_allclose(a['logits'], b['logits'], atol=1e-5)
 
 
-def test_auto_conv_impl_follows_whether_clients_train_together():
+def test_auto_conv_impl_is_patches_except_in_the_host_loop():
   from fedjax_metric import executors, train
   from fedjax_metric.models import fedquad_cnn
 
   choose = executors.choose_executor
-  together = executors.trains_clients_together
-  assert together(choose('vmap'))
-  assert together(choose('chunked', chunk_size=4))
-  assert together(choose('chunked'))  # k is fitted to memory later
-  assert not together(choose('sequential'))  # chunks of one client
-  assert not together(choose('host'))
+  one_program = executors.round_is_one_program
+  for name in ('vmap', 'chunked', 'sequential'):
+    assert one_program(choose(name)), name
+  assert not one_program(choose('host'))
   resolve = executors.resolve_conv_impl
   assert [resolve('auto', True), resolve('auto', False)] == ['patches', 'xla']
   assert [resolve('xla', True), resolve('patches', False)] == ['xla', 'patches']
@@ -127,6 +125,6 @@ def test_auto_conv_impl_follows_whether_clients_train_together():
     dict(name='fedquad_cnn', widths=(4, 8, 8), conv_impl='auto')
   )
   for flag, expected in ((True, 'patches'), (False, 'xla')):
-    model = train.build_model(block, 10, (8, 8, 1), clients_together=flag)
+    model = train.build_model(block, 10, (8, 8, 1), one_program=flag)
     assert isinstance(model.module, fedquad_cnn.FedQuadCNN)
     assert model.module.conv_impl == expected
