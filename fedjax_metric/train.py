@@ -581,16 +581,15 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   )
   # The clients' program and the evaluation (one model, large batches) may
   # want different convolution forms; the parameters are the same.
-  one_program = executors.round_is_one_program(choice)
   model, eval_model = (
     build_model(
       config.model,
       train.num_classes,
       train.images.shape[1:],
       config.precision,
-      one_program=flag,
+      one_program=one_program,
     )
-    for flag in (one_program, False)
+    for one_program in (executors.round_is_one_program(choice), False)
   )
   conv_impl = getattr(model.module, 'conv_impl', None)  # for the log
   variables = model.init(

@@ -119,10 +119,9 @@ def time_jax(executor, num_clients, *, unroll):
   h, w, c = (int(x) for x in _IMAGE.value)
   steps, batch = _STEPS.value, _BATCH.value
   choice = executors.choose_executor(executor, chunk_size=_CHUNK.value)
-  one_program = executors.round_is_one_program(choice)
-  conv_impl = scaling.model_conv_impl(_MODEL.value, _CONV.value, one_program)
-  if unroll is None:
-    unroll = jax.default_backend() == 'cpu' and conv_impl in (None, 'xla')
+  conv_impl, unroll = scaling.round_forms(
+    _MODEL.value, _CONV.value, choice, unroll
+  )
   run = scaling.synthetic_run(
     'fedavg',
     _MODEL.value,
@@ -131,8 +130,7 @@ def time_jax(executor, num_clients, *, unroll):
     num_clients=num_clients,
     examples_per_client=steps * batch,
     precision=_PRECISION.value,
-    conv_impl=_CONV.value,
-    one_program=one_program,
+    conv_impl=conv_impl,
   )
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
   flops = client_step_flops(run, batch)
@@ -162,7 +160,7 @@ def time_jax(executor, num_clients, *, unroll):
     'compile': times[0] - median,
     'step_flops': flops,
     'conv_impl': conv_impl,
-    'unroll': bool(unroll),
+    'unroll': unroll,
   }
 
 

@@ -243,12 +243,9 @@ def profile(
 
   Returns a `Profile`.
   """
-  one_program = executors.round_is_one_program(
-    executors.choose_executor(executor)
+  conv_used, unroll = scaling.round_forms(
+    model, conv_impl, executors.choose_executor(executor), unroll
   )
-  conv_used = scaling.model_conv_impl(model, conv_impl, one_program)
-  if unroll is None:
-    unroll = jax.default_backend() == 'cpu' and conv_used in (None, 'xla')
   with executors.matmul_precision(precision):
     run = scaling.synthetic_run(
       algorithm,
@@ -258,8 +255,7 @@ def profile(
       num_clients=num_clients,
       examples_per_client=local_steps * batch_size,
       precision=precision,
-      conv_impl=conv_impl,
-      one_program=one_program,
+      conv_impl=conv_used,
     )
     data = jax.device_put(engine.DeviceData(run.images, run.labels))
     round_fn = executors.make_round_fn(
@@ -302,7 +298,7 @@ def profile(
     seconds,
     paths[-1],
     conv_used,
-    bool(unroll),
+    unroll,
   )
 
 

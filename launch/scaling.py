@@ -65,7 +65,16 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import (
+  Any,
+  Callable,
+  Dict,
+  List,
+  NamedTuple,
+  Optional,
+  Sequence,
+  Tuple,
+)
 
 from absl import app, flags
 import jax
@@ -190,16 +199,28 @@ class SyntheticRun(NamedTuple):
   model: Any = None  # models.ModelFns (bench counts a client step's FLOPs)
 
 
-def model_conv_impl(
-  model_name: str, conv_impl: str, one_program: bool
-) -> Optional[str]:
-  """The convolution form ``model_name`` is built with (None: it has no
-  choice); 'auto' as `executors.resolve_conv_impl`."""
-  if 'conv_impl' not in models.REGISTRY[model_name].__dataclass_fields__:
-    if conv_impl not in ('auto', 'xla'):
-      raise ValueError(f'{model_name} has no conv_impl={conv_impl!r} form.')
-    return None
-  return executors.resolve_conv_impl(conv_impl, one_program)
+def round_forms(
+  model_name: str,
+  conv_impl: str,
+  choice: executors.ExecutorChoice,
+  unroll: Optional[bool] = None,
+) -> Tuple[Optional[str], bool]:
+  """(convolution form, unrolled local steps) a benchmark round of ``choice``
+  runs with: ``conv_impl`` 'auto' as `executors.resolve_conv_impl` (None
+  where the model has no choice); ``unroll`` None unrolls on CPU only where
+  convolutions are nn.Conv (XLA's CPU convolutions inside a loop leave
+  XNNPACK; with patches, unrolling made the round 3.6x slower)."""
+  if 'conv_impl' in models.REGISTRY[model_name].__dataclass_fields__:
+    conv_impl = executors.resolve_conv_impl(
+      conv_impl, executors.round_is_one_program(choice)
+    )
+  elif conv_impl in ('auto', 'xla'):
+    conv_impl = None
+  else:
+    raise ValueError(f'{model_name} has no conv_impl={conv_impl!r} form.')
+  if unroll is None:
+    unroll = jax.default_backend() == 'cpu' and conv_impl in (None, 'xla')
+  return conv_impl, bool(unroll)
 
 
 def synthetic_run(
@@ -212,17 +233,16 @@ def synthetic_run(
   examples_per_client: int,
   seed: int = 0,
   precision: str = 'default',
-  conv_impl: str = 'auto',
-  one_program: bool = True,
+  conv_impl: Optional[str] = None,
 ) -> SyntheticRun:
   """`synthetic_federation` + a model + the algorithm with client SGD 0.01
   and a plain SGD server: what launch/bench.py and this study time.
   ``precision``: as ``config.precision`` (executors.matmul_precision);
-  ``conv_impl``, ``one_program``: see `model_conv_impl`."""
+  ``conv_impl``: 'xla' or 'patches' from `round_forms` (None: the model's
+  own default)."""
   images, labels, partition = synthetic_federation(
     num_clients, examples_per_client, image_shape, seed=seed
   )
-  conv_impl = model_conv_impl(model_name, conv_impl, one_program)
   model_kwargs = {'conv_impl': conv_impl} if conv_impl else {}
   if model_name == 'small_cnn':
     model_kwargs['pool'] = pool
@@ -294,12 +314,8 @@ def _measure_point(point: Point) -> Dict[str, Any]:
   choice = executors.choose_executor(
     point.executor, chunk_size=point.chunk_size
   )
-  one_program = executors.round_is_one_program(choice)
-  conv_impl = model_conv_impl(point.model, point.conv_impl, one_program)
-  unroll = (
-    point.unroll
-    if point.unroll is not None
-    else backend == 'cpu' and conv_impl in (None, 'xla')
+  conv_impl, unroll = round_forms(
+    point.model, point.conv_impl, choice, point.unroll
   )
   images, labels, partition, algorithm, spec, variables, _ = synthetic_run(
     point.algorithm,
@@ -310,8 +326,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
     examples_per_client=point.examples_per_client,
     seed=point.seed,
     precision=point.precision,
-    conv_impl=point.conv_impl,
-    one_program=one_program,
+    conv_impl=conv_impl,
   )
   # As train.run: the single-program executors shard the cohort over a mesh.
   mesh = sharding.make_mesh() if choice.name != 'host' else None

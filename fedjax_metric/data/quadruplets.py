@@ -113,19 +113,28 @@ def make_batches_fn(num_negatives: int = 2):
       local_epochs=local_epochs,
       local_steps=local_steps,
     )
-    groups = [idx] + [np.zeros_like(idx) for _ in range(1 + num_negatives)]
-    masks = [mask] + [np.zeros_like(mask) for _ in range(1 + num_negatives)]
-    if mask.any():
-      positives, negatives, valid = sample_companions(
-        idx[mask], np.asarray(indices), labels, rng, num_negatives
-      )
-      for group, values in zip(groups[1:], [positives, *negatives]):
-        group[mask] = values
-      for m in masks[1:]:
-        m[mask] = valid
-    return np.concatenate(groups, axis=1), np.concatenate(masks, axis=1)
+    # With no anchor, sample_companions returns before drawing anything.
+    positives, negatives, valid = sample_companions(
+      idx[mask], np.asarray(indices), labels, rng, num_negatives
+    )
+    return with_companions(idx, mask, positives, negatives, valid)
 
   return batches
+
+
+def with_companions(anchors, mask, positives, negatives, valid):
+  """The step layout [anchors | positives | negatives_1 | ...] on the last
+  axis: anchors and mask [..., B]; companions and valid [M] for the M True
+  entries of mask, negatives [K, M]. Companion columns are masked where the
+  anchor is padding or has no valid negative.
+  """
+  groups, masks = [anchors], [mask]
+  for values in (positives, *negatives):
+    group, group_mask = np.zeros_like(anchors), np.zeros_like(mask)
+    group[mask], group_mask[mask] = values, valid
+    groups.append(group)
+    masks.append(group_mask)
+  return np.concatenate(groups, axis=-1), np.concatenate(masks, axis=-1)
 
 
 def cohort_companions(
@@ -237,14 +246,8 @@ def make_cohort_batches_fn(num_negatives: int = 2):
     positives, negatives, valid = cohort_companions(
       pos[mask], slot, clients, labels, uniforms, num_negatives
     )
-    groups = [pos] + [np.zeros_like(pos) for _ in range(1 + num_negatives)]
-    masks = [mask] + [np.zeros_like(mask) for _ in range(1 + num_negatives)]
-    for group, values in zip(groups[1:], [positives, *negatives]):
-      group[mask] = values
-    for m in masks[1:]:
-      m[mask] = valid
-    mask = np.concatenate(masks, axis=2)
-    return cohort_lib.take(clients, np.concatenate(groups, axis=2), mask), mask
+    pos, mask = with_companions(pos, mask, positives, negatives, valid)
+    return cohort_lib.take(clients, pos, mask), mask
 
   return batches
 
