@@ -13,7 +13,8 @@ call) and which line of the model made it (the JAX source path in the
 instruction's metadata; ``transpose(jvp(...))`` marks the backward pass).
 Printed and appended to benchmarks/profile_<backend>.md: time per round by
 category and direction, and the ``--top`` ops. The raw trace stays in
-``--trace_dir`` for TensorBoard's profile plugin or XProf.
+``--trace_dir`` for TensorBoard's profile plugin or XProf, with the compiled
+program's text beside it (round_program.hlo.txt).
 
 Which events count: on a GPU, the device's "XLA Ops" line (one event per
 kernel, attributed to its HLO op); on a CPU, XLA's thread-pool lines, leaf
@@ -23,6 +24,7 @@ ops run on several threads at once, so their sum can exceed the wall time.
 
 import collections
 import glob
+import json
 import os
 import re
 import statistics
@@ -59,6 +61,9 @@ _DETAILS = (
   re.compile(r'custom_call_target="([^"]+)"'),
   re.compile(r'(feature_group_count=\d+)'),
   re.compile(r'(batch_group_count=\d+)'),
+  # A GPU's library fusions (Triton GEMMs and others) say which in their
+  # backend config.
+  re.compile(r'"kind":"(__\w+)"'),
 )
 
 
@@ -135,31 +140,89 @@ def category(op: HloOp) -> str:
   return 'other'
 
 
-def event_times(
-  xspace_path: str, hlo: Dict[str, HloOp]
-) -> Dict[str, List[float]]:
-  """{op name: [duration ns of each event]} for the ops of ``hlo``."""
-  data = jax.profiler.ProfileData.from_file(xspace_path)
-  device_lines = [
-    line
-    for plane in data.planes
-    if plane.name.startswith('/device:')
-    for line in plane.lines
-    if line.name == 'XLA Ops'
-  ]
-  lines = device_lines or [
+SETTINGS_FILE = 'profile_round.json'  # what was traced, beside the trace
+LIBRARY = 'library:'  # prefix of a kernel no HLO instruction is named for
+
+
+def library_op(kernel: str) -> HloOp:
+  """What a library kernel is, from its name (cuBLAS's 'sm90_xmma_gemm_...'
+  and 'nvjet_...', cuDNN's '..._fprop_...' / '_dgrad_' / '_wgrad_')."""
+  name = kernel.lower()
+  if any(k in name for k in ('fprop', 'dgrad', 'wgrad', 'conv')):
+    detail = 'cuDNN convolution'
+  elif 'gemm' in name or name.startswith('nvjet'):
+    detail = 'cuBLAS gemm'
+  elif 'memcpy' in name or 'memset' in name:
+    detail = 'memcpy / memset'
+  else:
+    detail = 'kernel'
+  return HloOp('library', detail, '')
+
+
+def op_of(name: str, hlo: Dict[str, HloOp]) -> HloOp:
+  """The `HloOp` of a key of `event_times`."""
+  if name.startswith(LIBRARY):
+    return library_op(name[len(LIBRARY) :])
+  return hlo[name]
+
+
+def _device_lines(data):
+  """The lines whose events are the program's ops: 'XLA Ops' where the
+  trace has it (TPUs), else the GPU's stream lines (one event per kernel),
+  else, on a CPU, XLA's thread-pool lines."""
+  device = [p for p in data.planes if p.name.startswith('/device:')]
+  for wanted in (lambda n: n == 'XLA Ops', lambda n: n.startswith('Stream')):
+    lines = [line for p in device for line in p.lines if wanted(line.name)]
+    if lines:
+      return lines
+  return [
     line
     for plane in data.planes
     if plane.name.startswith('/host:')
     for line in plane.lines
     if line.name.startswith('tf_XLA')
   ]
+
+
+def event_key(
+  event_name: str,
+  hlo_op: Optional[str],
+  hlo: Dict[str, HloOp],
+  kernel_names: Dict[str, str],
+  *,
+  kernel: bool,
+) -> Optional[str]:
+  """The `event_times` key of one trace event: the op its ``hlo_op`` stat
+  or its name names (``kernel_names``: an op's name as a kernel's, '.' and
+  '-' as '_'); for an unmatched GPU ``kernel``, 'library:' + its name; None
+  for a container (its children are timed) or an unmatched CPU event."""
+  for name in (hlo_op, event_name, kernel_names.get(event_name)):
+    if name in hlo and hlo[name].opcode not in CONTAINERS:
+      return name
+  return LIBRARY + event_name if kernel else None
+
+
+def event_times(
+  xspace_path: str, hlo: Dict[str, HloOp]
+) -> Dict[str, List[float]]:
+  """{op name: [duration ns of each event]} for the ops of ``hlo``.
+
+  A GPU kernel is matched by its ``hlo_op`` stat when that names an op,
+  else by its name: XLA names a fusion's kernel after the instruction with
+  '.' and '-' as '_' (``gemm_fusion_dot_11`` for ``gemm_fusion_dot.11``).
+  Inside a CUDA graph (a command buffer) the stat names the buffer, and a
+  cuBLAS / cuDNN kernel keeps the library's own name: those are keyed
+  ``'library:' + kernel name`` (see `op_of`)."""
+  data = jax.profiler.ProfileData.from_file(xspace_path)
+  kernel_names = {re.sub(r'[.\-]', '_', name): name for name in hlo}
   times = collections.defaultdict(list)
-  for line in lines:
+  for line in _device_lines(data):
+    kernels = line.name.startswith('Stream')
     for event in line.events:
-      op = hlo.get(event.name)
-      if op is not None and op.opcode not in CONTAINERS:
-        times[event.name].append(event.duration_ns)
+      stat = dict(event.stats).get('hlo_op') if kernels else None
+      key = event_key(event.name, stat, hlo, kernel_names, kernel=kernels)
+      if key is not None:
+        times[key].append(event.duration_ns)
   return dict(times)
 
 
@@ -176,7 +239,7 @@ def summarize(
   total = sum(sum(t) for t in times.values()) / rounds / 1e6
   by_category = collections.Counter()
   for name, durations in times.items():
-    op = hlo[name]
+    op = op_of(name, hlo)
     direction = 'backward' if op.source.startswith('backward') else 'forward'
     by_category[(category(op), direction)] += sum(durations) / rounds / 1e6
   share = lambda ms: f'{100 * ms / total:.1f}%' if total else '-'
@@ -188,7 +251,7 @@ def summarize(
   # unrolled loop makes, one per step) are one row.
   groups = collections.defaultdict(lambda: [0.0, 0, []])
   for name, durations in times.items():
-    op = hlo[name]
+    op = op_of(name, hlo)
     group = groups[(f'{op.opcode} {op.detail}'.strip(), op.source or '-')]
     group[0] += sum(durations) / rounds / 1e6
     group[1] += len(durations)
@@ -209,16 +272,16 @@ def summarize(
 
 
 class Profile(NamedTuple):
-  """What `profile` traced: the program's `HloOp`s by name, each op's event
-  durations (ns), the traced rounds' wall seconds, the xplane file, and the
-  convolution form (None: the model has no choice) and unrolling used."""
+  """A traced round: the program's `HloOp`s by name, each op's event
+  durations (ns; `event_times`), the xplane file, and what was traced
+  (`settings`: the arguments of `profile`, with the convolution form and
+  unrolling it resolved, the traced rounds' wall seconds, device and jax
+  version; saved beside the trace as profile_round.json)."""
 
   hlo: Dict[str, HloOp]
   times: Dict[str, List[float]]
-  seconds: List[float]
   path: str
-  conv_impl: Optional[str]
-  unroll: bool
+  settings: dict
 
 
 def profile(
@@ -275,13 +338,16 @@ def profile(
       )
 
     first = cohort(0)
-    hlo = parse_hlo(
-      round_fn.jitted.lower(state, table, first, data).compile().as_text()
-    )
+    program = round_fn.jitted.lower(state, table, first, data).compile()
     state, table, metrics = round_fn(state, table, first)
     jax.block_until_ready((state, table, metrics))
     cohorts = [cohort(r) for r in range(1, rounds + 1)]
     trace_dir = trace_dir or tempfile.mkdtemp(prefix='profile_round_')
+    # The program's text beside the trace: its op names are the trace's
+    # event names, so the two can be matched again later (parse_hlo).
+    os.makedirs(trace_dir, exist_ok=True)
+    with open(os.path.join(trace_dir, 'round_program.hlo.txt'), 'w') as f:
+      f.write(program.as_text())
     seconds = []
     with jax.profiler.trace(trace_dir):
       for c in cohorts:
@@ -289,17 +355,90 @@ def profile(
         state, table, metrics = round_fn(state, table, c)
         jax.block_until_ready((state, table, metrics))
         seconds.append(time.perf_counter() - start)
+  settings = dict(
+    algorithm=algorithm,
+    model=model,
+    image_shape=list(image_shape),
+    clients=num_clients,
+    local_steps=local_steps,
+    batch_size=batch_size,
+    executor=executor,
+    conv_impl=conv_used,
+    precision=precision,
+    rounds=rounds,
+    unroll=unroll,
+    seconds=seconds,
+    device=machine.device_name(),
+    backend=jax.default_backend(),
+    jax=jax.__version__,
+  )
+  with open(os.path.join(trace_dir, SETTINGS_FILE), 'w') as f:
+    json.dump(settings, f)
+  return saved_profile(trace_dir)
+
+
+def saved_profile(trace_dir: str) -> Profile:
+  """A `Profile` re-read from a ``trace_dir`` that `profile` left: its
+  newest xplane, round_program.hlo.txt and profile_round.json."""
   paths = sorted(
     glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'), recursive=True)
   )
-  return Profile(
-    hlo,
-    event_times(paths[-1], hlo),
-    seconds,
-    paths[-1],
-    conv_used,
-    unroll,
+  program = os.path.join(trace_dir, 'round_program.hlo.txt')
+  saved = os.path.join(trace_dir, SETTINGS_FILE)
+  if not paths or not os.path.exists(program) or not os.path.exists(saved):
+    raise FileNotFoundError(
+      f'{trace_dir} lacks a *.xplane.pb, round_program.hlo.txt or '
+      f'{SETTINGS_FILE}: give --from_trace the --trace_dir of an earlier '
+      'profile_round run.'
+    )
+  with open(program) as f:
+    hlo = parse_hlo(f.read())
+  with open(saved) as f:
+    settings = json.load(f)
+  return Profile(hlo, event_times(paths[-1], hlo), paths[-1], settings)
+
+
+def report(traced: Profile, *, top: int, out: str, backend: str):
+  """Prints the tables of a `Profile` and appends them to ``out``."""
+  settings = traced.settings
+  category_rows, op_rows, total = summarize(
+    traced.times, traced.hlo, rounds=settings['rounds'], top=top
   )
+  seconds = settings.get('seconds')
+  wall = (
+    f'median {statistics.median(seconds) * 1e3:.1f} ms of {len(seconds)}'
+    if seconds
+    else 'not recorded'
+  )
+  notes = [
+    f'Device: {settings["device"]} ({backend}); jax {settings["jax"]}; '
+    f'{settings["algorithm"]}, {settings["clients"]} clients x '
+    f'{settings["local_steps"]} steps of {settings["batch_size"]}, executor '
+    f'{settings["executor"]}, conv {settings["conv_impl"] or "-"}, precision '
+    f'{settings["precision"]}, unroll={settings["unroll"]}.',
+    f'Round wall time while tracing: {wall}; ops listed: {total:.1f} ms per '
+    'round (on CPU, summed over threads; on a GPU, kernel time, '
+    "cuBLAS / cuDNN kernels as 'library'). Trace: " + traced.path,
+    f'Command: `{" ".join(["python -m launch.profile_round", *sys.argv[1:]])}`',
+  ]
+  shape = 'x'.join(map(str, settings['image_shape']))
+  section = machine.markdown_section(
+    f'profile: {settings["model"]} {shape}, {settings["clients"]} clients',
+    notes,
+    ['category', 'pass', 'ms per round', 'share'],
+    category_rows,
+  )
+  section += '\n' + machine.markdown_table(
+    ['what', 'source', 'ops', 'calls per round', 'ms per round', 'share'],
+    op_rows,
+  )
+  machine.append_markdown(
+    out or os.path.join('benchmarks', f'profile_{backend}.md'),
+    section,
+    title=f'Round profiles on {backend}',
+    script='launch/profile_round.py',
+  )
+  print(section)
 
 
 def define_flags():
@@ -333,6 +472,12 @@ def define_flags():
   flags.DEFINE_integer('top', 20, 'Ops listed.')
   flags.DEFINE_string('trace_dir', '', 'Where the trace stays (default: tmp).')
   flags.DEFINE_string(
+    'from_trace',
+    '',
+    'Report on a trace an earlier run left in this --trace_dir instead of '
+    'tracing (its profile_round.json says what was traced).',
+  )
+  flags.DEFINE_string(
     'out', '', 'Markdown log (default benchmarks/profile_<backend>.md).'
   )
 
@@ -340,14 +485,16 @@ def define_flags():
 def main(argv):
   del argv
   f = flags.FLAGS
+  if f.from_trace:
+    traced = saved_profile(f.from_trace)
+    report(traced, top=f.top, out=f.out, backend=traced.settings['backend'])
+    return
   scaling.check_algorithms([f.algorithm])
-  image_shape = tuple(int(x) for x in f.image_shape)
-  backend = jax.default_backend()
   traced = profile(
     algorithm=f.algorithm,
     model=f.model,
     pool=f.pool,
-    image_shape=image_shape,
+    image_shape=tuple(int(x) for x in f.image_shape),
     num_clients=f.clients,
     local_steps=f.local_steps,
     batch_size=f.batch_size,
@@ -358,40 +505,7 @@ def main(argv):
     trace_dir=f.trace_dir,
     unroll=f.unroll,
   )
-  category_rows, op_rows, total = summarize(
-    traced.times, traced.hlo, rounds=f.rounds, top=f.top
-  )
-  seconds, path = traced.seconds, traced.path
-  wall = statistics.median(seconds)
-  notes = [
-    f'Device: {machine.device_name()} ({backend}); jax {jax.__version__}; '
-    f'{f.algorithm}, {f.clients} clients x {f.local_steps} steps of '
-    f'{f.batch_size}, executor {f.executor}, conv '
-    f'{traced.conv_impl or "-"} ({f.conv_impl}), precision {f.precision}, '
-    f'unroll={traced.unroll}.',
-    f'Round wall time while tracing: median {wall * 1e3:.1f} ms of '
-    f'{len(seconds)}; ops listed: {total:.1f} ms per round (on CPU, summed '
-    'over threads). Trace: ' + path,
-    f'Command: `{" ".join(["python -m launch.profile_round", *sys.argv[1:]])}`',
-  ]
-  shape = 'x'.join(map(str, image_shape))
-  section = machine.markdown_section(
-    f'profile: {f.model} {shape}, {f.clients} clients',
-    notes,
-    ['category', 'pass', 'ms per round', 'share'],
-    category_rows,
-  )
-  section += '\n' + machine.markdown_table(
-    ['what', 'source', 'ops', 'calls per round', 'ms per round', 'share'],
-    op_rows,
-  )
-  machine.append_markdown(
-    f.out or os.path.join('benchmarks', f'profile_{backend}.md'),
-    section,
-    title=f'Round profiles on {backend}',
-    script='launch/profile_round.py',
-  )
-  print(section)
+  report(traced, top=f.top, out=f.out, backend=jax.default_backend())
 
 
 if __name__ == '__main__':

@@ -37,11 +37,26 @@ os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0.2'
 jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.2)
 
+
 # XLA CPU's older loop emitters compile the suite's programs about a third
 # faster than its MLIR fusion emitters (measured on 48 compile-heavy tests:
 # 100 s -> 66 s of CPU time); results agree within the tests' tolerances.
 # Read when the CPU backend starts, which is after this file runs.
-SUITE_XLA_FLAGS = '--xla_cpu_use_fusion_emitters=false'
+# XLA aborts at start-up on a flag it does not know ("Unknown flag in
+# XLA_FLAGS"), and jaxlib 0.11 no longer knows this one (seen on a GPU
+# machine with jax 0.11.2, where the suite's workers all died at start).
+def _xla_knows_cpu_fusion_emitters_flag() -> bool:
+  import jaxlib
+
+  major_minor = tuple(int(x) for x in jaxlib.__version__.split('.')[:2])
+  return major_minor < (0, 11)
+
+
+SUITE_XLA_FLAGS = (
+  '--xla_cpu_use_fusion_emitters=false'
+  if _xla_knows_cpu_fusion_emitters_flag()
+  else ''
+)
 XLA_FLAGS = ' '.join(
   filter(None, [os.environ.get('XLA_FLAGS'), SUITE_XLA_FLAGS])
 )

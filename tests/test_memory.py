@@ -69,7 +69,15 @@ def test_chunk_memory_model_predicts_a_larger_chunk():
     + analysis.output_size_in_bytes
     - analysis.alias_size_in_bytes
   )
-  np.testing.assert_allclose(actual, fixed + 6 * per_slot, rtol=0.15)
+  predicted = fixed + 6 * per_slot
+  if jax.default_backend() == 'cpu':
+    np.testing.assert_allclose(actual, predicted, rtol=0.15)
+  else:
+    # A GPU's buffer assignment is not linear in k for programs this small
+    # (an H100: 119 kB at k = 6 against 174 kB from the line through k = 1
+    # and 2). The chunk size only needs an upper bound that is not wildly
+    # loose: what it must never do is promise less than XLA then takes.
+    assert actual <= 1.15 * predicted and predicted <= 2.0 * actual
 
 
 def abstract_variables(model, shape):

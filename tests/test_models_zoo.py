@@ -310,16 +310,21 @@ def test_masked_batchnorm_ignores_padded_examples(name, kwargs):
   out_b, state_b = model.apply(params, state, junk_b, train=True, mask=mask)
   # Reference: the real examples alone, no padding at all.
   out_r, state_r = model.apply(params, state, x[:2], train=True, mask=None)
+  # A GPU picks convolution algorithms by batch size, so the 2- and 4-example
+  # batches differ at ~5e-4 relative in ResNet-18's deeper features (an H100);
+  # leaked padding (values of 100) would move them by O(1).
+  tol = (
+    dict(atol=1e-4, rtol=1e-4)
+    if jax.default_backend() == 'cpu'
+    else dict(atol=1e-3, rtol=1e-3)
+  )
   for out in (out_a, out_b):
-    # rtol: a GPU's GroupNorm/conv reductions differ at ~1e-4 relative.
-    np.testing.assert_allclose(
-      out['logits'][:2], out_r['logits'], atol=1e-4, rtol=1e-4
-    )
+    np.testing.assert_allclose(out['logits'][:2], out_r['logits'], **tol)
     for f, f_r in zip(out['features'], out_r['features']):
-      np.testing.assert_allclose(f[:2], f_r, atol=1e-4)
+      np.testing.assert_allclose(f[:2], f_r, **tol)
   for s in (state_a, state_b):
     for a, r in zip(jax.tree.leaves(s), jax.tree.leaves(state_r)):
-      np.testing.assert_allclose(a, r, atol=1e-4)
+      np.testing.assert_allclose(a, r, **tol)
   # And the statistics did move (train mode really used the batch).
   assert not all(
     np.allclose(a, b)

@@ -2,6 +2,7 @@
 
 from absl import flags
 import jax
+import pytest
 
 from launch import profile_round
 
@@ -101,7 +102,7 @@ def test_summarize_by_hand():
 
 def test_tiny_traced_round_finds_its_convolutions(tmp_path):
   assert 'top' not in flags.FLAGS  # flags only when it is the program
-  hlo, times, seconds, path, conv_impl, unroll = profile_round.profile(
+  traced = profile_round.profile(
     num_clients=2,
     local_steps=1,
     batch_size=4,
@@ -109,11 +110,68 @@ def test_tiny_traced_round_finds_its_convolutions(tmp_path):
     trace_dir=str(tmp_path),
     conv_impl='xla',  # the grouped convolutions this test looks for
   )
-  assert path.startswith(str(tmp_path)) and len(seconds) == 1
-  assert conv_impl == 'xla' and unroll == (jax.default_backend() == 'cpu')
-  assert times and all(name in hlo for name in times)
+  settings = traced.settings
+  assert traced.path.startswith(str(tmp_path)) and len(settings['seconds']) == 1
+  assert settings['conv_impl'] == 'xla'
+  assert settings['unroll'] == (jax.default_backend() == 'cpu')
+  hlo, times = traced.hlo, traced.times
+  library = [n for n in times if n.startswith(profile_round.LIBRARY)]
+  assert times and all(name in hlo for name in times if name not in library)
+  # Only a GPU's cuBLAS / cuDNN kernels go unnamed by the program.
+  assert not library or jax.default_backend() == 'gpu'
   categories, _, total = profile_round.summarize(times, hlo, rounds=1, top=5)
   assert total > 0
-  # The small CNN's convolutions run forward and backward in the round.
   passes = {(kind, direction) for kind, direction, _, _ in categories}
-  assert ('convolution', 'backward') in passes
+  if jax.default_backend() == 'cpu':
+    # The small CNN's convolutions run forward and backward in the round.
+    assert ('convolution', 'backward') in passes
+  else:  # cuDNN's kernels carry no source, so no direction either
+    assert 'convolution' in {kind for kind, _ in passes}
+  # The trace re-read from its folder (--from_trace) gives the same times.
+  again = profile_round.saved_profile(str(tmp_path))
+  assert again.times == times and again.settings == settings
+  with pytest.raises(FileNotFoundError, match='--from_trace'):
+    profile_round.saved_profile(str(tmp_path / 'plugins'))
+
+
+def test_gpu_kernels_are_matched_to_the_program_by_name():
+  """A GPU kernel is named after its fusion with '.' as '_'; a cuBLAS
+  kernel inside a CUDA graph matches nothing and is kept as a library op."""
+  ops = profile_round.parse_hlo(HLO)
+  names = {n.replace('.', '_').replace('-', '_'): n for n in ops}
+
+  def key(event, stat=None, kernel=True):
+    return profile_round.event_key(event, stat, ops, names, kernel=kernel)
+
+  assert key('ynn_fusion_7') == 'ynn_fusion.7'  # the kernel of a fusion
+  assert key('x', stat='custom-call.3') == 'custom-call.3'  # by its stat
+  assert key('ynn_fusion_7', stat='command_buffer_1') == 'ynn_fusion.7'
+  assert (
+    key('sm90_xmma_gemm_f32') == profile_round.LIBRARY + 'sm90_xmma_gemm_f32'
+  )
+  assert key('while.4', kernel=False) is None  # a container times children
+  assert key('copy.48', kernel=False) == 'copy.48'  # a CPU thread's event
+  assert key('unknown', kernel=False) is None
+  assert profile_round.op_of('conv_general_dilated.39', ops).opcode == (
+    'convolution'
+  )
+  gemm = profile_round.op_of(
+    profile_round.LIBRARY + 'sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n', ops
+  )
+  assert gemm == profile_round.HloOp('library', 'cuBLAS gemm', '')
+  assert profile_round.category(gemm) == 'matmul'
+  fprop = profile_round.library_op('sm90_xmma_fprop_implicit_gemm_tf32')
+  assert profile_round.category(fprop) == 'convolution'
+  assert profile_round.library_op('nvjet_sm90_tst_96x128_64x7')[1] == (
+    'cuBLAS gemm'
+  )
+  assert profile_round.library_op('Memset 0')[1] == 'memcpy / memset'
+  # A Triton GEMM fusion says so in its backend config: a matmul.
+  triton = profile_round.parse_hlo(
+    '  %gemm_fusion_dot.11 = f32[100,576,128]{2,1,0} fusion(%a, %b), '
+    'kind=kCustom, calls=%gemm_fusion_dot.11_computation, '
+    'backend_config={"fusion_backend_config":{"kind":'
+    '"__triton_nested_gemm_fusion"}}'
+  )['gemm_fusion_dot.11']
+  assert triton.detail == 'kCustom __triton_nested_gemm_fusion'
+  assert profile_round.category(triton) == 'matmul'
