@@ -763,7 +763,8 @@ def save_outputs(
   table_path: str,
   plot_path: str,
 ) -> str:
-  """Writes the JSON, appends the markdown section, draws the PNG.
+  """Writes the JSON, appends the markdown section, draws the PNG (none
+  when ``plot_path`` is '').
 
   Returns the markdown section.
   """
@@ -772,7 +773,8 @@ def save_outputs(
     results, device=device, backend=backend, command=command
   )
   append_section(table_path, section, backend)
-  plot_scaling(results, plot_path, title=plot_title(results, device, backend))
+  if plot_path:
+    plot_scaling(results, plot_path, title=plot_title(results, device, backend))
   return section
 
 
@@ -873,7 +875,9 @@ def define_flags():
     'Markdown file appended to (default benchmarks/scaling_<backend>.md).',
   )
   flags.DEFINE_string(
-    'plot', None, 'PNG (default docs/results/scaling_<backend>.png).'
+    'plot',
+    None,
+    "PNG (default docs/results/scaling_<backend>.png; --plot='': none).",
   )
   flags.DEFINE_string(
     'point',
@@ -932,7 +936,7 @@ def main(argv):
     command=command,
     results_path=f.results or paths['results'],
     table_path=f.table or paths['table'],
-    plot_path=f.plot or paths['plot'],
+    plot_path=paths['plot'] if f.plot is None else f.plot,
   )
   print(section)
 

@@ -198,6 +198,17 @@ def test_save_outputs_writes_json_markdown_and_png(tmp_path):
   assert markdown.count('| fedquad | 100 | 1000 |') == 2
   with open(paths['plot_path'], 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  # --plot='' draws nothing (it once fell back to the docs figure).
+  os.remove(paths['plot_path'])
+  scaling.save_outputs(
+    results,
+    device='Test CPU',
+    backend='cpu',
+    command='x',
+    **{**paths, 'plot_path': ''},
+  )
+  assert not os.path.exists(paths['plot_path'])
+  assert not any(p.suffix == '.png' for p in tmp_path.rglob('*'))
 
 
 # ---------------------------------------------------------------------------
