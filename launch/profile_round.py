@@ -140,7 +140,9 @@ def category(op: HloOp) -> str:
   return 'other'
 
 
-SETTINGS_FILE = 'profile_round.json'  # what was traced, beside the trace
+# Beside the trace: what was traced, and the compiled program's text.
+SETTINGS_FILE = 'profile_round.json'
+PROGRAM_FILE = 'round_program.hlo.txt'
 LIBRARY = 'library:'  # prefix of a kernel no HLO instruction is named for
 
 
@@ -346,7 +348,7 @@ def profile(
     # The program's text beside the trace: its op names are the trace's
     # event names, so the two can be matched again later (parse_hlo).
     os.makedirs(trace_dir, exist_ok=True)
-    with open(os.path.join(trace_dir, 'round_program.hlo.txt'), 'w') as f:
+    with open(os.path.join(trace_dir, PROGRAM_FILE), 'w') as f:
       f.write(program.as_text())
     seconds = []
     with jax.profiler.trace(trace_dir):
@@ -383,11 +385,11 @@ def saved_profile(trace_dir: str) -> Profile:
   paths = sorted(
     glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'), recursive=True)
   )
-  program = os.path.join(trace_dir, 'round_program.hlo.txt')
+  program = os.path.join(trace_dir, PROGRAM_FILE)
   saved = os.path.join(trace_dir, SETTINGS_FILE)
   if not paths or not os.path.exists(program) or not os.path.exists(saved):
     raise FileNotFoundError(
-      f'{trace_dir} lacks a *.xplane.pb, round_program.hlo.txt or '
+      f'{trace_dir} lacks a *.xplane.pb, {PROGRAM_FILE} or '
       f'{SETTINGS_FILE}: give --from_trace the --trace_dir of an earlier '
       'profile_round run.'
     )
@@ -398,9 +400,11 @@ def saved_profile(trace_dir: str) -> Profile:
   return Profile(hlo, event_times(paths[-1], hlo), paths[-1], settings)
 
 
-def report(traced: Profile, *, top: int, out: str, backend: str):
-  """Prints the tables of a `Profile` and appends them to ``out``."""
+def report(traced: Profile, *, top: int, out: str):
+  """Prints the tables of a `Profile` and appends them to ``out``
+  (default benchmarks/profile_<the traced backend>.md)."""
   settings = traced.settings
+  backend = settings['backend']
   category_rows, op_rows, total = summarize(
     traced.times, traced.hlo, rounds=settings['rounds'], top=top
   )
@@ -486,8 +490,7 @@ def main(argv):
   del argv
   f = flags.FLAGS
   if f.from_trace:
-    traced = saved_profile(f.from_trace)
-    report(traced, top=f.top, out=f.out, backend=traced.settings['backend'])
+    report(saved_profile(f.from_trace), top=f.top, out=f.out)
     return
   scaling.check_algorithms([f.algorithm])
   traced = profile(
@@ -505,7 +508,7 @@ def main(argv):
     trace_dir=f.trace_dir,
     unroll=f.unroll,
   )
-  report(traced, top=f.top, out=f.out, backend=jax.default_backend())
+  report(traced, top=f.top, out=f.out)
 
 
 if __name__ == '__main__':
