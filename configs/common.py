@@ -101,7 +101,7 @@ def base_config():
       norm='none',  # none | batch | group
       # auto: patches (im2col + matmul) in the single-program executors
       # (vmap, chunked, sequential), xla (nn.Conv) in the host loop
-      # | xla | patches
+      # | xla | patches | implicit (Pallas implicit-GEMM kernels, NVIDIA GPUs)
       conv_impl='auto',
     )
   )

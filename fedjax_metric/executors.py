@@ -116,7 +116,7 @@ def choose_executor(
   return ExecutorChoice(requested)
 
 
-CONV_IMPLS = ('auto', 'xla', 'patches')
+CONV_IMPLS = ('auto', 'xla', 'patches', 'implicit')
 
 
 def round_is_one_program(choice: ExecutorChoice) -> bool:

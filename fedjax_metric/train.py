@@ -156,6 +156,13 @@ def build_model(
     kwargs['conv_impl'] = executors.resolve_conv_impl(
       kwargs['conv_impl'], one_program
     )
+    if kwargs['conv_impl'] == 'implicit' and jax.default_backend() != 'gpu':
+      logging.warning(
+        "conv_impl='implicit' compiles Triton kernels for NVIDIA GPUs; on "
+        "%s they run in Pallas' interpreter: correct, but many times slower "
+        "than 'patches' (--config.model.conv_impl=auto).",
+        jax.default_backend(),
+      )
   compute_dtype = jnp.bfloat16 if precision == 'bf16' else None
   try:
     return models.build(

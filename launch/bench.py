@@ -24,7 +24,6 @@ peak device bytes) belong to that point alone. The table is printed and
 appended to benchmarks/<device>.md with the machine named.
 """
 
-import math
 import os
 import statistics
 import sys
@@ -32,11 +31,9 @@ import time
 
 from absl import app, flags
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from fedjax_metric import engine, executors, models
+from fedjax_metric import engine, executors
 from launch import machine, scaling
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
@@ -134,7 +131,7 @@ def time_jax(executor, num_clients, *, unroll):
     conv_impl=conv_impl,
   )
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
-  flops = client_step_flops(run, batch)
+  flops = scaling.client_step_flops(run, batch)
   round_fn = executors.make_round_fn(
     run.spec,
     data,
@@ -180,56 +177,6 @@ def peak_tflops(device, precision):
     if name in device:
       return peaks[precision]
   return None
-
-
-def client_step_flops(run, batch_size):
-  """XLA's FLOP count (cost analysis) of one client's SGD step.
-
-  One step = forward, cross-entropy, backward and the parameter update on a
-  batch of ``batch_size``; a round does ``clients * local_steps`` of them.
-  Counted on the single step because XLA's cost analysis counts a loop body
-  once, not once per iteration; and on the program as lowered, before the
-  backend's passes, because a GPU's compiled program calls cuBLAS / cuDNN,
-  whose FLOPs its cost analysis can miss (an H100 gave 1.6 GFLOP for the
-  FedQuad CNN step that is 6.7 GFLOP lowered and compiled for CPU). The count
-  is the model's arithmetic, so it is the same on every device. Returns NaN
-  where no count is given.
-  """
-  params, model_state = models.split_variables(run.variables)
-  images = jnp.zeros((batch_size, *run.images.shape[1:]), jnp.float32)
-  labels = jnp.zeros((batch_size,), jnp.int32)
-  mask = jnp.ones((batch_size,), bool)
-
-  def step(params, model_state, images, labels, mask):
-    def loss(p):
-      outputs, new_state = run.model.apply(
-        p, model_state, images, train=True, mask=mask
-      )
-      ce = optax.softmax_cross_entropy_with_integer_labels(
-        outputs['logits'].astype(jnp.float32), labels
-      ).mean()
-      return ce, new_state
-
-    grads, new_state = jax.grad(loss, has_aux=True)(params)
-    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), new_state
-
-  args = (params, model_state, images, labels, mask)
-  flops = _lowered_flops(step, args)
-  if math.isnan(flops) and jax.default_backend() != 'cpu':
-    # jax 0.11's lowered cost analysis gives no count for a GPU program
-    # (seen on an H100); the same step lowered for the CPU counts the same
-    # arithmetic.
-    flops = _lowered_flops(step, jax.device_put(args, jax.devices('cpu')[0]))
-  return flops
-
-
-def _lowered_flops(step, args) -> float:
-  """XLA's FLOP count of ``jax.jit(step)`` lowered for ``args``' device
-  (NaN where the cost analysis gives none)."""
-  cost = jax.jit(step).lower(*args).cost_analysis()
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per program
-    cost = cost[0] if cost else {}
-  return float((cost or {}).get('flops', float('nan')))
 
 
 def time_torch(name, clients):

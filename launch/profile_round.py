@@ -118,6 +118,9 @@ def parse_hlo(text: str) -> Dict[str, HloOp]:
 def category(op: HloOp) -> str:
   """A coarse class of an op, for the per-category table."""
   what = f'{op.opcode} {op.detail}'.lower()
+  if op.opcode == 'custom-call' and 'xla.gpu.triton' in what:
+    # A Pallas kernel (models/implicit_conv.py's convolutions).
+    return 'pallas kernel'
   if 'conv' in what:
     return 'convolution'
   if op.opcode == 'dot' or any(k in what for k in ('gemm', 'cublas', 'matmul')):

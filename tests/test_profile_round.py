@@ -175,3 +175,10 @@ def test_gpu_kernels_are_matched_to_the_program_by_name():
   )['gemm_fusion_dot.11']
   assert triton.detail == 'kCustom __triton_nested_gemm_fusion'
   assert profile_round.category(triton) == 'matmul'
+  # A Pallas kernel is a custom call to XLA's Triton runner.
+  pallas = profile_round.parse_hlo(
+    '  %custom-call.5 = bf16[1024,64]{1,0} custom-call(%p, %w), '
+    'custom_call_target="__gpu$xla.gpu.triton", '
+    'metadata={op_name="jit(step)/implicit_conv"}'
+  )['custom-call.5']
+  assert profile_round.category(pallas) == 'pallas kernel'

@@ -40,7 +40,9 @@ class FedQuadCNN(nn.Module):
     embedding_dim: D, the embedding the metric loss uses (128 in the paper).
     norm: 'batch' (paper), 'group' or 'none' after each conv.
     conv_impl: 'xla' (nn.Conv) or 'patches' (`layers.PatchConv`: batched
-      matrix multiplies when vmapped over clients; same parameters).
+      matrix multiplies when vmapped over clients; same parameters);
+      'implicit' (stride-1 convolutions as one implicit-GEMM Pallas kernel,
+      `models.implicit_conv`; others as patches).
     projection_dim: > 0 adds MOON's projection head (models/projection.py)
       on the embedding: 'embedding' is then its output z and the classifier
       sits on z (for MOON in FedQuad's comparison; FedQuad itself uses 0).

@@ -4,6 +4,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_metric.models import implicit_conv
+
 
 def pool_2x2(x, kind: str):
   """2x2, stride-2 max or average pooling as a reshape + reduce.
@@ -98,12 +100,19 @@ class PatchConv(nn.Module):
   a batched matrix multiply over the clients axis (tensor-core GEMMs on a
   GPU), while the patch extraction has no per-client weights at all.
 
+  With ``form='implicit'`` a stride-1 'SAME' convolution with an odd kernel
+  never writes its patches: `implicit_conv.implicit_conv`, one Pallas kernel
+  (Triton on an NVIDIA GPU, Pallas' interpreter elsewhere) that sums the
+  kernel taps' shifted GEMMs in registers. Other strides and paddings use
+  the patches. Same parameters either way.
+
   Attributes:
     features: O, output channels.
     kernel_size: (kh, kw).
     strides: int or (sh, sw).
     padding: 'SAME' or 'VALID'.
     use_bias: add a bias.
+    form: 'patches' or 'implicit'.
   """
 
   features: int
@@ -111,6 +120,7 @@ class PatchConv(nn.Module):
   strides: int | tuple = 1
   padding: str = 'SAME'
   use_bias: bool = True
+  form: str = 'patches'
 
   @nn.compact
   def __call__(self, x):
@@ -127,9 +137,22 @@ class PatchConv(nn.Module):
       nn.initializers.lecun_normal(),
       (kh, kw, channels, self.features),
     )
-    patches = extract_patches(x, (kh, kw), strides, self.padding)
-    matrix = kernel.reshape(kh * kw * channels, self.features)
-    y = jnp.einsum('bhwk,ko->bhwo', patches, matrix.astype(patches.dtype))
+    if self.form not in ('patches', 'implicit'):
+      raise ValueError(
+        f"form must be 'patches' or 'implicit', not {self.form!r}"
+      )
+    if (
+      self.form == 'implicit'
+      and strides == (1, 1)
+      and self.padding == 'SAME'
+      and kh % 2 == 1
+      and kw % 2 == 1
+    ):
+      y = implicit_conv.implicit_conv(x, kernel.astype(x.dtype))
+    else:
+      patches = extract_patches(x, (kh, kw), strides, self.padding)
+      matrix = kernel.reshape(kh * kw * channels, self.features)
+      y = jnp.einsum('bhwk,ko->bhwo', patches, matrix.astype(patches.dtype))
     if self.use_bias:
       bias = self.param('bias', nn.initializers.zeros, (self.features,))
       y = y + bias.astype(y.dtype)
@@ -143,12 +166,15 @@ class Conv(PatchConv):
 
 
 def make_conv(impl: str):
-  """``nn.Conv`` ('xla') or `PatchConv` ('patches'), same call signature:
-  ``conv(features, kernel_size, strides=..., padding=..., use_bias=...)``."""
+  """``nn.Conv`` ('xla') or `PatchConv` ('patches' or 'implicit' form), same
+  call signature: ``conv(features, kernel_size, strides=..., padding=...,
+  use_bias=...)``."""
   if impl == 'xla':
     return nn.Conv
-  if impl == 'patches':
+  if impl in ('patches', 'implicit'):
     return lambda features, kernel_size, **kwargs: Conv(
-      features, tuple(kernel_size), **kwargs
+      features, tuple(kernel_size), form=impl, **kwargs
     )
-  raise ValueError(f"Unknown conv_impl {impl!r}; use 'xla' or 'patches'.")
+  raise ValueError(
+    f"Unknown conv_impl {impl!r}; use 'xla', 'patches' or 'implicit'."
+  )

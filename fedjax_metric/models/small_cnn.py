@@ -25,7 +25,9 @@ class SmallCNN(nn.Module):
     pool: 'stride' (stride-2 convs), 'avg' or 'max' (2x2 pooling).
     norm: 'none', 'batch' or 'group' after each conv.
     conv_impl: 'xla' (nn.Conv) or 'patches' (`layers.PatchConv`: batched
-      matrix multiplies when vmapped over clients; same parameters).
+      matrix multiplies when vmapped over clients; same parameters);
+      'implicit' (stride-1 convolutions as one implicit-GEMM Pallas kernel,
+      `models.implicit_conv`; others as patches).
     projection_dim: > 0 adds MOON's projection head (models/projection.py)
       on the dense layer: 'embedding' is then its output z [B,
       projection_dim] and the classifier sits on z.
