@@ -124,3 +124,24 @@ def test_reshape_pooling_matches_flax_values_and_gradients(shape):
     np.testing.assert_allclose(
       grad(lambda x: pool_2x2(x, kind)), grad(ref), atol=1e-5
     )
+
+
+def test_max_pooling_gradient_goes_to_the_first_maximum_of_a_window():
+  """As PyTorch: ties send the whole gradient to the first (row-major)
+  maximal tap, chosen in the forward pass (jnp.max's gradient would split
+  it, by comparing the input with the maximum again)."""
+  from fedjax_metric.models.layers import pool_2x2
+
+  x = np.zeros((1, 4, 4, 2), np.float32)
+  x[0, 2:, 2:, 1] = [[1.0, 3.0], [3.0, 2.0]]  # a tie at 3 in one window
+  grad = jax.grad(lambda x: jnp.sum(pool_2x2(x, 'max') * 2.0))(jnp.asarray(x))
+  want = np.zeros_like(x)
+  want[0, 0, 0, :] = 2.0  # all-zero windows: the first tap
+  want[0, 0, 2, :] = 2.0
+  want[0, 2, 0, :] = 2.0
+  want[0, 2, 2, 0] = 2.0
+  want[0, 2, 3, 1] = 2.0  # the first 3 (row-major), not the second
+  np.testing.assert_array_equal(grad, want)
+  np.testing.assert_array_equal(
+    pool_2x2(jnp.asarray(x), 'max')[0, 1, 1], [0.0, 3.0]
+  )

@@ -11,9 +11,17 @@ def pool_2x2(x, kind: str):
   """2x2, stride-2 max or average pooling as a reshape + reduce.
 
   Same values and gradients as ``nn.max_pool(x, (2, 2), strides=(2, 2))``
-  (odd sizes floor, as with VALID padding), but its backward pass is a
-  broadcast-compare instead of XLA's select-and-scatter, which was measured
+  (odd sizes floor, as with VALID padding), but its backward pass is
+  elementwise instead of XLA's select-and-scatter, which was measured
   several times slower on CPU (benchmarks/cpu_notes.md).
+
+  Max pooling picks each window's first maximum in the forward pass and its
+  gradient goes there, as in PyTorch. (The gradient of ``windows.max()``
+  compares the input with the maximum again in the backward pass; when XLA
+  recomputes that input with different rounding, the comparison fails and
+  the window's gradient is lost. Seen on CPU with
+  ``jax_disable_most_optimizations``: 40-75% of the gradient of the FedQuad
+  CNN's first two blocks was missing, and nn.Conv and patches disagreed.)
 
   Args:
     x: [B, H, W, C].
@@ -26,7 +34,11 @@ def pool_2x2(x, kind: str):
   x = x[:, : h // 2 * 2, : w // 2 * 2]
   windows = x.reshape(b, h // 2, 2, w // 2, 2, c)
   if kind == 'max':
-    return windows.max(axis=(2, 4))
+    # [B, H/2, W/2, 4, C]: the window's four taps, row-major.
+    taps = jnp.moveaxis(windows, 3, 2).reshape(b, h // 2, w // 2, 4, c)
+    first_max = jnp.argmax(taps, axis=3, keepdims=True)
+    chosen = jax.lax.broadcasted_iota(jnp.int32, taps.shape, 3) == first_max
+    return jnp.sum(jnp.where(chosen, taps, 0), axis=3)
   if kind == 'avg':
     return windows.mean(axis=(2, 4))
   raise ValueError(f"pool kind must be 'max' or 'avg', got {kind!r}")
