@@ -223,9 +223,9 @@ def test_vmapped_round_same_result_with_every_conv_form():
   """A whole FedAvg round of the FedQuad CNN, vmapped over 3 clients with 2
   local steps in the engine's scan, trains the same global model with
   nn.Conv, patches and the implicit kernel. (Under the suite's
-  jax_disable_most_optimizations this failed for nn.Conv vs patches too,
-  by 40-75% of the first two blocks' updates, until layers.pool_2x2 chose
-  its maxima in the forward pass.)"""
+  jax_disable_most_optimizations this failed, the first two blocks'
+  updates differing by tens of percent between forms, until
+  layers.pool_2x2 chose its maxima in the forward pass.)"""
   from fedjax_metric import engine, executors  # pylint: disable=g-import-not-at-top
   from launch import scaling  # pylint: disable=g-import-not-at-top
 
