@@ -41,6 +41,7 @@ show the mean over seeds with a shaded band of one standard deviation.
 import ast
 import collections
 import csv
+import hashlib
 import importlib.util
 import io
 import itertools
@@ -188,12 +189,23 @@ def config_dict(config) -> Dict[str, Any]:
   return json.loads(config.to_json_best_effort())
 
 
+# File systems refuse names over 255 bytes (ext4, APFS, NTFS); longer
+# ones are cut and told apart by a hash of the whole name.
+MAX_NAME = 200
+
+
 def _slug(text: str) -> str:
-  return re.sub(r'[^A-Za-z0-9_.,=+-]', '_', text)
+  name = re.sub(r'[^A-Za-z0-9_.,=+-]', '_', text)
+  if len(name) <= MAX_NAME:
+    return name
+  digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+  return f'{name[: MAX_NAME - len(digest) - 2]}__{digest}'
 
 
 def workdir_for(root: str, spec: str, overrides: Dict[str, str]) -> str:
-  """``<root>/<config file stem>[:arg]/<k=v>__<k=v>``, filesystem-safe."""
+  """``<root>/<config file stem>[:arg]/<k=v>__<k=v>``, filesystem-safe:
+  a name longer than MAX_NAME keeps its start and ends in a hash of the
+  whole (the point's file in the workdir records every override)."""
   path, _, arg = spec.partition(':')
   stem = os.path.splitext(os.path.basename(path))[0]
   config_part = _slug(stem + (f'_{arg}' if arg else ''))

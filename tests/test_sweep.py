@@ -83,6 +83,29 @@ def test_points_get_distinct_workdirs(tmp_path):
   assert points[1].workdir.endswith(os.path.join('num_rounds=1__seed=1'))
 
 
+def test_long_override_lists_give_valid_distinct_workdir_names(tmp_path):
+  """Twelve overrides made a 330-character directory name, which the file
+  system refused (OSError: File name too long); long names are now cut and
+  end in a hash of the whole, so they stay distinct and stable."""
+  base = {f'ssl_eval.setting_number_{i}': '10000' for i in range(12)}
+  names = [
+    sweep.workdir_for(str(tmp_path), FEDAVG, {**base, 'seed': str(seed)})
+    for seed in (0, 1)
+  ]
+  assert len(set(names)) == 2
+  assert names[0] == sweep.workdir_for(
+    str(tmp_path), FEDAVG, {**base, 'seed': '0'}
+  )
+  for name in names:
+    assert all(
+      len(part) <= sweep.MAX_NAME
+      for part in os.path.relpath(name, tmp_path).split(os.sep)
+    )
+    os.makedirs(name)  # the file system takes it
+  short = sweep.workdir_for(str(tmp_path), FEDAVG, {'seed': '0'})
+  assert short.endswith('seed=0')  # short names are unchanged
+
+
 def _finish_fake(point, rounds=None, drop=(), **config_changes):
   """Writes what train.run leaves in a workdir, without training."""
   config = sweep.config_dict(sweep.resolve(point.spec, point.overrides))
