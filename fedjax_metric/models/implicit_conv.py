@@ -191,8 +191,7 @@ class _Geometry:
   def __init__(self, x_shape, kernel_size, features):
     b, h, w, c = x_shape
     kh, kw = kernel_size
-    self.b, self.h, self.w, self.c = b, h, w, c
-    self.kernel_size = kernel_size
+    self.b, self.h, self.w = b, h, w
     self.pad_h, self.pad_w = kh - 1, kw - 1
     self.hp, self.wp = h + kh - 1, w + kw - 1
     self.offsets = _offsets(kernel_size, self.wp)
@@ -204,7 +203,6 @@ class _Geometry:
     self.out_rows = math.ceil(tiles / self.groups) * self.groups * ROW_TILE
     self.in_rows = self.out_rows + max(self.offsets)
     self.c_pad, self.o_pad = _channels(c), _channels(features)
-    self.features = features
 
   def flatten(self, images, channels, top_left=None):
     """images [B, h', w', ch] placed at ``top_left`` of a zero [B, Hp, Wp,

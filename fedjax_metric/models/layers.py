@@ -160,7 +160,7 @@ class PatchConv(nn.Module):
       and kh % 2 == 1
       and kw % 2 == 1
     ):
-      y = implicit_conv.implicit_conv(x, kernel.astype(x.dtype))
+      y = implicit_conv.implicit_conv(x, kernel)  # computes in x's dtype
     else:
       patches = extract_patches(x, (kh, kw), strides, self.padding)
       matrix = kernel.reshape(kh * kw * channels, self.features)
