@@ -191,6 +191,22 @@ def test_lowered_for_cuda_holds_triton_kernels_and_no_patches():
   assert 'stablehlo.convolution' not in text
 
 
+def _fedquad_run(form, *, num_clients, examples_per_client):
+  """A FedAvg run of the FedQuad CNN on synthetic 8x8x3 data, with
+  convolution form ``form``."""
+  from launch import scaling  # pylint: disable=g-import-not-at-top
+
+  return scaling.synthetic_run(
+    'fedavg',
+    'fedquad_cnn',
+    pool='stride',
+    image_shape=(8, 8, 3),
+    num_clients=num_clients,
+    examples_per_client=examples_per_client,
+    conv_impl=form,
+  )
+
+
 def test_bench_counts_the_same_flops_for_every_conv_form():
   """The bench's TFLOP/s credit the model's arithmetic as nn.Conv writes it:
   XLA counts no FLOPs inside a Pallas kernel, and the implicit form would
@@ -199,15 +215,7 @@ def test_bench_counts_the_same_flops_for_every_conv_form():
 
   counts = {}
   for form in ('xla', 'patches', 'implicit'):
-    run = scaling.synthetic_run(
-      'fedavg',
-      'fedquad_cnn',
-      pool='stride',
-      image_shape=(8, 8, 3),
-      num_clients=2,
-      examples_per_client=4,
-      conv_impl=form,
-    )
+    run = _fedquad_run(form, num_clients=2, examples_per_client=4)
     counts[form] = scaling.client_step_flops(run, 4)
   # The three 3x3 'SAME' convolutions' forward pass alone, 2 FLOPs per
   # multiply-add over the taps inside the image (XLA does not count the
@@ -231,15 +239,7 @@ def test_vmapped_round_same_result_with_every_conv_form():
 
   updates, losses = {}, {}
   for form in ('xla', 'patches', 'implicit'):
-    run = scaling.synthetic_run(
-      'fedavg',
-      'fedquad_cnn',
-      pool='stride',
-      image_shape=(8, 8, 3),
-      num_clients=3,
-      examples_per_client=8,
-      conv_impl=form,
-    )
+    run = _fedquad_run(form, num_clients=3, examples_per_client=8)
     data = engine.DeviceData(run.images, run.labels)
     round_fn = executors.make_round_fn(
       run.spec, data, executor='vmap', steps_per_call=2
