@@ -75,6 +75,60 @@ class BasicBlock(nn.Module):
     return out + shortcut
 
 
+def cifar_resnet_trunk(
+  images,
+  train: bool,
+  mask: Optional[jnp.ndarray],
+  *,
+  width: int,
+  stage_blocks,
+  stage_strides,
+  norm: str,
+  groups: int,
+):
+  """The CIFAR ResNet body shared by ResNet-18, ResNet-32 and the SSL encoder.
+
+  conv3x3(w) -> norm -> ReLU, then stage s = 0, 1, ... of ``stage_blocks[s]``
+  `BasicBlock`s of width w * 2**s (the first with ``stage_strides[s]``), each
+  followed by a ReLU; no stem max-pool (He et al., CVPR 2016, Sec. 4.2).
+  Call it from inside a module's ``nn.compact`` method: the layers it makes
+  become that module's children, named 'conv1' and 'layer{s+1}_{b}'.
+
+  Args:
+    images: [B, H, W, C] float.
+    train, mask: as the calling module's (BatchNorm statistics, padding rows).
+    width: w, channels of the stem and first stage.
+    stage_blocks, stage_strides: blocks and first-block stride per stage.
+    norm, groups: `layers.make_norm`'s arguments.
+
+  Returns:
+    (x, taps): x = ReLU(last block) [B, H', W', w * 2**(S-1)]; taps = the
+    global-average-pooled pre-ReLU stem output and the pre-ReLU output of
+    each stage's last block, [B, w], [B, w], [B, 2w], ... (FedRCL's levels).
+  """
+  x = nn.Conv(width, (3, 3), padding='SAME', use_bias=False, name='conv1')(
+    images
+  )
+  x = make_norm(norm, groups)(x, train, mask)
+  taps = [jnp.mean(x, axis=(1, 2))]
+  x = nn.relu(x)
+  for stage, (num_blocks, stride) in enumerate(
+    zip(stage_blocks, stage_strides, strict=True)
+  ):
+    for block in range(num_blocks):
+      x = BasicBlock(
+        width * 2**stage,
+        strides=stride if block == 0 else 1,
+        norm=norm,
+        groups=groups,
+        name=f'layer{stage + 1}_{block}',
+      )(x, train, mask)
+      if block == num_blocks - 1:
+        taps.append(jnp.mean(x, axis=(1, 2)))
+      x = nn.relu(x)
+  return x, taps
+
+
 class ResNet18(nn.Module):
   """CIFAR ResNet-18 (no stem max-pool) returning FedRCL's 5 pre-ReLU taps.
 
@@ -113,28 +167,16 @@ class ResNet18(nn.Module):
        'features': 5 pooled pre-ReLU taps [B, w], [B, w], [B, 2w], [B, 4w],
        [B, 8w]}.
     """
-    norm = make_norm(self.norm, self.groups)
-    x = nn.Conv(
-      self.width, (3, 3), padding='SAME', use_bias=False, name='conv1'
-    )(images)
-    x = norm(x, train, mask)
-    features = [jnp.mean(x, axis=(1, 2))]
-    x = nn.relu(x)
-    for stage, (num_blocks, stride) in enumerate(
-      zip(_STAGE_BLOCKS, _STAGE_STRIDES)
-    ):
-      channels = self.width * 2**stage
-      for block in range(num_blocks):
-        x = BasicBlock(
-          channels,
-          strides=stride if block == 0 else 1,
-          norm=self.norm,
-          groups=self.groups,
-          name=f'layer{stage + 1}_{block}',
-        )(x, train, mask)
-        if block == num_blocks - 1:
-          features.append(jnp.mean(x, axis=(1, 2)))
-        x = nn.relu(x)
+    x, features = cifar_resnet_trunk(
+      images,
+      train,
+      mask,
+      width=self.width,
+      stage_blocks=_STAGE_BLOCKS,
+      stage_strides=_STAGE_STRIDES,
+      norm=self.norm,
+      groups=self.groups,
+    )
     embedding, logits = head_and_classifier(
       jnp.mean(x, axis=(1, 2)),
       projection_dim=self.projection_dim,

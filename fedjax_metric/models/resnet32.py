@@ -23,8 +23,7 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fedjax_metric.models.layers import make_norm
-from fedjax_metric.models.resnet import BasicBlock
+from fedjax_metric.models.resnet import cifar_resnet_trunk
 
 _BLOCKS_PER_STAGE = 5
 _STAGE_STRIDES = (1, 2, 2)
@@ -69,26 +68,16 @@ class ResNet32(nn.Module):
        pre-ReLU taps (stem, then the last block of each stage, as in
        `resnet.ResNet18`): [B, w], [B, w], [B, 2w], [B, 4w]}.
     """
-    norm = make_norm(self.norm, self.groups)
-    x = nn.Conv(
-      self.width, (3, 3), padding='SAME', use_bias=False, name='conv1'
-    )(images)
-    x = norm(x, train, mask)
-    features = [jnp.mean(x, axis=(1, 2))]
-    x = nn.relu(x)
-    for stage, stride in enumerate(_STAGE_STRIDES):
-      channels = self.width * 2**stage
-      for block in range(_BLOCKS_PER_STAGE):
-        x = BasicBlock(
-          channels,
-          strides=stride if block == 0 else 1,
-          norm=self.norm,
-          groups=self.groups,
-          name=f'layer{stage + 1}_{block}',
-        )(x, train, mask)
-        if block == _BLOCKS_PER_STAGE - 1:
-          features.append(jnp.mean(x, axis=(1, 2)))
-        x = nn.relu(x)
+    x, features = cifar_resnet_trunk(
+      images,
+      train,
+      mask,
+      width=self.width,
+      stage_blocks=(_BLOCKS_PER_STAGE,) * len(_STAGE_STRIDES),
+      stage_strides=_STAGE_STRIDES,
+      norm=self.norm,
+      groups=self.groups,
+    )
     embedding = jnp.mean(x, axis=(1, 2))
     if self.embedding_dim != embedding.shape[-1]:
       embedding = nn.Dense(

@@ -28,7 +28,7 @@ from fedjax_metric.models.layers import make_norm
 from fedjax_metric.models.resnet import (
   _STAGE_BLOCKS,
   _STAGE_STRIDES,
-  BasicBlock,
+  cifar_resnet_trunk,
 )
 
 
@@ -63,8 +63,8 @@ class ResNet18Encoder(nn.Module):
   [2, 2, 2, 2], global average pool (He et al., 'Deep Residual Learning for
   Image Recognition', CVPR 2016, with the CIFAR stem of the SSD code).
 
-  Same layers and parameter names as `resnet.ResNet18` (built from its
-  `BasicBlock`), without the classifier.
+  Same layers and parameter names as `resnet.ResNet18` (both are
+  `resnet.cifar_resnet_trunk`), without the classifier.
 
   Attributes:
     norm: 'batch' (SSD / FedU2), 'group' or 'none'.
@@ -79,23 +79,16 @@ class ResNet18Encoder(nn.Module):
   @nn.compact
   def __call__(self, images, train: bool, mask: Optional[jnp.ndarray]):
     """images [B, H, W, C] -> pooled ReLU(layer4) [B, 8w] (>= 0)."""
-    norm = make_norm(self.norm, self.groups)
-    x = nn.Conv(
-      self.width, (3, 3), padding='SAME', use_bias=False, name='conv1'
-    )(images)
-    x = nn.relu(norm(x, train, mask))
-    for stage, (num_blocks, stride) in enumerate(
-      zip(_STAGE_BLOCKS, _STAGE_STRIDES, strict=True)
-    ):
-      for block in range(num_blocks):
-        x = BasicBlock(
-          self.width * 2**stage,
-          strides=stride if block == 0 else 1,
-          norm=self.norm,
-          groups=self.groups,
-          name=f'layer{stage + 1}_{block}',
-        )(x, train, mask)
-        x = nn.relu(x)
+    x, _ = cifar_resnet_trunk(
+      images,
+      train,
+      mask,
+      width=self.width,
+      stage_blocks=_STAGE_BLOCKS,
+      stage_strides=_STAGE_STRIDES,
+      norm=self.norm,
+      groups=self.groups,
+    )
     return jnp.mean(x, axis=(1, 2))
 
 
