@@ -81,8 +81,8 @@ def cifar_resnet_trunk(
   mask: Optional[jnp.ndarray],
   *,
   width: int,
-  stage_blocks,
-  stage_strides,
+  stage_blocks=_STAGE_BLOCKS,
+  stage_strides=_STAGE_STRIDES,
   norm: str,
   groups: int,
 ):
@@ -98,7 +98,8 @@ def cifar_resnet_trunk(
     images: [B, H, W, C] float.
     train, mask: as the calling module's (BatchNorm statistics, padding rows).
     width: w, channels of the stem and first stage.
-    stage_blocks, stage_strides: blocks and first-block stride per stage.
+    stage_blocks, stage_strides: blocks and first-block stride per stage
+      (default ResNet-18's: 2, 2, 2, 2 blocks, strides 1, 2, 2, 2).
     norm, groups: `layers.make_norm`'s arguments.
 
   Returns:
@@ -172,8 +173,6 @@ class ResNet18(nn.Module):
       train,
       mask,
       width=self.width,
-      stage_blocks=_STAGE_BLOCKS,
-      stage_strides=_STAGE_STRIDES,
       norm=self.norm,
       groups=self.groups,
     )

@@ -25,11 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_metric.models.layers import make_norm
-from fedjax_metric.models.resnet import (
-  _STAGE_BLOCKS,
-  _STAGE_STRIDES,
-  cifar_resnet_trunk,
-)
+from fedjax_metric.models.resnet import cifar_resnet_trunk
 
 
 class Projector(nn.Module):
@@ -84,8 +80,6 @@ class ResNet18Encoder(nn.Module):
       train,
       mask,
       width=self.width,
-      stage_blocks=_STAGE_BLOCKS,
-      stage_strides=_STAGE_STRIDES,
       norm=self.norm,
       groups=self.groups,
     )
