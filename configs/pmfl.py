@@ -39,6 +39,9 @@ def get_config(arg=None):
       'cutoff': arg.cutoff or None,
       'history_size': 3,
       'normalize': 'num_clients',
+      # Ablation (not in the paper): undo the step the history mixing
+      # takes away (pmfl.mixing_step_factor).
+      'mixing_compensation': False,
     }
   )
   return common.finalize(c, arg)

@@ -12,15 +12,17 @@ A round maps ``(server_state, client_table, cohort)`` to the new
 
 An `Algorithm` is seven pure functions and an optional host-side batch
 schedule, FedAvg's by default (algorithms/fedavg.py). This module holds the
-types, the initial state, local training of one client and the two
-single-program forms of a round: every slot vmapped at once, or a scan over
-chunks of vmapped slots. How a round is run (jit, a Python loop over clients,
-chunk sizes) is executors.py; memory budgets are memory.py; device meshes are
+types, the initial state, local training of one client, the two
+single-program forms of a round (every slot vmapped at once, or a scan over
+chunks of vmapped slots) and R rounds as one program (a scan over rounds).
+How a round is run (jit, a Python loop over clients, chunk sizes, rounds per
+call) is executors.py; memory budgets are memory.py; device meshes are
 sharding.py.
 
 Public API: the types `Algorithm`, `ClientContext`, `Batch`, `ServerState`,
 `Aggregate`, `RoundSpec`, `DeviceData`; `init_state`; the table and reduction
-`gather_rows`, `scatter_rows`, `weighted_sum`; `single_program_round`; and
+`gather_rows`, `scatter_rows`, `weighted_sum`; `single_program_round` and
+`multi_round` (a scan of it over R rounds); and
 the pieces the host executor strings together: `client_inputs`,
 `start_client`, `run_steps`, `finish_client`, `finish_round`, `zero_update`.
 
@@ -607,6 +609,47 @@ def single_program_round(
     spec, data, server_state, client_table, cohort, slots, unroll=unroll
   )
   return finish_round(spec, server_state, client_table, cohort, *sums)
+
+
+def multi_round(
+  spec: RoundSpec,
+  data,
+  server_state,
+  client_table,
+  cohorts: Cohort,
+  *,
+  chunk_size: int = 0,
+  unroll: int | bool = 1,
+):
+  """R rounds as one traceable function: a ``lax.scan`` of
+  `single_program_round` over the leading [R] axis of ``cohorts``.
+
+  Every key, learning rate and schedule inside a round is a function of
+  ``server_state.round``, which each round advances, so R rounds here
+  compute what R separate calls compute; the host only returns every R
+  rounds (to evaluate, log, checkpoint). Why: with tiny rounds (one local
+  step of a few clients) the host round trip, not the arithmetic, is the
+  cost of a round.
+
+  Args:
+    cohorts: a `Cohort` whose leaves have a leading [R] axis (round r's
+      cohort at index r).
+
+  Returns:
+    ``(server_state, client_table, metrics)``; each metric has shape [R].
+  """
+
+  def one_round(carry, cohort):
+    state, table = carry
+    state, table, metrics = single_program_round(
+      spec, data, state, table, cohort, chunk_size=chunk_size, unroll=unroll
+    )
+    return (state, table), metrics
+
+  (server_state, client_table), metrics = jax.lax.scan(
+    one_round, (server_state, client_table), cohorts
+  )
+  return server_state, client_table, metrics
 
 
 def _vmapped_slots(

@@ -14,19 +14,26 @@ tests/test_engine.py proves it:
     (benchmarks/cpu.md). It also skips blocks that are all padding, which the
     single program cannot.
 
+Rounds per call: the single-program executors can also run R rounds as one
+program (`engine.multi_round`, a scan over rounds), so that the host returns
+only to evaluate, log and checkpoint; `choose_rounds_per_call` picks R from
+the run's cadence and `make_rounds_fn` builds the call.
+
 Public API: `EXECUTORS`, `PRECISIONS`, `matmul_precision`, `ExecutorChoice`,
 `choose_executor`, `fit_to_memory`, `make_round_fn`,
-`make_single_program_round_fn`, `make_host_loop_round_fn`.
+`make_single_program_round_fn`, `make_host_loop_round_fn`,
+`choose_rounds_per_call`, `make_rounds_fn`.
 """
 
 import functools
-from typing import Callable, NamedTuple, Optional
+import math
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import engine, memory
+from fedjax_metric import engine, memory, sharding
 from fedjax_metric.data.cohort import Cohort
 
 EXECUTORS = ('auto', 'vmap', 'chunked', 'sequential', 'host')
@@ -427,3 +434,139 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
 
   round_fn.fns = fns
   return round_fn
+
+
+# Host and device memory the stacked cohorts of one call may take (their
+# index arrays are [R, C, S, B]); `choose_rounds_per_call` keeps R below it.
+STACKED_COHORT_BYTES = 64 * 1024**2
+
+
+def cohort_bytes(cohort: Cohort) -> int:
+  """Bytes of one round's cohort arrays."""
+  return sum(np.asarray(x).nbytes for x in cohort)
+
+
+def choose_rounds_per_call(
+  requested: int,
+  choice: ExecutorChoice,
+  *,
+  boundaries: Sequence[int],
+  round_bytes: int,
+) -> tuple:
+  """R, the rounds one call runs, and why: ``(R, reason)``.
+
+  R divides every round at which the host must act (``boundaries``: the
+  evaluation and checkpoint cadence, the run's first and last round), so
+  evaluations, checkpoints and the end fall where they fall with one round
+  per call, and every call has the same length: the program compiles once.
+  It is the largest such divisor that is at most ``requested`` (0: no
+  limit but memory) and keeps R stacked cohorts under
+  `STACKED_COHORT_BYTES`. The ``host`` executor drives each client from
+  Python, so it runs one round per call.
+
+  A stop signal (SIGTERM, Ctrl-C) is honoured between calls: at most R - 1
+  rounds after it, and R is at most the evaluation interval.
+  """
+  if requested < 0:
+    raise ValueError(
+      f'rounds_per_call must be >= 0 (0 = automatic), got {requested} '
+      '(--config.rounds_per_call).'
+    )
+  if choice.name == 'host':
+    return 1, 'the host executor runs one round per call'
+  cadence = 0
+  for b in boundaries:
+    cadence = math.gcd(cadence, int(b))
+  cadence = max(cadence, 1)
+  limit = max(1, STACKED_COHORT_BYTES // max(round_bytes, 1))
+  why = f'divides the cadence ({cadence} rounds)'
+  if requested:
+    limit = min(limit, requested)
+    why += f', at most rounds_per_call={requested}'
+  else:
+    why += f', cohorts under {STACKED_COHORT_BYTES // 1024**2} MiB'
+  r = max(d for d in range(1, min(cadence, limit) + 1) if cadence % d == 0)
+  return r, why
+
+
+def make_rounds_fn(
+  spec: engine.RoundSpec,
+  data: engine.DeviceData,
+  *,
+  executor,
+  rounds_per_call: int,
+  chunk_size: int = 0,
+  steps_per_call: int = 10,
+  unroll: int | bool = 1,
+  mesh=None,
+):
+  """``(server_state, client_table, cohorts) -> (state, table, metrics)``.
+
+  ``cohorts`` is a list of R = ``rounds_per_call`` host (NumPy) cohorts,
+  rounds t .. t + R - 1; each metric comes back with shape [R]. With R > 1
+  and a single-program executor the R rounds are one jitted program
+  (`engine.multi_round`; ``.jitted`` is exposed); otherwise the one-round
+  function of `make_round_fn` is called R times. Both give the same result.
+  With a ``mesh`` the cohorts are split over its clients axis.
+  """
+  choice = executor
+  if isinstance(executor, str):
+    choice = choose_executor(executor, chunk_size=chunk_size)
+  if rounds_per_call > 1 and choice.name != 'host':
+    return _make_multi_round_fn(
+      spec, data, choice, rounds_per_call, unroll, mesh
+    )
+  round_fn = make_round_fn(
+    spec,
+    data,
+    executor=choice,
+    steps_per_call=steps_per_call,
+    unroll=unroll,
+  )
+
+  def rounds_fn(server_state, client_table, cohorts):
+    metrics = []
+    for cohort in cohorts:
+      if mesh is not None:
+        cohort = sharding.shard_cohort(cohort, mesh)
+      server_state, client_table, m = round_fn(
+        server_state, client_table, cohort
+      )
+      metrics.append(m)
+    return (
+      server_state,
+      client_table,
+      jax.tree.map(lambda *m: jnp.stack(m), *metrics),
+    )
+
+  rounds_fn.round_fn = round_fn
+  return rounds_fn
+
+
+def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
+  """`make_rounds_fn` for R > 1 rounds in one single-program call."""
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def jitted(server_state, client_table, cohorts, data):
+    return engine.multi_round(
+      spec,
+      data,
+      server_state,
+      client_table,
+      cohorts,
+      chunk_size=choice.chunk_size,
+      unroll=unroll,
+    )
+
+  def rounds_fn(server_state, client_table, cohorts):
+    if len(cohorts) != rounds_per_call:
+      raise ValueError(
+        f'{len(cohorts)} cohorts for a call of {rounds_per_call} rounds.'
+      )
+    stacked = jax.tree.map(lambda *x: np.stack(x), *cohorts)
+    if mesh is not None:
+      stacked = sharding.shard_cohort(stacked, mesh, stacked=True)
+    return jitted(server_state, client_table, stacked, data)
+
+  rounds_fn.jitted = jitted
+  return rounds_fn

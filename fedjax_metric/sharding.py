@@ -51,11 +51,14 @@ def make_mesh(num_devices: int | None = None, *, backend: str | None = None):
   )
 
 
-def shard_cohort(cohort: Cohort, mesh) -> Cohort:
-  """Puts every cohort array on the mesh, split along its leading [C] axis."""
-  sharding = jax.sharding.NamedSharding(
-    mesh, jax.sharding.PartitionSpec('clients')
-  )
+def shard_cohort(cohort: Cohort, mesh, *, stacked: bool = False) -> Cohort:
+  """Puts every cohort array on the mesh, split along its [C] axis.
+
+  ``stacked``: the arrays carry a leading [R] rounds axis (`engine.
+  multi_round`'s input); [C] is then the second axis and R is not split.
+  """
+  spec = ('clients',) if not stacked else (None, 'clients')
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
   return put_global(cohort, sharding)
 
 

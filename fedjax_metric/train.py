@@ -291,17 +291,18 @@ def participation_mask(config, class_counts):
   return probs, mask
 
 
-def prefetch(fn, indices):
-  """Yields ``fn(i)`` for each i, computing the next one in a thread.
+def prefetch(fn, keys):
+  """Yields ``fn(k)`` for each k of ``keys``, computing the next in a thread.
 
-  The host builds round t + 1's cohort (NumPy) while the device runs round t,
-  so cohort building leaves the critical path.
+  The host builds the next call's cohorts (NumPy) while the device runs the
+  current call, so cohort building leaves the critical path.
   """
+  keys = list(keys)
   with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-    pending = None
-    for i in indices:
-      current = pending or pool.submit(fn, i)
-      pending = pool.submit(fn, i + 1) if i + 1 in indices else None
+    pending = pool.submit(fn, keys[0]) if keys else None
+    for following in keys[1:] + [None]:
+      current = pending
+      pending = pool.submit(fn, following) if following is not None else None
       yield current.result()
 
 
@@ -737,12 +738,34 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       num_devices=num_devices,
     )
     say(f'Memory: executor={choice.name}; {choice.reason}.')
-  round_fn = executors.make_round_fn(
+  end_round = config.num_rounds
+  if stop_after_round is not None:
+    end_round = min(end_round, stop_after_round)
+  rounds_per_call, why = executors.choose_rounds_per_call(
+    config.rounds_per_call,
+    choice,
+    boundaries=(
+      config.eval_every,
+      config.checkpoint_every,
+      start_round,
+      end_round,
+    ),
+    round_bytes=(
+      executors.cohort_bytes(cohort_for(start_round))
+      if start_round < end_round
+      else 0
+    ),
+  )
+  if rounds_per_call > 1:
+    say(f'{rounds_per_call} rounds per call: {why}.')
+  rounds_fn = executors.make_rounds_fn(
     spec,
     data,
     executor=choice,
+    rounds_per_call=rounds_per_call,
     steps_per_call=config.steps_per_call,
     unroll=config.unroll,
+    mesh=mesh,
   )
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   writer = None
@@ -788,45 +811,49 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   def total_time():
     return time_before + time.time() - start_time
 
-  # ----- Rounds. -----
+  # ----- Rounds: R per call (one program), the host acts between calls. -----
   start_time = time.time()
-  train_sums = []  # Device scalars; read only at evaluation time.
+  train_sums = []  # Device arrays [R]; read only at evaluation time.
   last = {}
-  end_round = config.num_rounds
-  if stop_after_round is not None:
-    end_round = min(end_round, stop_after_round)
   bar = tqdm.tqdm(
-    range(start_round, end_round),
     initial=start_round,
     total=config.num_rounds,
     desc=config.algorithm,
     disable=not (config.progress and chief),
     dynamic_ncols=True,
   )
+  cleanup.callback(bar.close)
   done = start_round
-  cohorts = prefetch(cohort_for, range(start_round, end_round))
-  for round_idx in bar:
+  calls = range(start_round, end_round, rounds_per_call)
+  call_cohorts = prefetch(
+    lambda first: [
+      cohort_for(r) for r in range(first, first + rounds_per_call)
+    ],
+    calls,
+  )
+  for first in calls:
     if stop.agreed():
       break
-    cohort = next(cohorts)
-    cohort = sharding.shard_cohort(cohort, mesh) if mesh else cohort
-    server_state, client_table, round_metrics = round_fn(
-      server_state, client_table, cohort
+    server_state, client_table, round_metrics = rounds_fn(
+      server_state, client_table, next(call_cohorts)
     )
     train_sums.append(
       sharding.local_copy(
         (round_metrics['train_loss_sum'], round_metrics['train_examples'])
       )
     )
-    done = round_idx + 1
+    done = first + rounds_per_call
+    bar.update(rounds_per_call)
     if done % config.eval_every == 0 or done == end_round:
-      loss_sum, examples = np.asarray(
-        jnp.stack([jnp.stack(s) for s in train_sums])
-      ).sum(0)
+      loss_sums, counts = (
+        np.concatenate([np.asarray(s[i]) for s in train_sums]) for i in (0, 1)
+      )
+      bad = np.flatnonzero(~np.isfinite(loss_sums))
+      if bad.size:
+        first_bad = done - len(loss_sums) + int(bad[0]) + 1
+        raise diverged(f'Training loss is {loss_sums[bad[0]]}', first_bad)
       train_sums = []
-      train_loss = float(loss_sum / max(examples, 1.0))
-      if not math.isfinite(train_loss):
-        raise diverged(f'Training loss is {train_loss}', done)
+      train_loss = float(loss_sums.sum() / max(counts.sum(), 1.0))
       # Stamped after the evaluation, so that a row's wall_time covers its
       # own evaluation (the first one compiles the evaluation programs) and
       # the next row's difference is that row's training and evaluation.
@@ -877,6 +904,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     'workdir': workdir,
     'executor': choice.name,
     'chunk_size': choice.chunk_size,
+    'rounds_per_call': rounds_per_call,
     'conv_impl': conv_impl,
     'backend': jax.default_backend(),
     'num_steps': num_steps,

@@ -181,6 +181,7 @@ RULES: Dict[str, Check] = {
   'executor': _one_of(executors.EXECUTORS),
   'chunk_size': _integer(0),
   'steps_per_call': _integer(1),
+  'rounds_per_call': _integer(0),
   'unroll': _integer(1),
   'num_devices': _integer(0),
   'memory_budget_gb': _number(0.0),

@@ -383,6 +383,111 @@ def test_pmfl_server_matches_algorithm_2(normalize, eta):
   )
 
 
+def printed_pmfl_server_step(w_t, past, locals_, x, *, eta, psi):
+  """Zhang et al., 2025, Eqs. 9-11 exactly as printed, in NumPy:
+  W^{t+1} = (1 - psi) (W^t - eta_g sum_k x_k Delta_k)
+            + psi / (H - 1) sum_{h=1}^{H-1} W^{t-h},
+  with no 1 / N. The one reading it needs: Delta_k is W^t - W_k (the
+  pseudo-gradient), the sign under which Eq. 9's minus moves the global
+  model towards the local ones."""
+  step = sum(xk * (w_t - wk) for xk, wk in zip(x, locals_))
+  return (1 - psi) * (w_t - eta * step) + psi / len(past) * sum(past)
+
+
+@pytest.mark.parametrize('compensate', [False, True])
+def test_pmfl_server_step_is_the_printed_equations(compensate):
+  """One server step with a full global buffer (H = 3: W^{t-1}, W^{t-2})
+  against the printed Eqs. 9-11; ``normalize='num_clients'`` is the same
+  with eta_g / N, and ``mixing_compensation`` divides the step by
+  `pmfl.mixing_step_factor`."""
+  rng = np.random.default_rng(0)
+  num_clients, t, num_rounds, eta = 4, 3, 9, 0.7
+  model = fx.linear()
+  images, _ = fx.make_data(8)
+  variables = fx.init_variables(model, images)
+  w_t = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
+  shape = w_t.shape
+  past = [rng.normal(size=shape) for _ in range(2)]  # W^{t-1}, W^{t-2}
+  ids = [0, 2]
+  locals_ = [w_t + 0.1 * rng.normal(size=shape) for _ in ids]
+  x = [3.0, 1.5]
+  psi = 0.5 - t / (2 * (num_rounds - 1))
+  for normalize, divisor in (('none', 1.0), ('num_clients', num_clients)):
+    alg = algorithms.REGISTRY['pmfl'](
+      model,
+      server_optimizer=server(eta),
+      num_rounds=num_rounds,
+      normalize=normalize,
+      mixing_compensation=compensate,
+    )
+    state = alg.init_server(variables, num_clients, jax.random.key(0))
+
+    def kernel_tree(k, like):
+      return jax.tree.map(
+        lambda v: v,
+        {
+          **like,
+          'params': {
+            'Dense_0': {
+              **like['params']['Dense_0'],
+              'kernel': jnp.asarray(k, jnp.float32),
+            }
+          },
+        },
+      )
+
+    zero_bias = jax.tree.map(jnp.zeros_like, variables)
+    history = jax.tree.map(
+      lambda *h: jnp.stack(h),
+      *[kernel_tree(p, zero_bias) for p in past],
+    )
+    # The bias leaves of the past models are zero; the check reads kernels.
+    extra = {
+      **state.extra,
+      'history': history,
+      'history_count': jnp.asarray(2, jnp.int32),
+    }
+    state = state._replace(extra=extra, round=jnp.asarray(t, jnp.int32))
+    update = sum(xk * (wk - w_t) for xk, wk in zip(x, locals_))
+    update_sum = kernel_tree(update, zero_bias)
+    aggregate = engine.Aggregate(
+      update_sum,
+      jnp.asarray(sum(x), jnp.float32),
+      jnp.asarray(len(ids), jnp.float32),
+      jnp.asarray(ids + [num_clients, num_clients], jnp.int32),
+      jnp.asarray([True, True, False, False]),
+    )
+    with jax.default_matmul_precision('highest'):
+      new = alg.server_update(state, aggregate, ())
+    factor = float(pmfl.mixing_step_factor(psi, 2)) if compensate else 1.0
+    want = printed_pmfl_server_step(
+      w_t, past, locals_, x, eta=eta / (divisor * factor), psi=psi
+    )
+    np.testing.assert_allclose(
+      new.variables['params']['Dense_0']['kernel'], want, atol=2e-6
+    )
+
+
+def test_mixing_step_factor_is_the_steady_drift_of_eq_10():
+  """Iterate Eq. 10 with a constant update u at a fixed psi (H = 3) until
+  the drift is steady: the global model then moves by factor * u a round;
+  with `mixing_compensation`'s 1 / factor it moves by u."""
+  u = 1.0
+  for psi in (0.5, 0.25, 0.1, 0.0):
+    factor = float(pmfl.mixing_step_factor(psi, 2))
+    for scale, want in ((1.0, factor), (1.0 / factor, 1.0)):
+      w = [0.0, 0.0, 0.0]  # W^{t-2}, W^{t-1}, W^t
+      for _ in range(400):
+        w_next = (1 - psi) * (w[-1] + scale * u) + psi * (w[-2] + w[-3]) / 2
+        w = w[1:] + [w_next]
+      assert abs((w[-1] - w[-2]) - want) < 1e-6, (psi, scale)  # float32
+  # The paper's schedule (Eq. 11) averages to 0.58 over a run.
+  psis = 0.5 - np.arange(1000) / (2 * 999)
+  mean = np.mean([float(pmfl.mixing_step_factor(p, 2)) for p in psis])
+  assert abs(mean - 0.577) < 0.003
+  assert float(pmfl.mixing_step_factor(0.3, 0)) == 1.0
+
+
 def test_pmfl_update_moves_towards_the_local_model():
   """The working sign: W^1 = W^0 + eta_g x Delta. With one participant in
   round 0 (x = Q* = 1), no history yet, eta_g = 1 and the printed form

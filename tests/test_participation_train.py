@@ -97,13 +97,13 @@ def final_server_state(workdir):
 def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
   monkeypatch.setitem(algorithms.REGISTRY, 'recorder', make_recorder)
   made = []
-  make_round_fn = executors.make_round_fn
+  make_rounds_fn = executors.make_rounds_fn
 
-  def recording_make_round_fn(*args, **kwargs):
-    made.append(make_round_fn(*args, **kwargs))
+  def recording_make_rounds_fn(*args, **kwargs):
+    made.append(make_rounds_fn(*args, **kwargs))
     return made[-1]
 
-  monkeypatch.setattr(executors, 'make_round_fn', recording_make_round_fn)
+  monkeypatch.setattr(executors, 'make_rounds_fn', recording_make_rounds_fn)
   config = bernoulli_config(executor)
   summary = train.run(config, str(tmp_path))
 
@@ -124,12 +124,15 @@ def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
     np.asarray(extra['unchanged']), mask.sum(1) == 0
   )
   assert summary['num_slots'] == mask.sum(1).max()
-  round_fn = made[0]
+  rounds_fn = made[0]
   if executor == 'vmap':
-    assert round_fn.jitted._cache_size() == 1
+    # All 8 rounds, of 0 to 2 participants, in one program compiled once.
+    assert summary['rounds_per_call'] == NUM_ROUNDS
+    assert rounds_fn.jitted._cache_size() == 1
   else:
-    assert round_fn.fns.whole_client._cache_size() == 1
-    assert round_fn.fns.server._cache_size() == 1
+    assert summary['rounds_per_call'] == 1
+    assert rounds_fn.round_fn.fns.whole_client._cache_size() == 1
+    assert rounds_fn.round_fn.fns.server._cache_size() == 1
 
   if executor == 'host':  # Training accuracy over the whole training set.
     data = sources.load('digits', 'train')

@@ -13,7 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from fedjax_metric import train
+from fedjax_metric import executors, train
 from fedjax_metric.data import sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,6 +157,67 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     read_metrics(straight)[-1]['test_loss']
     == read_metrics(resumed)[-1]['test_loss']
   )
+
+
+@pytest.mark.parametrize('pattern', ['uniform', 'bernoulli'])
+def test_rounds_in_one_program_equal_round_by_round_runs(tmp_path, pattern):
+  """rounds_per_call=0 (automatic: 3 here, the evaluation interval) and
+  rounds_per_call=1 give the same models and the same per-evaluation
+  metrics, with uniform sampling and under a participation pattern (cohorts
+  of varying size, rounds nobody joins); a run stopped after round 3 and
+  resumed in the program form ends the same way."""
+  runs = {}
+  for name, rounds_per_call, stop in (
+    ('scan', 0, None),
+    ('round_by_round', 1, None),
+    ('resumed', 0, 3),
+  ):
+    config = load_config('fedavg')
+    config.executor = 'sequential'
+    config.participation.pattern = pattern
+    config.participation.mean = 0.3
+    config.num_rounds, config.eval_every, config.checkpoint_every = 6, 3, 6
+    config.rounds_per_call = rounds_per_call
+    workdir = str(tmp_path / name)
+    if stop:
+      first = train.run(config, workdir, stop_after_round=stop)
+      assert first['rounds_completed'] == stop
+    summary = train.run(config, workdir)
+    assert summary['rounds_per_call'] == (rounds_per_call or 3)
+    runs[name] = (final_params(workdir), read_metrics(workdir))
+  for name in ('round_by_round', 'resumed'):
+    params, rows = runs[name]
+    for x, y in zip(jax_leaves(runs['scan'][0]), jax_leaves(params)):
+      np.testing.assert_allclose(x, y, atol=1e-6)
+    assert [r['round'] for r in rows] == [3, 6]
+    for a, b in zip(runs['scan'][1], rows):
+      for key in ('train_loss', 'test_accuracy', 'test_loss'):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
+
+
+def test_rounds_per_call_follows_the_cadence():
+  program = executors.ExecutorChoice('vmap')
+  choose = executors.choose_rounds_per_call
+  # Every evaluation, checkpoint, start and end falls on a call boundary.
+  assert (
+    choose(0, program, boundaries=(500, 250, 0, 10000), round_bytes=1)[0] == 250
+  )
+  assert (
+    choose(0, program, boundaries=(50, 250, 100, 1000), round_bytes=1)[0] == 50
+  )
+  assert choose(0, program, boundaries=(3, 5, 0, 30), round_bytes=1)[0] == 1
+  # An explicit value is an upper bound, met by a divisor of the cadence.
+  assert (
+    choose(30, program, boundaries=(100, 100, 0, 1000), round_bytes=1)[0] == 25
+  )
+  # The stacked cohorts stay under the memory cap.
+  big = executors.STACKED_COHORT_BYTES // 10
+  assert choose(0, program, boundaries=(100,), round_bytes=big)[0] == 10
+  # The host executor drives clients from Python: one round per call.
+  host = executors.ExecutorChoice('host')
+  assert choose(0, host, boundaries=(100,), round_bytes=1)[0] == 1
+  with pytest.raises(ValueError, match='rounds_per_call'):
+    choose(-1, program, boundaries=(100,), round_bytes=1)
 
 
 def jax_leaves(tree):

@@ -184,6 +184,33 @@ def history_mixing_weight(round_idx, num_rounds):
   return jnp.where(span > 0, 0.5 - t / (2.0 * jnp.maximum(span, 1.0)), 0.0)
 
 
+def mixing_step_factor(psi, num_past):
+  """How much Eq. 10's history mixing shortens a steady step: (1 - psi) /
+  (1 + psi (h + 1) / 2), h = ``num_past`` past global models mixed in.
+
+  Zhang et al., 2025, Eq. 10 with a constant update u per round: if the
+  global model moves steadily, W^t = W^0 + t v, the mean of W^{t-1} ..
+  W^{t-h} is W^t - v (h + 1) / 2, and Eq. 10,
+  W^t + v = (1 - psi) (W^t + u) + psi (W^t - v (h + 1) / 2), gives
+  v (1 + psi (h + 1) / 2) = (1 - psi) u. With
+  the paper's H = 3 (h = 2) that is 0.29 at psi = 1/2 (round 0) and 1 at
+  psi = 0 (the last round); averaged over Eq. 11's linear schedule, 0.58.
+  So besides smoothing, the mixing runs the first half of training at a
+  fraction of eta_g.
+
+  Args:
+    psi: float scalar in [0, 1/2].
+    num_past: int scalar h >= 0 (0 gives 1: nothing is mixed in).
+
+  Returns:
+    float32 scalar in (0, 1].
+  """
+  psi = jnp.asarray(psi, jnp.float32)
+  lag = (jnp.asarray(num_past, jnp.float32) + 1.0) / 2.0
+  factor = (1.0 - psi) / (1.0 + psi * lag)
+  return jnp.where(jnp.asarray(num_past) > 0, factor, 1.0)
+
+
 # ---------------------------------------------------------------------------
 # The algorithm.
 # ---------------------------------------------------------------------------
@@ -267,6 +294,7 @@ def make(
   history_size=3,
   num_rounds=1000,
   normalize='num_clients',
+  mixing_compensation=False,
 ):
   """PMFL (Zhang et al., 2025, Algorithms 1 and 2) as an `engine.Algorithm`.
 
@@ -326,6 +354,10 @@ def make(
       directly).
     normalize: 'num_clients' (default: the weighted sum divided by N, as
       FedAU's released code does) or 'none' (Eqs. 9-10 as printed).
+    mixing_compensation: an ablation, not in the paper: multiply the
+      round's update by `mixing_step_factor`'s inverse, so that Eq. 10's
+      mixing keeps its smoothing but no longer shortens the step (see
+      `mixing_step_factor`).
   """
   del weighting
   if threshold not in THRESHOLDS:
@@ -469,13 +501,20 @@ def make(
     participated = fedau.participation_vector(aggregate, num_clients)
     state, _ = adaptive_step(state, participated, cutoff=cutoff)
     divisor = float(num_clients) if normalize == 'num_clients' else 1.0
+    if past:
+      count = extra['history_count']
+      psi = jnp.maximum(
+        history_mixing_weight(server_state.round, num_rounds), 0.0
+      )
+      psi = jnp.where(count > 0, psi, 0.0)
+      if mixing_compensation:
+        divisor = divisor * mixing_step_factor(psi, count)
     direction = jax.tree.map(lambda u: u / divisor, aggregate.update_sum)
     new_state = fedavg.apply_server_optimizer(
       server_optimizer, server_state, direction
     )
     new_extra = dict(extra)
     if past:
-      count = extra['history_count']
       filled = (jnp.arange(past) < count).astype(jnp.float32)
       past_mean = jax.tree.map(
         lambda h: (
@@ -489,10 +528,6 @@ def make(
         ),
         extra['history'],
       )
-      psi = jnp.maximum(
-        history_mixing_weight(server_state.round, num_rounds), 0.0
-      )
-      psi = jnp.where(count > 0, psi, 0.0)
       new_state = new_state._replace(
         variables=_mix(new_state.variables, past_mean, psi)
       )
