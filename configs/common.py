@@ -76,6 +76,11 @@ def base_config():
       name='digits',  # digits | fashion_mnist | mnist | cifar10 | cifar100 | <tfds name>
       data_dir='',  # '' = the dataset's default location
       augmentation='none',  # none | flip | crop_flip
+      # > 0: hold this fraction of each class of the training set out of
+      # the clients' data (a fixed draw, the same for every seed) and log
+      # every evaluation metric on it too, as val_*: tune on val_*, never
+      # on test_*.
+      validation_fraction=0.0,
     )
   )
   c.partition = ml_collections.ConfigDict(
@@ -435,6 +440,7 @@ def one_class_model_block(name):
       norm_affine=False,
       use_bias=False,
       conv_impl='auto',
+      l2_normalize=False,
     ),
     'resnet32': dict(
       name='resnet32', embedding_dim=64, width=16, norm='group', groups=2

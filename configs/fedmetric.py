@@ -24,7 +24,8 @@ and the squared hinge.
 Arguments: negatives (proxy), lam (0.3: the best of the lambda sweep on
 Fashion-MNIST; 1.0 runs away, 0.1 decays like the pull alone), scale (s;
 -1 = the mode's default, 1.5 for proxy), center (round_start | batch),
-reduction (mean | sum), hinge (plain | squared), lr (0.001), paper, and the
+reduction (mean | sum), hinge (plain | squared), lr (0.001), paper, rescale
+(distances in units of the shared mean radius; not in the paper), and the
 setting's dataset, clients_per_class, steps, rounds, eval_every, model,
 runlocal.
 
@@ -51,6 +52,7 @@ def get_config(arg=None):
     hinge='plain',
     lr=0.001,
     paper=False,
+    rescale=False,
   )
   c = common.one_class_setting(arg)
   c.algorithm = 'fedmetric'
@@ -64,6 +66,7 @@ def get_config(arg=None):
     center=arg.center,
     reduction=arg.reduction,
     squared_hinge=arg.hinge == 'squared',
+    rescale=arg.rescale,
   )
   if arg.scale != -1.0:
     kwargs['scale'] = arg.scale

@@ -539,6 +539,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   data_dir = ds.data_dir or None
   train = sources.load(ds.name, 'train', data_dir)
   test = sources.load(ds.name, 'test', data_dir)
+  train, validation_split = sources.hold_out(train, ds.validation_fraction)
   clients = make_partition(config, train.labels)
   counts = partition.class_counts(train.labels, clients, train.num_classes)
   if chief:
@@ -620,6 +621,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     train=train,
     test=test,
     clients=clients,
+    validation=validation_split,
   )
   lc = config.local
   client_sizes = [len(c) for c in clients]

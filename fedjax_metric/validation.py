@@ -128,6 +128,7 @@ RULES: Dict[str, Check] = {
   'num_clients': _integer(1),
   'clients_per_round': _integer(1),
   'dataset.augmentation': _one_of(augment.AUGMENTATIONS),
+  'dataset.validation_fraction': _number(0.0, 1.0, high_open=True),
   'partition.method': _one_of(
     ('iid', 'dirichlet', 'shards', 'one_class', 'quantity')
   ),

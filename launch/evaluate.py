@@ -122,6 +122,9 @@ def restore(config, workdir, round_=None):
   ds = config.dataset
   train_split = sources.load(ds.name, 'train', ds.data_dir or None)
   test_split = sources.load(ds.name, 'test', ds.data_dir or None)
+  train_split, validation = sources.hold_out(
+    train_split, ds.get('validation_fraction', 0.0)
+  )
   clients = train.make_partition(config, train_split.labels)
   mean, std = augment.channel_stats(train_split.images)
   preprocess = augment.make_preprocess(mean, std, 'none')
@@ -179,6 +182,7 @@ def restore(config, workdir, round_=None):
     preprocess=preprocess,
     train=train_split,
     test=test_split,
+    validation=validation,
     clients=clients,
     server_state=engine.ServerState(*restored['server_state']),
     client_table=restored['client_table'],
@@ -307,6 +311,7 @@ def evaluate(
         train=run['train'],
         test=run['test'],
         clients=run['clients'],
+        validation=run['validation'],
       )
       start = time.time()
       state = (run['server_state'], run['client_table'])

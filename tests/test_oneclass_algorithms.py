@@ -247,6 +247,51 @@ def test_fedmetric_true_centers_two_rounds_match_numpy(
   assert np.all(np.asarray(pos_states[2][0].extra['reported']) == 0)
 
 
+def test_fedmetric_rescale_divides_each_rounds_step_by_the_mean_radius():
+  """rescale=True measures the loss in units of rho, the mean radius shared
+  in the previous round (1 before any): with plain SGD, the NumPy round of
+  Algorithm 1 at learning rate lr / rho."""
+  x, labels, parts, data = federation(clients_per_class=2)
+  lam, lr, model = 0.7, 0.05, linear_model()
+  alg = algorithms.REGISTRY['fedmetric'](
+    model, server_optimizer=SERVER, negatives='true', lam=lam, rescale=True
+  )
+  with jax.default_matmul_precision('highest'):
+    states, cohorts = run_rounds(alg, model, parts, data, rounds=2, lr=lr)
+  n = len(parts)
+  shared = (np.zeros((n, DIM)), np.zeros(n), np.zeros(n, bool), np.zeros(n))
+  k, rho = kernel(states[0][0]), 1.0
+  for r in range(2):
+    k, rows = fedmetric_reference(
+      x,
+      cohorts[r],
+      k,
+      shared,
+      lam=lam,
+      squared=True,
+      reduction='mean',
+      lr=lr / rho,
+      center='round_start',
+      client_classes=partition_lib.one_class_labels(parts, labels),
+    )
+    np.testing.assert_allclose(
+      kernel(states[r + 1][0]), k, rtol=1e-4, atol=1e-5
+    )
+    radii = np.array([rad for _, rad in rows])
+    shared = (
+      np.stack([c for c, _ in rows]),
+      radii,
+      np.ones(n, bool),
+      partition_lib.one_class_labels(parts, labels),
+    )
+    rho = radii.mean()
+  assert abs(rho - 1.0) > 0.05  # The second round's step was rescaled.
+  with pytest.raises(ValueError, match='rescale'):
+    fedmetric.make(
+      model, server_optimizer=SERVER, negatives='none', rescale=True
+    )
+
+
 def test_fedmetric_proxy_centers_lie_at_distance_s_r():
   x, labels, parts, data = federation()
   scale, model = 2.5, linear_model()

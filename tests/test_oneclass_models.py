@@ -107,6 +107,23 @@ def test_lenet_fields_embedding_dim_bias_and_affine():
   assert out['embedding'].shape == (2, 16)
 
 
+def test_lenet_l2_normalize_puts_embeddings_on_the_unit_sphere():
+  x = jax.random.normal(jax.random.key(0), (5, 28, 28, 1))
+  plain = models.build('lenet', 10, (28, 28, 1))
+  unit = models.build('lenet', 10, (28, 28, 1), l2_normalize=True)
+  variables = plain.init(jax.random.key(1), x)
+  params, state = models.split_variables(variables)
+  raw, _ = plain.apply(params, state, x, train=False)
+  out, _ = unit.apply(params, state, x, train=False)
+  raw = np.asarray(raw['embedding'], np.float64)
+  np.testing.assert_allclose(
+    out['embedding'],
+    raw / np.linalg.norm(raw, axis=1, keepdims=True),
+    rtol=1e-5,
+  )
+  assert np.abs(np.linalg.norm(raw, axis=1) - 1).max() > 0.1  # not already
+
+
 def test_lenet_batch_norm_keeps_batch_stats_without_affine():
   model = models.build('lenet', 10, norm='batch')
   counts = _abstract_counts(model, (28, 28, 1))

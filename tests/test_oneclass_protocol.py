@@ -144,6 +144,88 @@ def test_cosine_scores_read_the_server_extra(score, key):
   check_metrics(metrics, sklearn_aurocs(scores, test_set.labels))
 
 
+def one_class_config(algorithm):
+  return ml_collections.ConfigDict(
+    dict(
+      algorithm=algorithm,
+      eval_protocol='one_class',
+      eval_batch_size=7,
+      one_class_center_examples=0,
+      eval_train_examples=0,
+      representation_examples=0,
+      model=dict(name='linear'),
+    )
+  )
+
+
+def test_shared_center_score_and_validation_metrics():
+  """FedAwS is scored by cosine to its class embeddings (auroc_mean) and
+  also by the shared rule, the distance to the class's mean training
+  embedding (auroc_center_mean, what the 'center' evaluator gives); with a
+  validation split every metric is also computed on it as val_*."""
+  train_set, test_set, clients, model = setup()
+  validation = split(20, 3)
+  variables = model.init(jax.random.key(0))
+  vectors = np.random.default_rng(2).normal(size=(NUM_CLASSES, DIM))
+  state = state_with(variables, {'class_embeddings': vectors})
+  common = dict(
+    model=model,
+    preprocess=fx.identity_preprocess(),
+    train=train_set,
+    clients=clients,
+  )
+  evaluator = protocols.make_evaluator(
+    one_class_config('fedaws'), test=test_set, validation=validation, **common
+  )
+  with jax.default_matmul_precision('highest'):
+    metrics = evaluator.every(state, ())
+
+    def direct(test, score):
+      return oneclass.make_one_class_evaluator(
+        model,
+        fx.identity_preprocess(),
+        train_set,
+        test,
+        clients,
+        score=score,
+      )(state, ())['auroc_mean']
+
+    for test, prefix in ((test_set, ''), (validation, 'val_')):
+      assert metrics[prefix + 'auroc_mean'] == pytest.approx(
+        direct(test, 'class_embeddings'), abs=1e-6
+      )
+      assert metrics[prefix + 'auroc_center_mean'] == pytest.approx(
+        direct(test, 'center'), abs=1e-6
+      )
+  assert metrics['auroc_mean'] != metrics['auroc_center_mean']
+  # FedMetric's own score is the shared one.
+  fedmetric = protocols.make_evaluator(
+    one_class_config('fedmetric'), test=test_set, **common
+  ).every(state, ())
+  assert fedmetric['auroc_center_mean'] == fedmetric['auroc_mean']
+  assert not any(name.startswith('val_') for name in fedmetric)
+
+
+def test_hold_out_is_a_stratified_fixed_split():
+  data = split(200, 0)
+  train_part, held = sources.hold_out(data, 0.2)
+  assert np.bincount(held.labels).tolist() == [
+    round(0.2 * n) for n in np.bincount(data.labels)
+  ]
+  assert len(train_part.labels) + len(held.labels) == len(data.labels)
+  # Disjoint, and together every example once (images are unique rows).
+  rows = lambda d: {bytes(x) for x in d.images}
+  assert not rows(train_part) & rows(held)
+  assert rows(train_part) | rows(held) == rows(data)
+  again = sources.hold_out(data, 0.2)[1]
+  np.testing.assert_array_equal(again.images, held.images)  # fixed draw
+  assert sources.hold_out(data, 0.0) == (data, None)
+  with pytest.raises(ValueError, match='validation_fraction'):
+    sources.hold_out(data, 1.0)
+  with pytest.raises(ValueError, match='without training or validation'):
+    sources.hold_out(split(10, 0), 0.01)
+
+
 def test_center_subset_keeps_at_most_k_per_class_from_held_examples():
   labels = np.repeat(np.arange(3), 10)
   held = np.arange(2, 30)

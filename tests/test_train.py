@@ -195,6 +195,21 @@ def test_rounds_in_one_program_equal_round_by_round_runs(tmp_path, pattern):
         np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
 
 
+def test_validation_split_is_held_out_of_the_clients_and_logged(tmp_path):
+  config = load_config('fedavg')
+  config.dataset.validation_fraction = 0.2
+  train.run(config, str(tmp_path))
+  with open(tmp_path / 'partition.json') as f:
+    partitioned = json.load(f)['num_examples']
+  full = len(sources.load('digits', 'train').labels)
+  held = len(sources.hold_out(sources.load('digits', 'train'), 0.2)[1].labels)
+  assert partitioned == full - held and 0.15 * full < held < 0.25 * full
+  row = read_metrics(str(tmp_path))[-1]
+  for name in ('val_accuracy', 'val_loss', 'test_accuracy'):
+    assert 0 <= row[name] <= (1 if 'accuracy' in name else 100), name
+  assert row['val_accuracy'] != row['test_accuracy']
+
+
 def test_rounds_per_call_follows_the_cadence():
   program = executors.ExecutorChoice('vmap')
   choose = executors.choose_rounds_per_call

@@ -126,6 +126,22 @@ def proxy_center(center, radius, scale, key):
 # The algorithm.
 # ---------------------------------------------------------------------------
 
+
+def shared_mean_radius(extra, scale):
+  """rho, the mean radius R^j = M^j / (1 + s) of the hyperspheres the
+  clients have shared; 1 before any has (or if all radii are 0).
+
+  Args:
+    extra: the server extra ('proxy_margins' [N], 'reported' [N]).
+    scale: s, so that M^j = (1 + s) R^j.
+  """
+  reported = extra['reported'] > 0
+  radii = extra['proxy_margins'] / (1.0 + scale)
+  total = jnp.sum(jnp.where(reported, radii, 0.0))
+  mean = total / jnp.maximum(jnp.sum(reported), 1)
+  return jax.lax.stop_gradient(jnp.where(mean > 0, mean, 1.0))
+
+
 NEGATIVES = ('none', 'proxy', 'true')
 CENTERS = ('round_start', 'batch')
 DEFAULT_PROXY_SCALE = 1.5
@@ -168,6 +184,7 @@ def make(
   center='round_start',
   reduction='mean',
   exclude_same_class=True,
+  rescale=False,
 ):
   """FedMetric as an `engine.Algorithm`.
 
@@ -220,9 +237,18 @@ def make(
       Fashion-MNIST with LeNet).
     exclude_same_class: leave clients holding the client's own class out of
       l_neg.
+    rescale: not in the paper; a fix for the embedding scale running away
+      (docs/methods.md, FedMetric): measure every distance of the loss in
+      units of rho, the mean radius R^j of the hyperspheres shared in the
+      previous round (`shared_mean_radius`). That is, each round rescales
+      the shared hyperspheres (A^j, M^j), the local center and the
+      embeddings by 1 / rho, so the loss (homogeneous of degree 1 in the
+      embedding scale) is divided by rho: steps shrink as the embeddings
+      grow. Needs shared hyperspheres (negatives 'proxy' or 'true').
 
   Raises:
-    ValueError: an unknown choice, lam < 0 or a bad scale.
+    ValueError: an unknown choice, lam < 0 or a bad scale, or rescale
+      without shared hyperspheres.
   """
   common.check_choice('negatives', negatives, NEGATIVES)
   common.check_choice('center', center, CENTERS)
@@ -233,6 +259,11 @@ def make(
     )
   scale = resolve_scale(negatives, scale)
   shares = negatives != 'none'
+  if rescale and not shares:
+    raise ValueError(
+      'rescale=True measures distances in units of the shared radii; '
+      "negatives='none' shares none. Use negatives='proxy' or 'true'."
+    )
   dim = common.embedding_dim(model)
   base = fedavg.make(
     model, server_optimizer=server_optimizer, weighting=weighting
@@ -306,6 +337,8 @@ def make(
       mask=batch.mask,
     )
     loss = common.reduce_batch(per_example, batch.mask, reduction)
+    if rescale:
+      loss = loss / shared_mean_radius(extra, scale)
     return loss, (model_state, {})
 
   def client_final(ctx, end_variables):

@@ -69,6 +69,63 @@ class ArrayDataset(NamedTuple):
   num_classes: int
 
 
+# The validation split is drawn with this seed whatever the run's seed, so
+# that runs differing only in their seed tune on the same held-out examples.
+VALIDATION_SEED = 0
+
+
+def hold_out(
+  dataset: ArrayDataset, fraction: float, *, seed: int = VALIDATION_SEED
+):
+  """Splits a training set into (train, validation), stratified by class.
+
+  Each class keeps ``round(fraction * n_c)`` of its n_c examples for
+  validation, a uniformly random choice from ``seed``; the rest, in their
+  original order, are the training set the clients are partitioned from.
+  Hyper-parameters are chosen on the validation split, never on the test
+  set.
+
+  Args:
+    dataset: the training split.
+    fraction: in [0, 1); 0 returns (dataset, None).
+
+  Returns:
+    (train, validation): `ArrayDataset`s; validation is None for 0.
+
+  Raises:
+    ValueError: fraction outside [0, 1), or a class left without training
+      or validation examples.
+  """
+  if not 0.0 <= fraction < 1.0:
+    raise ValueError(
+      f'validation_fraction must be in [0, 1), got {fraction} '
+      '(--config.dataset.validation_fraction).'
+    )
+  if fraction == 0.0:
+    return dataset, None
+  rng = np.random.default_rng(seed)
+  held = []
+  for c in np.unique(dataset.labels):
+    members = np.flatnonzero(dataset.labels == c)
+    k = int(round(fraction * members.size))
+    if k == 0 or k == members.size:
+      raise ValueError(
+        f'validation_fraction={fraction} leaves class {c} ({members.size} '
+        'examples) without training or validation examples; choose a '
+        'fraction between 1 / n and 1 - 1 / n of its size.'
+      )
+    held.append(rng.choice(members, k, replace=False))
+  is_held = np.zeros(dataset.labels.size, bool)
+  is_held[np.concatenate(held)] = True
+
+  def take(mask):
+    return ArrayDataset(
+      dataset.images[mask], dataset.labels[mask], dataset.num_classes
+    )
+
+  return take(~is_held), take(is_held)
+
+
 def load(
   name: str, split: str = 'train', data_dir: Optional[str] = None
 ) -> ArrayDataset:

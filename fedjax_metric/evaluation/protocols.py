@@ -120,18 +120,37 @@ def check_model_outputs(config, model):
 
 
 def _one_class_evaluator(config, model, preprocess, train, test, clients):
-  """Per-class one-vs-rest AUROC (evaluation/oneclass.py), every evaluation."""
+  """Per-class one-vs-rest AUROC (evaluation/oneclass.py), every evaluation.
+
+  ``auroc_mean`` scores each method its own way (`ONE_CLASS_SCORES`);
+  ``auroc_center_mean`` scores every method that has a global model by one
+  shared rule, minus the distance to the class's mean training embedding
+  (the 'center' score), so that methods can also be compared with scoring
+  held fixed. Deep SVDD has no global model: its own rule is the shared one
+  applied to each client's model.
+  """
   score = ONE_CLASS_SCORES.get(config.algorithm, 'center')
-  evaluate = oneclass.make_one_class_evaluator(
-    model,
-    preprocess,
-    train,
-    test,
-    clients,
-    score=score,
-    batch_size=config.eval_batch_size,
-    center_examples=config.one_class_center_examples,
-  )
+
+  def make(score):
+    return oneclass.make_one_class_evaluator(
+      model,
+      preprocess,
+      train,
+      test,
+      clients,
+      score=score,
+      batch_size=config.eval_batch_size,
+      center_examples=config.one_class_center_examples,
+    )
+
+  own = make(score)
+  shared = make('center') if score not in ('center', 'client_models') else None
+
+  def evaluate(server_state, client_table):
+    metrics = own(server_state, client_table)
+    center = shared(server_state, client_table) if shared else metrics
+    metrics['auroc_center_mean'] = center['auroc_mean']
+    return metrics
 
   def final(server_state, client_table):
     del client_table
@@ -180,8 +199,14 @@ def _train_accuracy_fn(config, model, preprocess, train):
   return evaluate_train
 
 
+def validation_name(name: str) -> str:
+  """A test metric's name on the validation split: test_x -> val_x, any
+  other name (auroc_mean) -> val_auroc_mean."""
+  return 'val_' + name.removeprefix('test_')
+
+
 def make_evaluator(
-  config, *, model, preprocess, train, test, clients
+  config, *, model, preprocess, train, test, clients, validation=None
 ) -> Evaluator:
   """The config's `Evaluator` (``config.eval_protocol``).
 
@@ -191,7 +216,48 @@ def make_evaluator(
     preprocess: ``(uint8 images, key) -> float images``, no augmentation.
     train, test: `sources.ArrayDataset` splits.
     clients: the partition, per-client index arrays into ``train``.
+    validation: an `ArrayDataset` held out of ``train``
+      (``dataset.validation_fraction``), or None. Every evaluation then also
+      computes the test metrics on it, named by `validation_name`; the end
+      of run evaluations stay on the test set.
   """
+  evaluator = _make_test_evaluator(
+    config,
+    model=model,
+    preprocess=preprocess,
+    train=train,
+    test=test,
+    clients=clients,
+  )
+  if validation is None:
+    return evaluator
+  quiet = config.copy_and_resolve_references()
+  with quiet.unlocked():
+    # Training accuracy and representation statistics once, not twice.
+    quiet.eval_train_examples = 0
+    quiet.representation_examples = 0
+  on_validation = _make_test_evaluator(
+    quiet,
+    model=model,
+    preprocess=preprocess,
+    train=train,
+    test=validation,
+    clients=clients,
+  )
+
+  def every(state, table):
+    metrics = evaluator.every(state, table)
+    for name, value in on_validation.every(state, table).items():
+      metrics[validation_name(name)] = value
+    return metrics
+
+  return evaluator._replace(every=every)
+
+
+def _make_test_evaluator(
+  config, *, model, preprocess, train, test, clients
+) -> Evaluator:
+  """`make_evaluator` without a validation split."""
   protocol = config.eval_protocol
   check_model_outputs(config, model)
   if protocol == 'classification':
