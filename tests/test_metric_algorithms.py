@@ -137,3 +137,67 @@ def test_bad_hyperparameters_are_errors():
     build('fedrcl', model, form='blog')
   with pytest.raises(ValueError, match='temperature'):
     build('moon', model, temperature=0.0)
+
+
+# The levels FedRCL contrasts, per model it is run with (Seo et al., CVPR
+# 2024, Sec. 4.4, and the authors' released ResNet18_base): the pre-ReLU
+# output of the stem and of each stage's last block, global-average-pooled.
+# name -> (model fields, [(module whose output is tapped, width)]).
+FEDRCL_LEVELS = {
+  'resnet18': (
+    dict(width=4, norm='group', groups=2),
+    [
+      ('GroupNorm_0', 4),
+      ('layer1_1', 4),
+      ('layer2_1', 8),
+      ('layer3_1', 16),
+      ('layer4_1', 32),
+    ],
+  ),
+  'small_cnn': (
+    dict(width=4, embedding_dim=8, norm='group'),
+    [('GroupNorm_0', 4), ('GroupNorm_1', 8)],
+  ),
+}
+
+
+@pytest.mark.parametrize('name', sorted(FEDRCL_LEVELS))
+def test_fedrcl_contrasts_each_models_pre_relu_stage_taps(name, monkeypatch):
+  """What reaches FedRCL's loss is, level by level, the spatial mean of the
+  tapped module's output (captured by flax, not read from 'features'):
+  pre-ReLU (so some entries are negative), in stage order."""
+  from fedjax_metric import losses, models  # pylint: disable=g-import-not-at-top
+
+  fields, levels = FEDRCL_LEVELS[name]
+  model = models.build(name, 10, (8, 8, 3), **fields)
+  images = jax.random.normal(jax.random.key(0), (6, 8, 8, 3))
+  variables = model.init(jax.random.key(1), images)
+  seen = []
+  loss_fn = losses.multilevel_relaxed_supcon_loss
+
+  def recording(features, labels, **kwargs):
+    seen.append(features)
+    return loss_fn(features, labels, **kwargs)
+
+  monkeypatch.setattr(losses, 'multilevel_relaxed_supcon_loss', recording)
+  alg = algorithms.REGISTRY['fedrcl'](model, server_optimizer=SERVER)
+  params, state = split_variables(variables)
+  batch = engine.Batch(
+    images, jnp.arange(6) % 3, jnp.ones(6, bool), images.astype(jnp.uint8)
+  )
+  ctx = fx.client_context(engine.ServerState(variables, (), jnp.int32(0)))
+  alg.client_loss(params, state, batch, ctx)
+  (features,) = seen
+  _, captured = model.module.apply(
+    variables,
+    images,
+    train=True,
+    capture_intermediates=lambda mdl, _: mdl.name in dict(levels),
+  )
+  captured = captured['intermediates']
+  assert len(features) == len(levels)
+  for feature, (module, width) in zip(features, levels):
+    tapped = np.asarray(captured[module]['__call__'][0])
+    assert feature.shape == (6, width), module
+    np.testing.assert_allclose(feature, tapped.mean(axis=(1, 2)), atol=1e-6)
+    assert (tapped < 0).any(), f'{module}: a ReLU output has no negatives'
