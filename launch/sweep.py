@@ -28,7 +28,9 @@ only in seed (anything else that differs inside a cell is an error: add the
 key to --rows or --cols, or narrow with --where; a field that only some
 runs' config.json holds, one added to the library in between, is ignored).
 ``--at`` picks each run's value: ``final`` (last evaluation), ``best``
-(maximum), ``last:K`` (mean of the last K evaluations) or ``round:R``. A
+(maximum), ``last:K`` (mean of the last K evaluations), ``top:K`` (mean of
+the K best) or ``round:R``; ``@T`` after any of them reads the run as if it
+had stopped at round T (``top:5@1000``). A
 metric named ``<name>_ema`` is the exponential moving average
 (``--ema_decay``, 0.9) of ``<name>`` over the run's evaluations,
 bias-corrected (``s_t = d s_{t-1} + (1 - d) x_t`` from
@@ -491,7 +493,20 @@ def series(run: Run, metric: str, *, ema_decay: float = 0.9):
 
 
 def pick(rounds: np.ndarray, values: np.ndarray, at: str) -> float:
-  """One number per run: 'final', 'best', 'last:K' or 'round:R'."""
+  """One number per run: 'final', 'best', 'last:K', 'top:K' (the mean of
+  the K largest values: FedAU's and PMFL's "average of the top-5 accuracy
+  values") or 'round:R'. A suffix '@T' first cuts the series at round T, so
+  that a longer run is read as if it had stopped there ('top:5@1000')."""
+  spec, _, cut = at.partition('@')
+  if cut:
+    if not cut.isdigit():
+      raise ValueError(f'--at: the round after @ must be a number; got {at!r}.')
+    keep = rounds <= int(cut)
+    if int(cut) not in rounds.tolist():
+      raise KeyError(
+        f'No evaluation at round {cut} (evaluated: {rounds.tolist()}).'
+      )
+    rounds, values, at = rounds[keep], values[keep], spec
   if at == 'final':
     return float(values[-1])
   if at == 'best':
@@ -499,6 +514,8 @@ def pick(rounds: np.ndarray, values: np.ndarray, at: str) -> float:
   kind, _, number = at.partition(':')
   if kind == 'last' and number.isdigit() and int(number) > 0:
     return float(np.mean(values[-int(number) :]))
+  if kind == 'top' and number.isdigit() and int(number) > 0:
+    return float(np.mean(np.sort(values)[-int(number) :]))
   if kind == 'round' and number.isdigit():
     hit = np.flatnonzero(rounds == int(number))
     if not len(hit):
@@ -506,7 +523,10 @@ def pick(rounds: np.ndarray, values: np.ndarray, at: str) -> float:
         f'No evaluation at round {number} (evaluated: {rounds.tolist()}).'
       )
     return float(values[hit[0]])
-  raise ValueError(f'--at must be final, best, last:K or round:R; got {at!r}.')
+  raise ValueError(
+    f'--at must be final, best, last:K, top:K or round:R (each with an '
+    f'optional @T); got {at!r}.'
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -812,7 +832,12 @@ def define_flags():
     ['test_accuracy'],
     'table: metrics (plot: the first); <name>_ema is the EMA of <name>.',
   )
-  flags.DEFINE_string('at', 'final', 'table: final | best | last:K | round:R.')
+  flags.DEFINE_string(
+    'at',
+    'final',
+    'table: final | best | last:K | top:K | round:R, each with an optional '
+    '@T (the series cut at round T).',
+  )
   flags.DEFINE_float('ema_decay', 0.9, 'Decay of *_ema metrics.')
   flags.DEFINE_string(
     'where',

@@ -311,9 +311,22 @@ def test_pick_final_best_last_round():
   assert sweep.pick(rounds, values, 'round:20') == 0.9
   with pytest.raises(KeyError):
     sweep.pick(rounds, values, 'round:25')
-  for bad in ('last', 'last:0', 'median'):
+  for bad in ('last', 'last:0', 'median', 'top:0', 'final@x'):
     with pytest.raises(ValueError):
       sweep.pick(rounds, values, bad)
+
+
+def test_pick_top_k_and_a_run_cut_at_round_t():
+  rounds = np.array([10, 20, 30, 40, 50])
+  values = np.array([0.3, 0.9, 0.6, 0.95, 0.1])
+  assert sweep.pick(rounds, values, 'top:2') == pytest.approx(0.925)
+  assert sweep.pick(rounds, values, 'top:9') == pytest.approx(0.57)
+  # Read as if the run had stopped at round 30.
+  assert sweep.pick(rounds, values, 'top:2@30') == pytest.approx(0.75)
+  assert sweep.pick(rounds, values, 'final@30') == 0.6
+  assert sweep.pick(rounds, values, 'last:2@40') == pytest.approx(0.775)
+  with pytest.raises(KeyError):
+    sweep.pick(rounds, values, 'top:2@35')  # no evaluation there
 
 
 @pytest.mark.parametrize(
