@@ -8,10 +8,9 @@ into a temporary workdir with one evaluation at the end (the FedMetric
 protocol case evaluates every 500 rounds, as a user would). Reported: the
 seconds of training (the run's wall time minus its evaluations; compilation
 included, as a user pays it), rounds per second, and for the one-step cases
-the arithmetic bound of one round: XLA's cost analysis of the compiled
-one-round program (FLOPs and bytes accessed) over this machine's measured
-matmul rate and memory bandwidth, whichever is slower. The table is printed
-and appended to benchmarks/<device>_rounds.md.
+the arithmetic bound of one round: the FLOPs of XLA's cost analysis of the
+compiled one-round program over this machine's measured matmul rate. The
+table is printed and appended to benchmarks/<device>_rounds.md.
 
 "before" is what a run did before rounds could share a program: one call per
 round (``rounds_per_call=1``) with the CPU's default executor (``host``, a
@@ -188,7 +187,7 @@ def measure_point(case):
       bytes=bytes_accessed,
       peak_flops=peak_flops,
       bandwidth=bandwidth,
-      bound_ms=1e3 * max(flops / peak_flops, bytes_accessed / bandwidth),
+      bound_ms=1e3 * flops / peak_flops,
     )
   return result
 
@@ -220,8 +219,8 @@ def main(argv):
       measured = r
     per_round = r['train_seconds'] / r['rounds']
     bound = (
-      f'{r["bound_ms"]:.2f} ms ({r["flops"] / 1e6:.0f} MFLOP, '
-      f'{r["bytes"] / 1e6:.0f} MB)'
+      f'{r["bound_ms"]:.2f} ms ({r["flops"] / 1e6:.0f} MFLOP; XLA counts '
+      f'{r["bytes"] / 1e6:.0f} MB accessed)'
       if 'bound_ms' in r
       else '-'
     )
@@ -260,9 +259,12 @@ def main(argv):
   notes = [
     f'Device: {described["device"]} ({described["backend"]}).',
     "train s: the run's wall time minus its evaluations, compilation "
-    'included; process s: the child process from start to exit.',
-    'bound: XLA cost analysis of one vmapped round over the measured '
-    'matmul rate and memory bandwidth (the slower of the two).' + peaks,
+    'included; process s: the child process from start to exit. The '
+    'machine should be otherwise idle.',
+    "bound: the arithmetic bound of a round, the FLOPs of XLA's cost "
+    "analysis of one vmapped round over the measured matmul rate (XLA's "
+    'bytes-accessed count charges each gather its whole operand, the '
+    'training set, so it bounds nothing).' + peaks,
     f'Command: python -m launch.rounds_bench {" ".join(sys.argv[1:])}',
   ]
   section = machine.markdown_section('many small rounds', notes, columns, rows)

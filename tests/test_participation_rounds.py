@@ -387,19 +387,21 @@ def printed_pmfl_server_step(w_t, past, locals_, x, *, eta, psi):
   """Zhang et al., 2025, Eqs. 9-11 exactly as printed, in NumPy:
   W^{t+1} = (1 - psi) (W^t - eta_g sum_k x_k Delta_k)
             + psi / (H - 1) sum_{h=1}^{H-1} W^{t-h},
-  with no 1 / N. The one reading it needs: Delta_k is W^t - W_k (the
-  pseudo-gradient), the sign under which Eq. 9's minus moves the global
-  model towards the local ones."""
-  step = sum(xk * (w_t - wk) for xk, wk in zip(x, locals_))
+  no 1 / N, and Delta_k = w_k^{(t+1)E} - w_k^{tE}, the local model minus
+  the global one (Algorithm 1, line 10)."""
+  step = sum(xk * (wk - w_t) for xk, wk in zip(x, locals_))
   return (1 - psi) * (w_t - eta * step) + psi / len(past) * sum(past)
 
 
 @pytest.mark.parametrize('compensate', [False, True])
-def test_pmfl_server_step_is_the_printed_equations(compensate):
+def test_pmfl_server_step_against_the_printed_equations(compensate):
   """One server step with a full global buffer (H = 3: W^{t-1}, W^{t-2})
-  against the printed Eqs. 9-11; ``normalize='num_clients'`` is the same
-  with eta_g / N, and ``mixing_compensation`` divides the step by
-  `pmfl.mixing_step_factor`."""
+  against the printed Eqs. 9-11. The library's readings, each visible
+  here: the sign of Eq. 9 is flipped (the printed minus with Delta = local
+  - global moves the global model away from the local ones: the library is
+  the printed step at -eta_g, not at eta_g); ``normalize='none'`` has no
+  1 / N, as printed, and ``'num_clients'`` is the step at eta_g / N;
+  ``mixing_compensation`` divides the step by `pmfl.mixing_step_factor`."""
   rng = np.random.default_rng(0)
   num_clients, t, num_rounds, eta = 4, 3, 9, 0.7
   model = fx.linear()
@@ -460,12 +462,12 @@ def test_pmfl_server_step_is_the_printed_equations(compensate):
     with jax.default_matmul_precision('highest'):
       new = alg.server_update(state, aggregate, ())
     factor = float(pmfl.mixing_step_factor(psi, 2)) if compensate else 1.0
-    want = printed_pmfl_server_step(
-      w_t, past, locals_, x, eta=eta / (divisor * factor), psi=psi
-    )
-    np.testing.assert_allclose(
-      new.variables['params']['Dense_0']['kernel'], want, atol=2e-6
-    )
+    got = new.variables['params']['Dense_0']['kernel']
+    step = eta / (divisor * factor)
+    want = printed_pmfl_server_step(w_t, past, locals_, x, eta=-step, psi=psi)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    literal = printed_pmfl_server_step(w_t, past, locals_, x, eta=step, psi=psi)
+    assert np.abs(np.asarray(got) - literal).max() > 1e-2  # the sign differs
 
 
 def test_mixing_step_factor_is_the_steady_drift_of_eq_10():
