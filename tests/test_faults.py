@@ -188,6 +188,39 @@ def test_signals_kill_and_a_truncated_checkpoint_resume_to_the_same_run(
   assert logged_rounds(workdir, 'total_wall_time') == [1, 2, 3, 4]
 
 
+def test_a_signal_between_calls_of_two_rounds_resumes_to_the_same_run(
+  tmp_path, jax_cache
+):
+  """The rounds-in-one-program path (`sequential`, 2 rounds per call): a
+  SIGTERM at the call boundary after round 2 saves round 2 and stops; the
+  rerun ends with the model of an uninterrupted in-process run."""
+  flags = (
+    '--config.executor=sequential',
+    '--config.num_rounds=4',
+    '--config.eval_every=2',
+    '--config.checkpoint_every=100',
+  )
+  workdir = str(tmp_path / 'interrupted')
+  process = launch(workdir, *flags, cache=jax_cache, pause=2)
+  wait_for_pause(process, workdir)
+  process.send_signal(signal.SIGTERM)
+  code, out, err = finish(process)
+  assert code == 128 + signal.SIGTERM, (out, err)
+  assert '2 rounds per call' in out
+  assert 'Stopped by SIGTERM after round 2' in out, (out, err)
+  assert checkpoint_dirs(workdir) == ['2']
+  assert finish(launch(workdir, *flags, cache=jax_cache))[0] == 0
+  config = four_rounds()
+  config.executor, config.eval_every = 'sequential', 2
+  straight_dir = str(tmp_path / 'straight')
+  assert train.run(config, straight_dir)['rounds_per_call'] == 2
+  for x, y in zip(
+    jax_leaves(final_params(straight_dir)), jax_leaves(final_params(workdir))
+  ):
+    np.testing.assert_array_equal(x, y)
+  assert [r['round'] for r in read_metrics(workdir)] == [2, 4]
+
+
 # ---------------------------------------------------------------------------
 # Non-finite state.
 # ---------------------------------------------------------------------------
