@@ -360,6 +360,19 @@ def test_sample_deterministic_in_seed(pattern):
   assert not np.array_equal(a, c)
 
 
+@pytest.mark.parametrize('pattern', participation.PATTERNS)
+def test_a_shorter_run_sees_the_first_rounds_of_a_longer_ones_mask(pattern):
+  """The mask for T rounds is the first T rows of the mask for more rounds,
+  so an algorithm that does not read T (FedAU, FedAvg) gives the same
+  first T rounds in a run of any length: a long run read at round T
+  (launch.sweep table --at=...@T) stands for a run of T rounds."""
+  p = np.linspace(0.05, 0.6, 30)
+  kwargs = {'clients_per_round': 4}
+  short = participation.sample(p, 250, pattern, seed=3, **kwargs)
+  long = participation.sample(p, 2000, pattern, seed=3, **kwargs)
+  np.testing.assert_array_equal(short, long[:250])
+
+
 @pytest.mark.parametrize(
   'args, kwargs, match',
   [
