@@ -213,10 +213,12 @@ def plot_sweeps(root, out):
   return lam, scale
 
 
-def untrained_auroc(seed, center_examples=1000):
+def untrained_auroc(seed, center_examples=1000, validation_fraction=0.0):
   """Mean AUROC (%) of the untrained LeNet scored by class centers: what
   the 'center' score gives before any training (seed's initialisation, the
-  same Fashion-MNIST partition and preprocessing as the runs)."""
+  same Fashion-MNIST partition and preprocessing as the runs, with
+  ``validation_fraction`` of each class held out of the training set as
+  they hold it out)."""
   # pylint: disable=g-import-not-at-top
   import jax
   import jax.numpy as jnp
@@ -230,6 +232,7 @@ def untrained_auroc(seed, center_examples=1000):
   config = fedmetric.get_config('steps=10')
   train_set = sources.load('fashion_mnist', 'train')
   test_set = sources.load('fashion_mnist', 'test')
+  train_set, _ = sources.hold_out(train_set, validation_fraction)
   clients = train.make_partition(config, train_set.labels)
   mean, std = augment.channel_stats(train_set.images)
   preprocess = augment.make_preprocess(mean, std, 'none')
