@@ -230,19 +230,9 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
   weighted sum over the sharded clients axis into an all-reduce.
   """
 
-  # The dataset is an argument, not a closure: a closed-over array would be
-  # baked into the program as a constant.
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def jitted(server_state, client_table, cohort, data):
-    return engine.single_program_round(
-      spec,
-      data,
-      server_state,
-      client_table,
-      cohort,
-      chunk_size=chunk_size,
-      unroll=unroll,
-    )
+  jitted = _jit_program(
+    engine.single_program_round, spec, chunk_size=chunk_size, unroll=unroll
+  )
 
   def round_fn(server_state, client_table, cohort):
     return jitted(server_state, client_table, cohort, data)
@@ -543,20 +533,32 @@ def make_rounds_fn(
   return rounds_fn
 
 
-def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
-  """`make_rounds_fn` for R > 1 rounds in one single-program call."""
+def _jit_program(program, spec, *, chunk_size, unroll):
+  """``program`` (`engine.single_program_round` or `engine.multi_round`)
+  jitted as ``(server_state, client_table, cohort(s), data)``, the state
+  donated. The dataset is an argument, not a closure: a closed-over array
+  would be baked into the program as a constant."""
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def jitted(server_state, client_table, cohorts, data):
-    return engine.multi_round(
+    return program(
       spec,
       data,
       server_state,
       client_table,
       cohorts,
-      chunk_size=choice.chunk_size,
+      chunk_size=chunk_size,
       unroll=unroll,
     )
+
+  return jitted
+
+
+def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
+  """`make_rounds_fn` for R > 1 rounds in one single-program call."""
+  jitted = _jit_program(
+    engine.multi_round, spec, chunk_size=choice.chunk_size, unroll=unroll
+  )
 
   def rounds_fn(server_state, client_table, cohorts):
     if len(cohorts) != rounds_per_call:
