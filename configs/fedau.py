@@ -15,7 +15,7 @@ released default K = 100000; its README also runs K = 50).
       --config=configs/fedau.py:pattern=markov,aggregation=average_participating
 
 Arguments: pattern, aggregation, cutoff, normalize, rounds, eval_every,
-width, dataset, runlocal. Results: README.md, "Heterogeneous participation".
+width, dataset, runlocal. Results: docs/results/participation.md.
 """
 
 import ml_collections

@@ -10,7 +10,7 @@ client table holds one stored update per client (250 x model size).
       --workdir=runs/hetero/bernoulli_fedvarp
 
 Arguments: pattern, normalize, rounds, eval_every, width, dataset, runlocal.
-Results: README.md, "Heterogeneous participation".
+Results: docs/results/participation.md.
 """
 
 from configs import common

@@ -10,7 +10,7 @@ stored update per client (250 x model size).
       --workdir=runs/hetero/bernoulli_mifa
 
 Arguments: pattern, normalize, rounds, eval_every, width, dataset, runlocal.
-Results: README.md, "Heterogeneous participation".
+Results: docs/results/participation.md.
 """
 
 from configs import common

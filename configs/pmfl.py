@@ -15,8 +15,8 @@ the previous local model (250 x 6 x model size).
       --workdir=runs/hetero/bernoulli_pmfl_c200
 
 Arguments: pattern, cutoff, threshold (previous | current | start),
-normalize, rounds, eval_every, width, dataset, runlocal. Results: README.md,
-"Heterogeneous participation".
+normalize, rounds, eval_every, width, dataset, runlocal. Results:
+docs/results/participation.md.
 """
 
 import ml_collections
