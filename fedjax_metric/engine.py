@@ -289,6 +289,17 @@ def _tree_where(pred, on_true, on_false):
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
+def mask_slots(slot_mask, stacked):
+  """Every [C, ...] leaf of ``stacked`` with the rows of padding slots
+  (``slot_mask`` [C] False) replaced by zeros, whatever they held."""
+
+  def mask(x):
+    keep = slot_mask.reshape((-1,) + (1,) * (x.ndim - 1))
+    return jnp.where(keep, x, jnp.zeros_like(x))
+
+  return jax.tree.map(mask, stacked)
+
+
 # ---------------------------------------------------------------------------
 # Local training of one client: start -> S steps -> finish.
 # ---------------------------------------------------------------------------
@@ -679,7 +690,10 @@ def _vmapped_slots(
     cohort.example_mask,
     cohort.num_examples,
   )
+  # Padding is removed by selection, not by a zero weight: 0 * inf is NaN,
+  # and a hook may divide by a padding slot's zero example count.
   weights = jnp.where(cohort.slot_mask, weights, 0.0)
+  updates = mask_slots(cohort.slot_mask, updates)
   return (
     scatter_rows(client_table, cohort.client_ids, new_rows),
     weighted_sum(weights, updates),

@@ -8,6 +8,8 @@ every number finite, give the same state under the vmap and host executors,
 and compile its single program once.
 """
 
+import functools
+
 import fl_fixtures as fx
 import jax
 import jax.numpy as jnp
@@ -128,3 +130,119 @@ def test_vectorized_sampler_gives_the_per_client_schedule_shape(name):
       assert np.isin(real, parts[client]).all(), (name, client)
     if ids:
       assert not np.array_equal(a.example_idx, b.example_idx)
+
+
+# Options that change what each algorithm computes (not its defaults), so the
+# padding test below also covers the non-default code paths.
+NON_DEFAULT_OPTIONS = {
+  'deepsvdd': dict(reduction='sum'),
+  'fedalignuniform': dict(uniform_weight=0.5),
+  'fedau': dict(cutoff=5),
+  'fedaws': dict(spreadout_steps_per_round=2),
+  'feddecorr': dict(decorr_form='paper'),
+  'fedmetric': dict(negatives='true', rescale=True),
+  'fedprox': dict(mu=0.1),
+  'fedquad': dict(squared=True),
+  'fedrcl': dict(beta=0.5),
+  'fedscl': dict(temperature=0.2),
+  'fedu2': dict(temperature=0.2),
+  'feduv': dict(squared=True),
+  'fedx': dict(temperature=0.2),
+  'l_dawa': dict(temperature=0.2),
+  'moon': dict(mu=0.5),
+  'pmfl': dict(mixing_compensation=True, history_size=2),
+  'quadrupletfl': dict(squared=True),
+  'ssd': dict(dsr_weight=0.5),
+  'supconfl': dict(temperature=0.2),
+  'tripletfl': dict(squared=True),
+}
+
+
+# Algorithms whose aggregation weights are their own (participation
+# statistics, or no average at all).
+UNIFORM_ONLY = ('deepsvdd', 'fedau', 'fedvarp', 'mifa', 'pmfl')
+
+
+@pytest.mark.parametrize('weighting', ['uniform', 'num_examples'])
+@pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
+def test_padding_slots_are_inert_under_both_weightings(name, weighting):
+  """A cohort with padding slots (3 and 2 clients in 4 slots; chunks of 3,
+  so the last chunk is mostly padding) gives finite state and the same
+  update under the vmap, chunked and host executors (the host loop never
+  trains a padding slot, so it is the reference), for every algorithm with
+  non-default options and both weightings. Before padding was masked by
+  selection, SCAFFOLD with example-count weighting divided its control
+  delta by a padding slot's zero weight and ended in NaN."""
+  images, labels, parts, data = fx.dirichlet_federation()
+  model = fx.all_outputs()
+  make = functools.partial(
+    algorithms.REGISTRY[name],
+    model,
+    server_optimizer=SERVER,
+    **NON_DEFAULT_OPTIONS.get(name, {}),
+  )
+  if weighting != 'uniform' and name in UNIFORM_ONLY:
+    # Their weights come from elsewhere: the option is refused, not ignored.
+    with pytest.raises(ValueError, match=f'{name} does not use server.weight'):
+      make(weighting=weighting)
+    return
+  alg = make(weighting=weighting)
+  variables = fx.init_variables(model, images)
+  cohorts = fx.round_cohorts(alg, parts, labels, [[0, 1, 3], [1, 2]])
+  assert not cohorts[1].slot_mask.all()  # the test needs a padding slot
+  spec = fx.make_spec(alg, lr=0.05)
+  results = {}
+  for executor in ('vmap', 'chunked', 'host'):
+    state, table = engine.init_state(alg, variables, len(parts))
+    round_fn = executors.make_round_fn(
+      spec, data, executor=executor, chunk_size=3, steps_per_call=100
+    )
+    for cohort in cohorts:
+      state, table, _ = round_fn(state, table, cohort)
+    floats = [
+      np.asarray(x)
+      for x in jax.tree.leaves((state, table))
+      if jnp.issubdtype(x.dtype, jnp.floating)
+    ]
+    assert all(np.isfinite(x).all() for x in floats), (name, executor)
+    results[executor] = (state, table)
+  amplifying = {'fedalignuniform', 'feddecorr', 'fedu2'}
+  tolerance = max(fx.executor_tolerance(), 1e-3 if name in amplifying else 0)
+  for executor in ('vmap', 'chunked'):
+    difference = fx.max_abs_diff(results[executor], results['host'])
+    assert difference < tolerance, (executor, difference)
+
+
+@pytest.mark.parametrize('name', ['scaffold', 'fedavg', 'fedau', 'pmfl'])
+def test_hooks_give_a_padding_slot_finite_outputs(name):
+  """No hook produces inf or NaN for a padding slot (no steps, zero examples)
+  under example-count weighting: the engine masks padding by selection, and
+  a hook's own outputs stay finite too."""
+  images, labels, parts, data = fx.dirichlet_federation()
+  model = fx.all_outputs()
+  weighting = 'uniform' if name in UNIFORM_ONLY else 'num_examples'
+  alg = algorithms.REGISTRY[name](
+    model, server_optimizer=SERVER, weighting=weighting
+  )
+  variables = fx.init_variables(model, images)
+  (cohort,) = fx.round_cohorts(alg, parts, labels, [[1, 2]])
+  pad = int(np.flatnonzero(~cohort.slot_mask)[0])
+  assert cohort.num_examples[pad] == 0
+  state, table = engine.init_state(alg, variables, len(parts))
+  rows = engine.gather_rows(table, cohort.client_ids)
+  update, weight, new_row, _ = engine.client_update(
+    fx.make_spec(alg, lr=0.05),
+    data,
+    state,
+    jax.tree.map(lambda x: x[pad], rows),
+    cohort.client_ids[pad],
+    pad,
+    cohort.example_idx[pad],
+    cohort.example_mask[pad],
+    cohort.num_examples[pad],
+    unroll=1,
+  )
+  assert np.isfinite(float(weight))
+  for leaf in jax.tree.leaves((update, new_row)):
+    if jnp.issubdtype(leaf.dtype, jnp.floating):
+      assert np.isfinite(np.asarray(leaf)).all(), name

@@ -50,14 +50,19 @@ def make(
       model does by default).
     server_optimizer: unused (nothing is averaged); accepted for the
       registry's signature.
-    weighting: unused (nothing is averaged); accepted for the same reason.
+    weighting: 'uniform' only (nothing is averaged; anything else is
+      refused).
     eps: the center rule's threshold (0.1 in the authors' code; 0 = mean).
     reduction: 'mean' over the batch (the authors' code) or 'sum'.
 
   Raises:
     ValueError: eps < 0 or an unknown reduction.
   """
-  del weighting  # Every client keeps its own model: there is no average.
+  fedavg.refuse_weighting(
+    'deepsvdd',
+    weighting,
+    'every client keeps its own model; nothing is averaged',
+  )
   common.check_choice('reduction', reduction, common.REDUCTIONS)
   if not eps >= 0:
     raise ValueError(

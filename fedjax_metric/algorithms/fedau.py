@@ -264,15 +264,17 @@ def make(
   Args:
     model: `ModelFns`.
     server_optimizer: optax transformation of the pseudo-gradient; sgd(eta_g).
-    weighting: ignored: every client counts by its omega_n alone, as in the
-      released code, whatever the config's server.weighting.
+    weighting: 'uniform' only (anything else is refused): every client
+      counts by its omega_n alone, as in the released code.
     aggregation: one of AGGREGATIONS.
     cutoff: FedAU's K, a positive int, or None for none (the released
       default K = 100000 has that effect; its README also runs K = 50).
     participation_probabilities: [N] true p_n, needed by 'known_prob' only;
       train.build_algorithm passes the run's probabilities.
   """
-  del weighting
+  fedavg.refuse_weighting(
+    'fedau', weighting, 'every client counts by its omega_n alone'
+  )
   if aggregation not in AGGREGATIONS:
     raise ValueError(
       f'Unknown aggregation {aggregation!r}; use one of '

@@ -114,6 +114,17 @@ def make_ce_plus_term_loss(model, term_fn, weight=1.0):
   return client_loss
 
 
+def refuse_weighting(algorithm: str, weighting: str, reason: str) -> None:
+  """For an algorithm whose weights come from elsewhere: a
+  ``server.weighting`` other than 'uniform' would be ignored, so it is an
+  error naming the algorithm and why."""
+  if weighting != 'uniform':
+    raise ValueError(
+      f'{algorithm} does not use server.weighting={weighting!r} ({reason}); '
+      "leave --config.server.weighting at 'uniform'."
+    )
+
+
 def make_delta_final(weighting: str = 'num_examples'):
   """client_final: update = local - global variables; weight by size or 1."""
   if weighting not in WEIGHTINGS:

@@ -44,10 +44,12 @@ def make(model, *, server_optimizer, weighting='uniform'):
     model: `ModelFns`.
     server_optimizer: optax transformation of the pseudo-gradient; sgd(eta_g)
       (the released README runs FedVarp with eta_g = 1).
-    weighting: ignored: participants count equally (1 / |S_t|), as in the
-      released code.
+    weighting: 'uniform' only (anything else is refused): participants count
+      equally (1 / |S_t|), as in the released code.
   """
-  del weighting
+  fedavg.refuse_weighting(
+    'fedvarp', weighting, 'participants count equally, as in the paper'
+  )
   base = mifa.make(model, server_optimizer=server_optimizer)
 
   def init_extra(variables, num_clients, key):

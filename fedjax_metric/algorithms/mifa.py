@@ -57,10 +57,14 @@ def make(model, *, server_optimizer, weighting='uniform'):
     model: `ModelFns`.
     server_optimizer: optax transformation of the pseudo-gradient; sgd(eta_g)
       (the released README runs MIFA with eta_g = 1).
-    weighting: ignored: the stored updates are averaged uniformly over all N
-      clients, as in the released code.
+    weighting: 'uniform' only (anything else is refused): the stored updates
+      are averaged uniformly over all N clients, as in the released code.
   """
-  del weighting
+  fedavg.refuse_weighting(
+    'mifa',
+    weighting,
+    'the stored updates are averaged uniformly over all clients',
+  )
   base = fedavg.make(
     model, server_optimizer=server_optimizer, weighting='uniform'
   )

@@ -341,7 +341,8 @@ def make(
     model: `ModelFns`.
     server_optimizer: optax transformation of the pseudo-gradient; sgd(eta_g)
       with eta_g = 1 (Section V-C).
-    weighting: ignored: a node's weight is x_k^t alone.
+    weighting: 'uniform' only (anything else is refused): a node's weight is
+      x_k^t alone.
     contrastive_weight: lambda (0.5, Section V-C).
     temperature: tau (0.5).
     buffer_size: N, the local buffer's length (5).
@@ -359,7 +360,9 @@ def make(
       mixing keeps its smoothing but no longer shortens the step (see
       `mixing_step_factor`).
   """
-  del weighting
+  fedavg.refuse_weighting(
+    'pmfl', weighting, "a client's weight is its participation weight x_k alone"
+  )
   if threshold not in THRESHOLDS:
     raise ValueError(
       f'Unknown threshold {threshold!r}; use one of '

@@ -101,8 +101,11 @@ def make(model, *, server_optimizer, weighting='uniform'):
       learning_rate=ctx.learning_rate,
     )
     # Divided by the weight, so the engine's weighted sum is the plain sum.
+    # A zero weight (a padding slot under example-count weighting) adds
+    # nothing to that sum: divide by 1 there rather than produce inf.
+    safe_weight = jnp.where(weight > 0, weight, 1.0)
     control_delta = jax.tree.map(
-      lambda new, old: (new - old) / weight, new_control, ctx.client_row
+      lambda new, old: (new - old) / safe_weight, new_control, ctx.client_row
     )
     return {'model': delta, 'control': control_delta}, weight, new_control
 
