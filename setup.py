@@ -9,9 +9,20 @@ setuptools.setup(
     'Federated learning simulator for metric-learning and '
     'contrastive methods: whole rounds as one XLA program.'
   ),
+  # The repository's configs/ and launch/ (a checkout's layout, as in
+  # big_vision and the flax examples) also ship inside the package, so that
+  # configs load by name and the commands run without a checkout.
   packages=setuptools.find_packages(
     include=['fedjax_metric', 'fedjax_metric.*']
-  ),
+  )
+  + ['fedjax_metric.configs', 'fedjax_metric.launch'],
+  package_dir={
+    'fedjax_metric.configs': 'configs',
+    'fedjax_metric.launch': 'launch',
+  },
+  entry_points={
+    'console_scripts': ['fedjax-metric = fedjax_metric.launch.main:run_main'],
+  },
   python_requires='>=3.10',
   install_requires=[
     'jax>=0.7',
@@ -39,6 +50,9 @@ setuptools.setup(
       'nbclient',
       'ipykernel',
       'ruff==0.17.6',
+      # tests/test_package.py builds a wheel without build isolation (no
+      # download); setuptools >= 70.1 builds wheels without `wheel`.
+      'setuptools>=70.1',
       # The TFDS path is tested for real (tests/tiny_tfds.py prepares a
       # dataset); ArrayRecord datasets need no TensorFlow.
       'tensorflow-datasets',

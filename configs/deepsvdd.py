@@ -1,7 +1,7 @@
 r"""Deep SVDD per client (Ruff et al., 'Deep One-Class Classification', ICML
 2018): the non-federated baseline of FedMetric's Table 2.
 
-The one-class setting (configs/common.py one_class_setting), but every
+The one-class setting (fedjax_metric/settings.py one_class_setting), but every
 client trains its own model (kept in the client table) and nothing is
 averaged. Learning rate 0.001: the squared distance diverges at 0.1 (NaN
 within 25 rounds here); Ruff et al. used Adam 1e-4 after autoencoder
@@ -21,7 +21,7 @@ class per client: FedMetric, DeepSVDD, FedAwS, FedUV".
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -1,6 +1,6 @@
 r"""FedAlignUniform (Wang & Isola, ICML 2020, in FedAvg), SSD's base method.
 
-The federated unsupervised setting of SSD (configs/common.py,
+The federated unsupervised setting of SSD (fedjax_metric/settings.py,
 `ssl_setting`): Fashion-MNIST, Dirichlet(0.1) per-class split, small CNN
 encoder + projector, SGD 0.1 / momentum 0.9 / weight decay 1e-4, batch 128,
 aggregation weighted by local batches, 'ssl' evaluation.
@@ -15,7 +15,7 @@ aggregation weighted by local batches, 'ssl' evaluation.
 Results: README.md, "Federated unsupervised learning: SSD and baselines".
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -3,7 +3,7 @@ r"""FedAU (Wang & Ji, ICLR 2024) and the other aggregations of its code.
 Wang & Ji, 'A Lightweight Method for Tackling Unknown Participation
 Statistics in Federated Averaging', ICLR 2024 (docs/methods.md,
 Heterogeneous participation), in PMFL's heterogeneous setting
-(configs/common.py, participation_setting).
+(fedjax_metric/settings.py, participation_setting).
 ``aggregation=average_participating`` is FedAvg over the round's
 participants (the FedAvg row of the results); ``known_prob`` divides by the
 true p_n, ``average_all`` by N with weight 1. ``cutoff=K`` (0 = none, the
@@ -20,7 +20,7 @@ width, dataset, runlocal. Results: docs/results/participation.md.
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -7,7 +7,7 @@ Learning of Deep Networks from Decentralized Data', AISTATS 2017, Algorithm 1
 Default: the small CNN on digits (the embedded dataset), 10 clients all taking
 part, Dirichlet(0.5) NIID-Bench partition, 1 local epoch of SGD(0.05), batch 32,
 20 rounds. ``setting=fedquad`` / ``setting=fedrcl`` put FedAvg in those papers'
-settings (configs/common.py), the baseline rows of their tables.
+settings (fedjax_metric/settings.py), the baseline rows of their tables.
 
   python -m launch.main --config=configs/fedavg.py --workdir=/tmp/fedavg
   python -m launch.main --config=configs/fedavg.py:dataset=fashion_mnist \
@@ -22,7 +22,7 @@ resnet18 | moon_cnn), dataset, runlocal; with it, that setting's arguments.
 Results: README.md, "Results".
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

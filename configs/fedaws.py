@@ -1,7 +1,7 @@
 r"""FedAwS (Yu et al., 'Federated Learning with Only Positive Labels', ICML
 2020): positive-only client loss, spreadout on the class embeddings.
 
-The one-class setting (configs/common.py one_class_setting) with the
+The one-class setting (fedjax_metric/settings.py one_class_setting) with the
 paper's SGD lr 0.1. Each client trains the network and its own class
 embedding w_y with max(0, 0.9 - cos(g(x), w_y))^2; the server averages both
 and takes a spreadout step (d = 1 - cos, margin 1: every pair with a
@@ -22,7 +22,7 @@ class per client: FedMetric, DeepSVDD, FedAwS, FedUV".
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -2,7 +2,7 @@ r"""FedDecorr (Shi et al., ICLR 2023) as a federated unsupervised baseline.
 
 FedAlignUniform's loss + 0.1 x decorrelation of the encoder features (our
 unsupervised reading: FedDecorr's own code and FedU2's copy train supervised
-cross-entropy), in SSD's setting (configs/common.py, `ssl_setting`).
+cross-entropy), in SSD's setting (fedjax_metric/settings.py, `ssl_setting`).
 
   python -m launch.main --config=configs/feddecorr.py --workdir=runs/ssl/decorr_silo
   python -m launch.main --config=configs/feddecorr.py:clients=50,join=0.2 \
@@ -12,7 +12,7 @@ cross-entropy), in SSD's setting (configs/common.py, `ssl_setting`).
 Results: README.md, "Federated unsupervised learning: SSD and baselines".
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -1,7 +1,7 @@
 r"""FedMetric (Park, Hosseini and Yun, 'Federated Learning with Metric Loss',
 FL-ICML workshop 2021), Algorithm 1 with Eq. 4-6.
 
-The one-class setting (configs/common.py one_class_setting): one class per
+The one-class setting (fedjax_metric/settings.py one_class_setting): one class per
 client, all clients every round, SGD with batch 16, LeNet (32-d, GroupNorm)
 on 28x28 data or ResNet-32 (64-d) on CIFAR, per-class AUROC. ``negatives``
 picks the column of the paper's Table 2: none (pos), proxy
@@ -37,7 +37,7 @@ FedAwS, FedUV".
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -3,7 +3,7 @@ r"""FedProx (Li et al. 2020): FedAvg + (mu/2)||w - w_global||^2 locally.
 Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, 'Federated Optimization in
 Heterogeneous Networks', MLSys 2020, Eq. 2 (docs/methods.md, FedProx).
 ``setting=fedrcl`` / ``setting=fedquad`` put FedProx in those papers'
-settings (configs/common.py), the FedProx row of FedRCL's Table 1. Neither
+settings (fedjax_metric/settings.py), the FedProx row of FedRCL's Table 1. Neither
 paper gives mu; 0.01 is used (the middle of FedProx's grid
 {0.001, 0.01, 0.1, 1}).
 
@@ -18,7 +18,7 @@ Arguments: central, model (small_cnn | fedquad_cnn | resnet18 | moon_cnn),
 dataset, runlocal.
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ Algorithm 1. ``squared=False`` (default) is Eq. 5's Euclidean distance,
 ``--config.algorithm_kwargs.squared=True`` Algorithm 1's squared distance;
 docs/methods.md, FedQuad, discusses both.
 
-FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
+FedQuad's setting (fedjax_metric/settings.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 
   python -m launch.main --config=configs/fedquad.py --workdir=runs/fedquad
@@ -28,7 +28,7 @@ comparison".
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -5,7 +5,7 @@ CVPR 2024, Eq. 5 and Algorithm 1. ``form='code'`` is the authors' released
 loss (github.com/skynbe/FedRCL), ``form='paper'`` Eq. 5 (docs/methods.md,
 FedRCL).
 
-FedRCL's setting (configs/common.py fedrcl_setting): CIFAR-10, ResNet-18 with
+FedRCL's setting (fedjax_metric/settings.py fedrcl_setting): CIFAR-10, ResNet-18 with
 GroupNorm(2), 100 clients, 5 per round, balanced Dirichlet, SGD 0.1 x 0.998 per
 round, grad clip 10, batch 50, 5 local epochs, 1000 rounds.
 
@@ -20,7 +20,7 @@ runlocal. Results: README.md.
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

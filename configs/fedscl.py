@@ -7,7 +7,7 @@ loss (github.com/skynbe/FedRCL, utils/loss.py), ``form='paper'`` their Eq. 2
 (sum over positives), ``form='khosla'`` Khosla et al.'s mean over positives
 (docs/methods.md, FedRCL and FedSCL).
 
-FedRCL's setting (configs/common.py fedrcl_setting): CIFAR-10, ResNet-18 with
+FedRCL's setting (fedjax_metric/settings.py fedrcl_setting): CIFAR-10, ResNet-18 with
 GroupNorm(2), 100 clients, 5 per round, balanced Dirichlet, SGD 0.1 x 0.998 per
 round, grad clip 10, batch 50, 5 local epochs, 1000 rounds.
 
@@ -22,7 +22,7 @@ runlocal. Results: README.md.
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

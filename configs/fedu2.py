@@ -1,7 +1,7 @@
 r"""FedU2 (Liao et al., CVPR 2024): SimCLR + flexible uniform regulariser,
 efficient unified aggregation (EUA), the 'even' local schedule.
 
-In SSD's setting (configs/common.py, `ssl_setting`), with FedU2's own
+In SSD's setting (fedjax_metric/settings.py, `ssl_setting`), with FedU2's own
 knobs at its released defaults (tau 0.07, FUR weight 0.01, server step 8,
 up to 10 local epochs for small clients).
 
@@ -13,7 +13,7 @@ up to 10 local epochs for small clients).
 Results: README.md, "Federated unsupervised learning: SSD and baselines".
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -1,7 +1,7 @@
 r"""FedUV (Hosseini et al., 'Federated Learning of User Verification Models
 Without Sharing Embeddings', ICML 2021): fixed codewords, positive-only loss.
 
-The one-class setting (configs/common.py one_class_setting) with the
+The one-class setting (fedjax_metric/settings.py one_class_setting) with the
 paper's SGD lr 0.1. Class c owns codeword v_c (Hadamard rows 1..10 of the
 32 x 32 Sylvester matrix for LeNet's 32-d embedding: minimum Hamming
 distance 16, logged as codeword_min_distance in summary.json); clients
@@ -21,7 +21,7 @@ class per client: FedMetric, DeepSVDD, FedAwS, FedUV".
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -1,6 +1,6 @@
 r"""FedX (Han et al., ECCV 2022): local and global contrastive and
 relational (cross knowledge distillation) losses, in SSD's setting
-(configs/common.py, `ssl_setting`).
+(fedjax_metric/settings.py, `ssl_setting`).
 
   python -m launch.main --config=configs/fedx.py --workdir=runs/ssl/fedx_silo
   python -m launch.main --config=configs/fedx.py:clients=50,join=0.2 \
@@ -10,7 +10,7 @@ relational (cross knowledge distillation) losses, in SSD's setting
 Results: README.md, "Federated unsupervised learning: SSD and baselines".
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -1,6 +1,6 @@
 r"""L-DAWA (Rehman et al., ICCV 2023): SimCLR clients, layer-wise
 divergence-aware aggregation (after 3 FedAvg warm-up rounds), in SSD's
-setting (configs/common.py, `ssl_setting`).
+setting (fedjax_metric/settings.py, `ssl_setting`).
 
   python -m launch.main --config=configs/l_dawa.py --workdir=runs/ssl/ldawa_silo
   python -m launch.main --config=configs/l_dawa.py:clients=50,join=0.2 \
@@ -10,7 +10,7 @@ setting (configs/common.py, `ssl_setting`).
 Results: README.md, "Federated unsupervised learning: SSD and baselines".
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ mu 5 and tau 0.5 everywhere: MOON's CIFAR-10 values (its README's example).
     README and main.py): 10 parties, all every round, NIID-Bench Dirichlet
     0.5, SGD lr 0.01 momentum 0.9 weight decay 1e-5, batch 64, 10 local
     epochs, 100 rounds;
-  * 'fedquad': FedQuad's protocol (configs/common.py fedquad_setting; its
+  * 'fedquad': FedQuad's protocol (fedjax_metric/settings.py fedquad_setting; its
     Section IV-A: "Adam ... 0.001 for all approaches", batch 128, 5 local
     epochs, 20 rounds), the row MOON of FedQuad's Tables I-IV;
   * 'fedrcl': FedRCL's protocol (fedrcl_setting: ResNet-18 GroupNorm, 100
@@ -28,7 +28,7 @@ Results: README.md ("FedQuad's comparison", "FedRCL's comparison").
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 PROJECTION_DIM = 256  # MOON's out_dim (released main.py default).
 

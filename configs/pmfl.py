@@ -4,7 +4,7 @@ term, adaptive aggregation weights, historical global models.
 Zhang et al., 'Towards Performance-Enhanced Model-Contrastive Federated
 Learning using Historical Information in Heterogeneous Scenarios', preprint,
 2025 (docs/methods.md, Heterogeneous participation), in its heterogeneous
-setting (configs/common.py, participation_setting) with Section V-C's defaults:
+setting (fedjax_metric/settings.py, participation_setting) with Section V-C's defaults:
 lambda = 0.5, tau = 0.5, local buffer N = 5, global buffer H = 3, cutoff
 C = 50, eta_g = 1. The client table holds 5 buffered models per client and
 the previous local model (250 x 6 x model size).
@@ -21,7 +21,7 @@ docs/results/participation.md.
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -1,6 +1,6 @@
 r"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates.
 
-Default: FedAvg's digits setting (configs/common.py) with the paper's
+Default: FedAvg's digits setting (fedjax_metric/settings.py) with the paper's
 unweighted averaging and plain local SGD, for which the control-variate
 correction is exact.
 
@@ -13,7 +13,7 @@ Arguments: central, model (small_cnn | fedquad_cnn | resnet18 | moon_cnn),
 dataset, runlocal.
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -4,7 +4,7 @@ FedAlignUniform + dimension-scaled regularisation (gamma = 1, alpha = 10,
 m = floor(D / K) directions of a random rotation per client, assigned by
 client id; ``--config.algorithm_kwargs.assign=position`` is the released
 code's by-position assignment) + projector distillation (KL, T = 0.5,
-delta = 0.1), in SSD's setting (configs/common.py, `ssl_setting`).
+delta = 0.1), in SSD's setting (fedjax_metric/settings.py, `ssl_setting`).
 
   python -m launch.main --config=configs/ssd.py --workdir=runs/ssl/ssd_silo
   python -m launch.main --config=configs/ssd.py:clients=50,join=0.2 \
@@ -15,7 +15,7 @@ delta = 0.1), in SSD's setting (configs/common.py, `ssl_setting`).
 Results: README.md, "Federated unsupervised learning: SSD and baselines".
 """
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

@@ -4,7 +4,7 @@ Khosla et al., 'Supervised Contrastive Learning', NeurIPS 2020, Eq. 2, as a
 baseline of Goksu & Pugeault, 'FedQuad', arXiv:2509.04107, 2025
 (docs/methods.md, FedQuad).
 
-FedQuad's setting (configs/common.py fedquad_setting): CIFAR-10, 3-block CNN,
+FedQuad's setting (fedjax_metric/settings.py fedquad_setting): CIFAR-10, 3-block CNN,
 Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 
   python -m launch.main --config=configs/supconfl.py --workdir=runs/supconfl
@@ -22,7 +22,7 @@ central (one client, IID: the
 
 import ml_collections
 
-from configs import common
+from fedjax_metric import settings as common
 
 
 def get_config(arg=None):

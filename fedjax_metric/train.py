@@ -501,7 +501,7 @@ def run(
   """Trains ``config`` into ``workdir`` and returns the summary dict.
 
   Args:
-    config: a config from configs/ (see configs/common.py for every field).
+    config: a config from configs/ (see fedjax_metric/settings.py for every field).
     workdir: output directory; an existing one is resumed.
     stop_after_round: stop (with a checkpoint) once this many rounds are done,
       as a preempted job would; a later call resumes.

@@ -223,7 +223,7 @@ def validate(config) -> None:
   and whether the partition can give every client data.
 
   Args:
-    config: a run's `ml_collections.ConfigDict` (configs/common.py).
+    config: a run's `ml_collections.ConfigDict` (fedjax_metric/settings.py).
 
   Raises:
     ConfigError: the first problem found, naming the field and the fix.

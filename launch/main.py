@@ -1,7 +1,11 @@
-r"""Runs one experiment: a config file, overrides, and a workdir.
+r"""Runs one experiment: a config, overrides, and a workdir.
 
   python -m launch.main --config=configs/fedavg.py --workdir=runs/fedavg \
       --config.dataset.name=fashion_mnist --config.num_rounds=20
+  fedjax-metric --config=fedquad:runlocal --workdir=runs/x   # installed
+
+``--config`` takes a config file's path or a packaged config's name
+(``fedquad``, the file's name in configs/).
 
 Running the same command again resumes from the workdir's last checkpoint.
 SIGTERM or Ctrl-C saves a checkpoint after the round in progress and exits
@@ -22,12 +26,13 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from fedjax_metric import faults, train
+from fedjax_metric import api, faults, train
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
   None,
-  'Path to a config file, e.g. configs/fedavg.py[:runlocal].',
+  'A packaged config by name, e.g. fedavg[:runlocal], or a config file, '
+  'e.g. configs/fedavg.py[:runlocal].',
   lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.')
@@ -84,8 +89,24 @@ def one_line(message) -> str:
   return ' '.join(text.split())
 
 
+def config_names_to_files(argv):
+  """``--config=fedquad:runlocal`` -> the packaged file's path; a path
+  (``configs/fedquad.py:runlocal``, ``my_config.py``) is kept as it is."""
+  resolved = []
+  for item in argv:
+    if item.startswith('--config='):
+      name, sep, arg = item[len('--config=') :].partition(':')
+      item = f'--config={api.config_file(name)}{sep}{arg}'
+    resolved.append(item)
+  return resolved
+
+
 def parse_flags(argv):
   """absl's parsing, with its errors as one line (and exit status 1)."""
+  try:
+    argv = config_names_to_files(argv)
+  except ValueError as e:
+    sys.exit(f'error: {one_line(e)}')
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
@@ -179,5 +200,10 @@ def main(argv):
     )
 
 
-if __name__ == '__main__':
+def run_main():
+  """The ``fedjax-metric`` console command."""
   app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == '__main__':
+  run_main()

@@ -44,7 +44,6 @@ import ast
 import collections
 import csv
 import hashlib
-import importlib.util
 import io
 import itertools
 import json
@@ -133,18 +132,18 @@ def grid_points(grid: Sequence[tuple]) -> List[Dict[str, str]]:
 
 
 def load_config(spec: str):
-  """``'configs/x.py[:arg]'`` -> the config file's ``get_config(arg)``."""
+  """``'configs/x.py[:arg]'`` or ``'x[:arg]'`` (a packaged config's name)
+  -> the config's ``get_config(arg)``."""
+  from fedjax_metric import api  # pylint: disable=g-import-not-at-top
+
   path, _, arg = spec.partition(':')
+  path = api.config_file(path)
   if not os.path.exists(path):
     raise FileNotFoundError(
-      f'Config file {path!r} not found (run from the repository root).'
+      f'Config file {path!r} not found (run from the repository root, or '
+      'name a packaged config: fedavg, fedquad, ...).'
     )
-  module_spec = importlib.util.spec_from_file_location(
-    'sweep_config_' + re.sub(r'\W', '_', path), path
-  )
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  return api.get_config(path, arg or None)
 
 
 def _parse_value(text: str, current: Any) -> Any:
@@ -301,7 +300,9 @@ def run_point(workdir: str) -> Dict[str, Any]:
 
 def point_command(workdir: str) -> List[str]:
   """The child process that trains one point."""
-  return [sys.executable, '-m', 'launch.sweep', 'point', f'--workdir={workdir}']
+  # launch.sweep in a checkout, fedjax_metric.launch.sweep when installed.
+  module = __spec__.name if __spec__ else 'launch.sweep'
+  return [sys.executable, '-m', module, 'point', f'--workdir={workdir}']
 
 
 def run_points(

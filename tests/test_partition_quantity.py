@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from configs import common
+from fedjax_metric import settings as common
 from fedjax_metric import train, validation
 from fedjax_metric.data import partition as P
 

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common
 from configs import fedavg as fedavg_config
+from fedjax_metric import settings as common
 from fedjax_metric import train as train_lib
 from fedjax_metric.data import sources
 from fedjax_metric.evaluation import downstream

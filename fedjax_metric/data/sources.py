@@ -27,6 +27,16 @@ ENV_VAR = 'FEDJAX_METRIC_DATA_DIR'
 SPLITS = ('train', 'test')
 DATASETS = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100')
 DEFAULT_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
+# Where each dataset comes from (`fedjax_metric.datasets()`); nothing is
+# downloaded at run time.
+DESCRIPTIONS = {
+  'digits': "scikit-learn's 8x8 digits (1,797 images, 10 classes), built in.",
+  'mnist': 'MNIST: IDX files in --config.dataset.data_dir, or TFDS.',
+  'fashion_mnist': "Fashion-MNIST: Debian's dataset-fashion-mnist, IDX files "
+  'or TFDS.',
+  'cifar10': 'CIFAR-10: the python tarball in data_dir, or TFDS.',
+  'cifar100': 'CIFAR-100: the python tarball in data_dir, or TFDS.',
+}
 
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte data, 3 dimensions.
 _IDX_LABELS_MAGIC = 0x00000801  # unsigned byte data, 1 dimension.

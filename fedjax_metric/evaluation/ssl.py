@@ -26,7 +26,7 @@ server.py, utils/evaluate.py, linear_eval.py, semi_eval.py):
 Features are the encoder output ``outputs['embedding']`` in eval mode on
 images scaled to [0, 1] with no mean / std normalisation, as the models are
 trained (the released code's ToTensor only). Epochs, subset sizes and
-fractions come from the config's ``ssl_eval`` block (configs/common.py),
+fractions come from the config's ``ssl_eval`` block (fedjax_metric/settings.py),
 so CPU runs can shorten them; a run states what it used in its summary.
 """
 

@@ -1,0 +1,145 @@
+"""The library's front door: packaged configs by name, a run, a finished run.
+
+  import fedjax_metric as fm
+
+  config = fm.get_config('fedquad', 'runlocal')
+  result = fm.run(config)               # a temporary workdir
+  result.final['test_accuracy']         # the last evaluation
+  result.history                        # every evaluated round (metrics.jsonl)
+  result.variables                      # the final global model
+  fm.load_run(result.workdir)           # the same, read back from disk
+
+Config names are the files of the repository's ``configs/`` directory, which
+also ships inside the installed package (``fedjax_metric.configs``); a path
+to a file of one's own (``my_config.py``) works wherever a name does.
+"""
+
+import importlib.util
+import json
+import os
+import tempfile
+from typing import Any, Dict, List, NamedTuple, Optional
+
+import ml_collections
+
+from fedjax_metric import train
+from fedjax_metric import workdir as workdir_lib
+from fedjax_metric.data import sources
+
+
+class RunResult(NamedTuple):
+  """What a run leaves: its metrics, its final model and where it is.
+
+  Attributes:
+    history: one dict per evaluated round, as ``metrics.jsonl`` holds them
+      (``round``, ``train_loss``, the protocol's metrics, timings).
+    final: the last of them (the final evaluation); {} before any.
+    variables: the final global model's variables (``params`` and, with
+      BatchNorm, ``batch_stats``), from the latest checkpoint.
+    workdir: the run's directory.
+    summary: ``summary.json`` (or what `train.run` returned after a stop).
+  """
+
+  history: List[Dict[str, Any]]
+  final: Dict[str, Any]
+  variables: Any
+  workdir: str
+  summary: Dict[str, Any]
+
+
+def configs_dir() -> str:
+  """The directory of the packaged config files: ``fedjax_metric/configs``
+  in an installed package, the repository's ``configs/`` in a checkout."""
+  spec = importlib.util.find_spec('fedjax_metric.configs')
+  if spec is not None and spec.submodule_search_locations:
+    return list(spec.submodule_search_locations)[0]
+  checkout = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs')
+  if os.path.isdir(checkout):
+    return checkout
+  raise FileNotFoundError(
+    'The packaged configs are missing: reinstall fedjax_metric, or pass a '
+    'config file path.'
+  )
+
+
+def config_names() -> List[str]:
+  """The packaged configs' names (``fedavg``, ``fedquad``, ...)."""
+  return sorted(
+    name[:-3]
+    for name in os.listdir(configs_dir())
+    if name.endswith('.py') and not name.startswith('_')
+  )
+
+
+def config_file(name_or_path: str) -> str:
+  """The file of a packaged config name, or ``name_or_path`` itself when it
+  is a path (it contains a separator or ends in ``.py``)."""
+  if os.sep in name_or_path or name_or_path.endswith('.py'):
+    return name_or_path
+  if name_or_path not in config_names():
+    raise ValueError(
+      f'No packaged config {name_or_path!r}; the packaged ones are '
+      f'{", ".join(config_names())}. A file of your own: pass its path '
+      '(my_config.py).'
+    )
+  return os.path.join(configs_dir(), name_or_path + '.py')
+
+
+def get_config(
+  name: str, arg: Optional[str] = None
+) -> ml_collections.ConfigDict:
+  """Config ``name`` (a packaged name or a file path) with its ``:arg``
+  string (``'runlocal'``, ``'alpha=0.3,rounds=50'``), as
+  ``--config=name:arg`` builds it on the command line."""
+  path = config_file(name)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'Config file {path} not found.')
+  module_name = '_fedjax_metric_config_' + os.path.basename(path)[:-3]
+  spec = importlib.util.spec_from_file_location(module_name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _read_jsonl(path):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def load_run(workdir: str) -> RunResult:
+  """A finished (or stopped) run read back from ``workdir``."""
+  config = workdir_lib.load_config(workdir)
+  history = _read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  summary_path = os.path.join(workdir, 'summary.json')
+  summary = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+  restored = workdir_lib.restore(config, workdir)
+  return RunResult(
+    history=history,
+    final=history[-1] if history else {},
+    variables=restored['server_state'].variables,
+    workdir=workdir,
+    summary=summary,
+  )
+
+
+def run(
+  config: ml_collections.ConfigDict, workdir: Optional[str] = None
+) -> RunResult:
+  """Trains ``config`` into ``workdir`` (resumed if it holds this run; a new
+  temporary directory when None) and returns the run's `RunResult`."""
+  if workdir is None:
+    workdir = tempfile.mkdtemp(prefix='fedjax_metric_')
+  summary = train.run(config, workdir)
+  result = load_run(workdir)
+  return result._replace(summary=summary)
+
+
+def datasets() -> Dict[str, str]:
+  """Every dataset name `--config.dataset.name` takes, with where it comes
+  from."""
+  return dict(sources.DESCRIPTIONS)
