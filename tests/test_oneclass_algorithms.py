@@ -536,10 +536,3 @@ def test_feduv_round_matches_numpy_with_random_codewords():
   np.testing.assert_allclose(
     kernel(states[1][0]), np.mean(kernels, axis=0), rtol=1e-4, atol=1e-5
   )
-
-
-def test_registry_names_and_defaults_build():
-  model = linear_model()
-  for name in ('fedmetric', 'deepsvdd', 'fedaws', 'feduv'):
-    alg = algorithms.REGISTRY[name](model, server_optimizer=SERVER)
-    assert isinstance(alg, engine.Algorithm)

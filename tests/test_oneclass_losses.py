@@ -6,6 +6,7 @@ FedMetric (Park, Hosseini and Yun 2021, Eq. 4-6 and Algorithm 1), Deep SVDD
 """
 
 import itertools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -441,7 +442,7 @@ def test_proxy_center_direction_is_uniform_on_the_sphere():
     assert chi2 < 27.9, (axis, counts)
 
 
-def test_local_center_and_radius_match_numpy():
+def test_local_center_matches_numpy():
   rng = np.random.default_rng(9)
   e = rng.normal(size=(7, 3)).astype(np.float32)
   e[5] = 100.0  # A masked outlier must not count.
@@ -450,30 +451,70 @@ def test_local_center_and_radius_match_numpy():
   real = [i for i in range(7) if mask[i]]
   want_c = [sum(float(e[i, k]) for i in real) / len(real) for k in range(3)]
   np.testing.assert_allclose(np.asarray(c), want_c, **TOL)
-  r = fedmetric.local_radius(e, c, mask)
-  assert float(r) == pytest.approx(
-    max(np_dist(e[i], want_c) for i in real), rel=1e-5
-  )
   full = fedmetric.local_center(e[:5])
   np.testing.assert_allclose(
     np.asarray(full), e[:5].astype(np.float64).mean(0), **TOL
   )
-
-
-def test_local_center_and_radius_all_masked_and_single_point():
-  e = jnp.ones((3, 2))
   none = jnp.zeros(3, bool)
   np.testing.assert_array_equal(
-    np.asarray(fedmetric.local_center(e, none)), 0.0
+    np.asarray(fedmetric.local_center(jnp.ones((3, 2)), none)), 0.0
   )
-  assert float(fedmetric.local_radius(e, jnp.zeros(2), none)) == 0.0
-  # One distinct point: radius 0, and its gradient is finite.
-  g = jax.jit(jax.grad(lambda x: fedmetric.local_radius(x, jnp.ones(2))))(e)
-  assert float(fedmetric.local_radius(e, jnp.ones(2))) == 0.0
-  assert np.isfinite(np.asarray(g)).all()
 
 
-# --------------------------------------------------------------- codewords
+class _Identity:
+  """A 'model' whose embedding is the flattened input (for scan_radius)."""
+
+  @staticmethod
+  def apply(params, model_state, images, train):
+    del params, train
+    return {'embedding': images.reshape(images.shape[0], -1)}, model_state
+
+
+def _scan_over(batches):
+  """A context's ``scan_batches`` over a fixed list of batches."""
+
+  def scan_batches(body, init):
+    carry = init
+    for batch in batches:
+      carry = body(carry, batch)
+    return carry
+
+  return scan_batches
+
+
+def test_scan_radius_is_the_largest_real_distance_over_the_round():
+  """R^k = max_i ||g(x_i) - C^k|| over every real example of the client's
+  round (Park et al. 2021, Algorithm 1), as training computes it: batch by
+  batch, padded examples (a far outlier here) left out; 0 with none."""
+  from fedjax_metric import engine  # pylint: disable=g-import-not-at-top
+  from fedjax_metric.algorithms import oneclass_common
+
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(3, 4, 2, 1)).astype(np.float32)  # 3 batches of 4
+  mask = np.array([[1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 1, 1]], bool)
+  x[0, 2] = 50.0  # padding: must not count
+  batches = [
+    engine.Batch(jnp.asarray(x[b]), None, jnp.asarray(mask[b]), None)
+    for b in range(3)
+  ]
+  center = np.array([0.3, -0.2], np.float32)
+  ctx = SimpleNamespace(scan_batches=_scan_over(batches))
+  radius = oneclass_common.scan_radius(
+    ctx, _Identity, {'params': {}}, jnp.asarray(center)
+  )
+  want = max(
+    np_dist(x[b, i].reshape(-1), center)
+    for b in range(3)
+    for i in range(4)
+    if mask[b, i]
+  )
+  assert float(radius) == pytest.approx(want, rel=1e-5)
+  empty = [b._replace(mask=jnp.zeros(4, bool)) for b in batches]
+  ctx = SimpleNamespace(scan_batches=_scan_over(empty))
+  assert (
+    float(oneclass_common.scan_radius(ctx, _Identity, {'params': {}}, center))
+    == 0.0
+  )
 
 
 def loop_min_hamming(v):

@@ -206,7 +206,7 @@ def test_padding_slots_are_inert_under_both_weightings(name, weighting):
     ]
     assert all(np.isfinite(x).all() for x in floats), (name, executor)
     results[executor] = (state, table)
-  amplifying = {'fedalignuniform', 'feddecorr', 'fedu2'}
+  amplifying = {'fedalignuniform', 'feddecorr', 'fedu2', 'ssd'}
   tolerance = max(fx.executor_tolerance(), 1e-3 if name in amplifying else 0)
   for executor in ('vmap', 'chunked'):
     difference = fx.max_abs_diff(results[executor], results['host'])

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
-from fedjax_metric.losses.metric import _distance, _l2_normalize
+from fedjax_metric.losses.metric import _l2_normalize
 from fedjax_metric.losses.oneclass import fedmetric_loss
 
 
@@ -59,28 +59,6 @@ def local_center(embeddings, mask=None):
   # An elementwise sum, not a matmul, so TF32 on GPUs cannot round it.
   total = jnp.sum(weights[:, None] * embeddings, axis=0)
   return total / jnp.maximum(jnp.sum(weights), 1.0)
-
-
-def local_radius(embeddings, center, mask=None):
-  """Local radius R^k: the largest distance of a real example to C^k.
-
-  Park, Hosseini and Yun, 'Federated Learning with Metric Loss', FL-ICML
-  workshop 2021, Algorithm 1::
-
-    R^k = max_{i : mask_i} ||e_i - C^k||
-
-  Args:
-    embeddings: [N, D].
-    center: [D] local center.
-    mask: optional [N] bool; False rows are left out.
-
-  Returns:
-    scalar; 0 when every row is masked.
-  """
-  embeddings = jnp.asarray(embeddings)
-  d = _distance(embeddings, jnp.asarray(center)[None], squared=False)
-  # Distances are >= 0, so 0 is a neutral fill for the max.
-  return jnp.max(jnp.where(_weights(embeddings, mask) > 0, d, 0.0), initial=0.0)
 
 
 def _check_non_negative(name, value):
