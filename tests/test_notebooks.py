@@ -73,10 +73,35 @@ def assert_png(path):
   assert path.read_bytes()[:4] == b'\x89PNG', path
 
 
-def test_quickstart_colab_cell_does_nothing_locally():
+def test_quickstart_colab_cell_installs_only_in_colab(monkeypatch, tmp_path):
+  """The first cell, executed: outside Colab it runs nothing; in Colab (a
+  stand-in google.colab module) it clones the repository, installs it and
+  moves into it; without a repository URL it says what to set."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+
   first = code_cells(QUICKSTART)[0]
-  assert "'google.colab' in sys.modules" in first
-  assert 'pip' in first and 'install' in first
+  calls, moves = [], []
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(subprocess, 'run', lambda cmd, **_: calls.append(cmd))
+  monkeypatch.setattr(os, 'chdir', moves.append)
+  monkeypatch.delitem(sys.modules, 'google.colab', raising=False)
+  exec(first, {})  # pylint: disable=exec-used
+  assert not calls and not moves
+
+  monkeypatch.setitem(sys.modules, 'google.colab', types.ModuleType('colab'))
+  monkeypatch.delenv('FEDJAX_METRIC_REPO_URL', raising=False)
+  with pytest.raises(ValueError, match='REPO_URL'):
+    exec(first, {})  # pylint: disable=exec-used
+  monkeypatch.setenv('FEDJAX_METRIC_REPO_URL', 'https://example.org/r.git')
+  exec(first, {})  # pylint: disable=exec-used
+  assert (
+    calls[0][:2] == ['git', 'clone']
+    and 'https://example.org/r.git' in (calls[0])
+  )
+  assert calls[1][1:4] == ['-m', 'pip', 'install']
+  assert moves == ['fedjax_metric']
 
 
 @pytest.mark.parametrize('name', ['one_class', 'participation', 'unsupervised'])
