@@ -12,7 +12,7 @@ aggregation weighted by local batches, 'ssl' evaluation.
   python -m launch.main --config=configs/fedalignuniform.py:runlocal --workdir=/tmp/smoke
   python -m launch.evaluate --workdir=runs/ssl/fau_silo
 
-Results: README.md, "Federated unsupervised learning: SSD and baselines".
+Results: docs/results/unsupervised.md.
 """
 
 from fedjax_metric import settings as common

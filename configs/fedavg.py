@@ -19,7 +19,7 @@ settings (fedjax_metric/settings.py), the baseline rows of their tables.
 Arguments without ``setting``: central, model (small_cnn | fedquad_cnn |
 resnet18 | moon_cnn), dataset, runlocal; with it, that setting's arguments.
 
-Results: README.md, "Results".
+Results: docs/results/fedavg.md.
 """
 
 from fedjax_metric import settings as common

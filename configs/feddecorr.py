@@ -9,7 +9,7 @@ cross-entropy), in SSD's setting (fedjax_metric/settings.py, `ssl_setting`).
       --workdir=runs/ssl/decorr_device
   python -m launch.main --config=configs/feddecorr.py:runlocal --workdir=/tmp/smoke
 
-Results: README.md, "Federated unsupervised learning: SSD and baselines".
+Results: docs/results/unsupervised.md.
 """
 
 from fedjax_metric import settings as common

@@ -12,7 +12,7 @@ paper gives mu; 0.01 is used (the middle of FedProx's grid
   python -m launch.main --config=configs/fedprox.py:setting=fedrcl,alpha=0.1 \
       --workdir=runs/fedprox_rcl
 
-Results: README.md, "FedRCL's comparison".
+Results: docs/results/fedrcl.md.
 
 Arguments: central, model (small_cnn | fedquad_cnn | resnet18 | moon_cnn),
 dataset, runlocal.

@@ -22,8 +22,7 @@ Arguments: clients (10), alpha (0.5), iid, model (fedquad_cnn | small_cnn),
 central (one client, IID: the "Supervised (Non-FL)" rows), no_ce (Table V's
 "without l_ce": the metric loss alone, judged by a kNN classifier and a
 linear probe on the embeddings, eval_protocol 'embedding_knn'), dataset,
-runlocal. Results (multi-seed, Fashion-MNIST, CPU): README.md, "FedQuad's
-comparison".
+runlocal. Results (multi-seed, Fashion-MNIST, CPU): docs/results/metric_learning.md.
 """
 
 import ml_collections

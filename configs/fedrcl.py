@@ -15,7 +15,7 @@ round, grad clip 10, batch 50, 5 local epochs, 1000 rounds.
       --workdir=runs/fedrcl_fmnist
 
 Arguments: alpha (0.3), model (resnet18 | small_cnn), central, dataset,
-runlocal. Results: README.md.
+runlocal. Results: docs/results/fedrcl.md.
 """
 
 import ml_collections

@@ -10,7 +10,7 @@ up to 10 local epochs for small clients).
       --workdir=runs/ssl/fedu2_device
   python -m launch.main --config=configs/fedu2.py:runlocal --workdir=/tmp/smoke
 
-Results: README.md, "Federated unsupervised learning: SSD and baselines".
+Results: docs/results/unsupervised.md.
 """
 
 from fedjax_metric import settings as common

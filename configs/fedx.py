@@ -7,7 +7,7 @@ relational (cross knowledge distillation) losses, in SSD's setting
       --workdir=runs/ssl/fedx_device
   python -m launch.main --config=configs/fedx.py:runlocal --workdir=/tmp/smoke
 
-Results: README.md, "Federated unsupervised learning: SSD and baselines".
+Results: docs/results/unsupervised.md.
 """
 
 from fedjax_metric import settings as common

@@ -7,7 +7,7 @@ setting (fedjax_metric/settings.py, `ssl_setting`).
       --workdir=runs/ssl/ldawa_device
   python -m launch.main --config=configs/l_dawa.py:runlocal --workdir=/tmp/smoke
 
-Results: README.md, "Federated unsupervised learning: SSD and baselines".
+Results: docs/results/unsupervised.md.
 """
 
 from fedjax_metric import settings as common

@@ -23,7 +23,8 @@ mu 5 and tau 0.5 everywhere: MOON's CIFAR-10 values (its README's example).
 
 Arguments: setting, and that setting's arguments (FedQuad's: clients, alpha,
 iid, central, model; FedRCL's: alpha, central, model), dataset, runlocal.
-Results: README.md ("FedQuad's comparison", "FedRCL's comparison").
+Results: docs/results/metric_learning.md and
+docs/results/fedrcl.md.
 """
 
 import ml_collections

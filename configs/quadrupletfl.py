@@ -18,8 +18,8 @@ Adam 1e-3, batch 128, 5 local epochs, 20 rounds, all clients every round.
 
 Arguments: clients (10), alpha (0.5), iid, model (fedquad_cnn | small_cnn),
 central (one client, IID: the
-"Supervised (Non-FL)" rows), dataset, runlocal. Results: README.md,
-"FedQuad's comparison".
+"Supervised (Non-FL)" rows), dataset, runlocal. Results:
+docs/results/metric_learning.md.
 """
 
 import ml_collections

@@ -12,7 +12,7 @@ delta = 0.1), in SSD's setting (fedjax_metric/settings.py, `ssl_setting`).
   python -m launch.main --config=configs/ssd.py:runlocal --workdir=/tmp/smoke
   python -m launch.evaluate --workdir=runs/ssl/ssd_silo
 
-Results: README.md, "Federated unsupervised learning: SSD and baselines".
+Results: docs/results/unsupervised.md.
 """
 
 from fedjax_metric import settings as common

@@ -137,7 +137,7 @@ def resolve_conv_impl(conv_impl: str, one_program: bool) -> str:
   im2col by slicing, then a matmul) when the round is one program
   (`round_is_one_program`) and 'xla' (nn.Conv) for the host loop.
 
-  Why (README, "Convolutions as batched matmuls"): in one program, vmap over
+  Why (docs/concepts.md, "Convolutions as batched matmuls"): in one program, vmap over
   per-client weights turns each convolution into a grouped one (a group per
   client), and on CPU XLA runs convolutions inside loops with its generic
   kernel instead of XNNPACK; the matmul form avoids both. Measured with

@@ -1,4 +1,4 @@
-r"""Tables and plots of the one-class runs (README, "One class per client").
+r"""Tables and plots of the one-class runs (docs/results/oneclass.md).
 
 Reads the workdirs that the README's commands write under a root
 (runs/oneclass by default):

@@ -10,7 +10,7 @@ Two samplers draw the same schedules (same distribution, different draws):
 
 * ``'per_client'`` (the default): each client's batches come from its own
   NumPy generator, ``default_rng([seed, round, 1, client])``, in a Python loop
-  over the cohort. Every result in the README was drawn this way.
+  over the cohort. Every result in docs/results was drawn this way.
 * ``'vectorized'``: the whole cohort at once, from a counter-based hash of
   (seed, round, client, stream, epoch, position); a permutation is an argsort
   of hashed keys. No Python loop over clients: for cohorts of thousands of
