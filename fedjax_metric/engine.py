@@ -227,6 +227,9 @@ class _LocalCarry(NamedTuple):
   local_state: Any
   loss_sum: jax.Array  # sum over real examples of the step's mean loss
   example_count: jax.Array
+  # The loss's named terms (its aux dict: 'ce', 'metric', ...), summed like
+  # loss_sum, so that a round logs each term and not only their total.
+  term_sums: Any
 
 
 class _ClientInputs(NamedTuple):
@@ -367,12 +370,32 @@ def _client_optimizer(spec: RoundSpec, server_state):
   return spec.client_optimizer(spec.learning_rate(server_state.round))
 
 
+def _loss_terms(terms):
+  """A loss's aux dict as float32 scalars (a term that is not a scalar is
+  averaged): what a round sums and logs as ``train_<name>``."""
+  return {
+    name: jnp.mean(jnp.asarray(value, jnp.float32))
+    for name, value in terms.items()
+  }
+
+
 def start_client(spec: RoundSpec, data, server_state, inputs: _ClientInputs):
   """The carry at step 0: the start model, fresh optimizer state."""
   ctx = _context(spec, data, server_state, inputs, (), 0, _BEGIN_KEY)
   variables, local_state = spec.algorithm.client_begin(ctx)
   params, model_state = split_variables(variables)
   zero = jnp.zeros((), jnp.float32)
+  # The loss's term names, found by abstract evaluation on the first batch.
+  batch = _batch(
+    spec, data, inputs.example_idx[0], inputs.example_mask[0], ctx.key
+  )
+  step_ctx = ctx._replace(local_state=local_state)
+  _, (_, terms) = jax.eval_shape(
+    lambda p, s, b: spec.algorithm.client_loss(p, s, b, step_ctx),
+    params,
+    model_state,
+    batch,
+  )
   return _LocalCarry(
     params,
     model_state,
@@ -380,6 +403,7 @@ def start_client(spec: RoundSpec, data, server_state, inputs: _ClientInputs):
     local_state,
     zero,
     zero,
+    dict.fromkeys(terms, zero),
   )
 
 
@@ -405,7 +429,7 @@ def _local_step(
   augment_key, loss_key = jax.random.split(ctx.key)
   batch = _batch(spec, data, example_idx, example_mask, augment_key)
   grad_fn = jax.value_and_grad(alg.client_loss, has_aux=True)
-  (loss, (model_state, _)), grads = grad_fn(
+  (loss, (model_state, terms)), grads = grad_fn(
     carry.params, carry.model_state, batch, ctx._replace(key=loss_key)
   )
   updates, opt_state = _client_optimizer(spec, server_state).update(
@@ -429,6 +453,11 @@ def _local_step(
     local_state=local_state,
     loss_sum=carry.loss_sum + loss * count,
     example_count=carry.example_count + count,
+    term_sums=jax.tree.map(
+      lambda total, term: total + term * count,
+      carry.term_sums,
+      _loss_terms(terms),
+    ),
   )
   return _tree_where(count > 0, new, carry)
 
@@ -473,7 +502,7 @@ def run_steps(
 
 
 def finish_client(spec: RoundSpec, data, server_state, inputs, carry):
-  """-> (update, weight, new_row, (loss_sum, example_count))."""
+  """-> (update, weight, new_row, (loss_sum, example_count, term_sums))."""
   ctx = _context(
     spec,
     data,
@@ -485,7 +514,12 @@ def finish_client(spec: RoundSpec, data, server_state, inputs, carry):
   )
   end_variables = merge_variables(carry.params, carry.model_state)
   update, weight, new_row = spec.algorithm.client_final(ctx, end_variables)
-  return update, weight, new_row, (carry.loss_sum, carry.example_count)
+  return (
+    update,
+    weight,
+    new_row,
+    (carry.loss_sum, carry.example_count, carry.term_sums),
+  )
 
 
 def client_inputs(
@@ -545,8 +579,11 @@ def finish_round(
   weight_sum,
   loss_sum,
   example_count,
+  term_sums,
 ):
-  """The server's step on the reduced cohort, and the round's metrics."""
+  """The server's step on the reduced cohort, and the round's metrics:
+  ``train_loss_sum``, ``train_examples`` and ``train_<term>_sum`` for each
+  named term of the loss (sums over the round's real examples)."""
   aggregate = Aggregate(
     update_sum,
     weight_sum,
@@ -558,11 +595,13 @@ def finish_round(
     server_state, aggregate, client_table
   )
   metrics = {'train_loss_sum': loss_sum, 'train_examples': example_count}
+  metrics.update({f'train_{k}_sum': v for k, v in term_sums.items()})
   return server_state, client_table, metrics
 
 
 def zero_update(spec, data, server_state, client_table, example_shape):
-  """Zeros shaped like one client's update (found by abstract evaluation).
+  """Zeros shaped like one client's update and like its loss-term sums
+  (found by abstract evaluation): ``(update, term_sums)``.
 
   ``example_shape`` is a slot's [S, B].
   """
@@ -579,7 +618,7 @@ def zero_update(spec, data, server_state, client_table, example_shape):
     )
     carry = start_client(spec, data, server_state, inputs)
     update, *_ = finish_client(spec, data, server_state, inputs, carry)
-    return update
+    return update, carry.term_sums
 
   shapes = jax.eval_shape(one_update, server_state, client_table, data)
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -676,13 +715,16 @@ def _vmapped_slots(
   """Trains the cohort's slots side by side (vmap) and reduces over them.
 
   Returns ``(client_table with the new rows, update_sum, weight_sum,
-  loss_sum, example_count)``; padding slots get weight 0 and write no row.
+  loss_sum, example_count, term_sums)``; padding slots get weight 0 and
+  write no row.
   """
   rows = gather_rows(client_table, cohort.client_ids)
   per_client = functools.partial(
     client_update, spec, data, server_state, unroll=unroll
   )
-  updates, weights, new_rows, (loss_sums, counts) = jax.vmap(per_client)(
+  updates, weights, new_rows, (loss_sums, counts, term_sums) = jax.vmap(
+    per_client
+  )(
     rows,
     cohort.client_ids,
     slots,
@@ -700,6 +742,7 @@ def _vmapped_slots(
     jnp.sum(weights),
     jnp.sum(loss_sums),
     jnp.sum(counts),
+    jax.tree.map(jnp.sum, term_sums),
   )
 
 
@@ -764,14 +807,9 @@ def _chunked_round(
     return (table, *jax.tree.map(jnp.add, sums, chunk_sums)), None
 
   zero = jnp.zeros((), jnp.float32)
-  carry = (
-    client_table,
-    zero_update(
-      spec, data, server_state, client_table, cohort.example_idx.shape[1:]
-    ),
-    zero,
-    zero,
-    zero,
+  update_zeros, term_zeros = zero_update(
+    spec, data, server_state, client_table, cohort.example_idx.shape[1:]
   )
+  carry = (client_table, update_zeros, zero, zero, zero, term_zeros)
   (client_table, *sums), _ = jax.lax.scan(one_chunk, carry, chunks)
   return finish_round(spec, server_state, client_table, cohort, *sums)

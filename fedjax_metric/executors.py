@@ -297,16 +297,17 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     )
 
   def finish_body(server_state, client_table, inputs, accumulator, carry, data):
-    update, weight, new_row, (loss_sum, count) = engine.finish_client(
+    update, weight, new_row, (loss_sum, count, terms) = engine.finish_client(
       spec, data, server_state, inputs, carry
     )
     client_table = engine.scatter_rows(client_table, inputs.client_id, new_row)
-    update_sum, weight_sum, loss_total, count_total = accumulator
+    update_sum, weight_sum, loss_total, count_total, term_totals = accumulator
     accumulator = (
       jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
       weight_sum + weight,
       loss_total + loss_sum,
       count_total + count,
+      jax.tree.map(jnp.add, term_totals, terms),
     )
     return client_table, accumulator
 
@@ -348,11 +349,11 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   @functools.partial(jax.jit, static_argnums=(3,))
   def zero_accumulator(server_state, client_table, data, example_shape):
     # Made on the device: a jnp.zeros here would be a host-to-device transfer.
-    # The four outputs are distinct buffers, as `finish` donates them.
-    return (
-      engine.zero_update(spec, data, server_state, client_table, example_shape),
-      *(jnp.zeros((), jnp.float32) for _ in range(3)),
+    # The outputs are distinct buffers, as `finish` donates them.
+    update, terms = engine.zero_update(
+      spec, data, server_state, client_table, example_shape
     )
+    return (update, *(jnp.zeros((), jnp.float32) for _ in range(3)), terms)
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def server(server_state, client_table, cohort, accumulator):

@@ -815,7 +815,8 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
 
   # ----- Rounds: R per call (one program), the host acts between calls. -----
   start_time = time.time()
-  train_sums = []  # Device arrays [R]; read only at evaluation time.
+  interval_start = None  # When the last evaluation ended.
+  train_sums = []  # Dicts of device arrays [R]; read only at evaluation.
   last = {}
   bar = tqdm.tqdm(
     initial=start_round,
@@ -839,23 +840,30 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     server_state, client_table, round_metrics = rounds_fn(
       server_state, client_table, next(call_cohorts)
     )
-    train_sums.append(
-      sharding.local_copy(
-        (round_metrics['train_loss_sum'], round_metrics['train_examples'])
-      )
-    )
+    train_sums.append(sharding.local_copy(round_metrics))
     done = first + rounds_per_call
     bar.update(rounds_per_call)
     if done % config.eval_every == 0 or done == end_round:
-      loss_sums, counts = (
-        np.concatenate([np.asarray(s[i]) for s in train_sums]) for i in (0, 1)
-      )
+      sums = {
+        name: np.concatenate([np.ravel(s[name]) for s in train_sums])
+        for name in train_sums[0]
+      }
+      loss_sums, counts = sums['train_loss_sum'], sums['train_examples']
       bad = np.flatnonzero(~np.isfinite(loss_sums))
       if bad.size:
         first_bad = done - len(loss_sums) + int(bad[0]) + 1
         raise diverged(f'Training loss is {loss_sums[bad[0]]}', first_bad)
       train_sums = []
-      train_loss = float(loss_sums.sum() / max(counts.sum(), 1.0))
+      # The loss and each of its named terms, per real training example
+      # since the last evaluation: train_loss, train_ce, train_metric, ...
+      examples = max(float(counts.sum()), 1.0)
+      train_terms = {
+        name[: -len('_sum')]: float(total.sum() / examples)
+        for name, total in sums.items()
+        if name.endswith('_sum') and name != 'train_loss_sum'
+      }
+      train_loss = float(loss_sums.sum() / examples)
+      interval = time.time() - (interval_start or start_time)
       # Stamped after the evaluation, so that a row's wall_time covers its
       # own evaluation (the first one compiles the evaluation programs) and
       # the next row's difference is that row's training and evaluation.
@@ -869,8 +877,14 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
         'total_wall_time': total_time(),
         'eval_seconds': time.time() - eval_start,
         'train_loss': train_loss,
+        **train_terms,
+        # Training throughput since the last evaluation (evaluation and
+        # the first call's compilation included in the first interval).
+        'examples_per_second': float(counts.sum()) / max(interval, 1e-9),
+        'rounds_per_second': len(counts) / max(interval, 1e-9),
         **evaluation,
       }
+      interval_start = time.time()
       if chief:
         with open(metrics_path, 'a') as f:
           f.write(json.dumps(last) + '\n')

@@ -218,6 +218,7 @@ def test_known_prob_run_uses_the_true_probabilities(tmp_path):
   config.unlock()
   config.algorithm = 'fedau'
   config.algorithm_kwargs.aggregation = 'known_prob'
+  config.server.weighting = 'uniform'  # FedAU's weights are its own
   config.num_rounds = 1
   config.progress = False
   summary = train.run(config, str(tmp_path / 'known'))

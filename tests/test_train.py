@@ -394,3 +394,24 @@ def test_prefetch_yields_in_order_and_builds_ahead():
   assert building_4.wait(timeout=10)
   assert list(cohorts) == [16, 25, 36]
   assert sorted(started) == [3, 4, 5, 6]  # Each built once.
+
+
+def test_the_loss_terms_and_throughput_are_logged(tmp_path):
+  """Each named term of the loss is logged per evaluation as train_<term>
+  (the mean over the real examples trained since the last evaluation, as
+  train_loss is), so FedQuad's rows satisfy its Algorithm 1 total
+  train_loss = beta * train_metric + train_ce; throughput too."""
+  config = load_config('fedquad')
+  beta = config.algorithm_kwargs.beta
+  train.run(config, str(tmp_path))
+  rows = read_metrics(tmp_path)
+  assert len(rows) == 2
+  for row in rows:
+    assert {'train_ce', 'train_metric'} <= set(row)
+    np.testing.assert_allclose(
+      row['train_loss'],
+      beta * row['train_metric'] + row['train_ce'],
+      rtol=1e-5,
+    )
+    assert row['train_metric'] > 0 and row['train_ce'] > 0
+    assert row['examples_per_second'] > 0 and row['rounds_per_second'] > 0
