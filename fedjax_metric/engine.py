@@ -142,7 +142,10 @@ class Algorithm(NamedTuple):
 
   How the methods of this library map onto the slots:
 
-  * FedProx, FedQuad, FedRCL, SupConFL: ``client_loss`` only.
+  * FedProx, FedRCL, FedSCL, SupConFL: ``client_loss`` only.
+  * FedQuad, QuadrupletFL, TripletFL: ``client_loss`` and the batch
+    schedules (``client_batches`` / ``cohort_batches``: each step's rows are
+    anchors, positives and negatives).
   * MOON: ``init_client`` (the previous local model), ``client_loss``,
     ``client_final`` (stores the new local model in the row).
   * SCAFFOLD: ``init_client`` (control variate c_i), ``init_server`` (c),
