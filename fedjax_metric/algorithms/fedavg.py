@@ -114,6 +114,13 @@ def make_ce_plus_term_loss(model, term_fn, weight=1.0):
   return client_loss
 
 
+def plain_sum_share(tree, weight):
+  """``tree / weight`` (0 where weight is 0), so the engine's weighted sum
+  of what a client returns is the plain sum over clients."""
+  safe = jnp.where(weight > 0, weight, 1.0)
+  return jax.tree.map(lambda x: jnp.where(weight > 0, x / safe, 0.0), tree)
+
+
 def refuse_weighting(algorithm: str, weighting: str, reason: str) -> None:
   """For an algorithm whose weights come from elsewhere: a
   ``server.weighting`` other than 'uniform' would be ignored, so it is an

@@ -15,6 +15,7 @@ per-example losses over a batch.
 import jax
 import jax.numpy as jnp
 
+from fedjax_metric.algorithms.fedavg import plain_sum_share  # noqa: F401
 from fedjax_metric.losses import masked_mean
 from fedjax_metric.models import split_variables
 
@@ -133,10 +134,3 @@ def check_choice(knob, value, choices):
       f'{knob} must be one of {choices}, got {value!r} '
       f'(--config.algorithm_kwargs.{knob}).'
     )
-
-
-def plain_sum_share(tree, weight):
-  """``tree / weight`` (0 where weight is 0), so the engine's weighted sum
-  of what a client returns is the plain sum over clients."""
-  safe = jnp.where(weight > 0, weight, 1.0)
-  return jax.tree.map(lambda x: jnp.where(weight > 0, x / safe, 0.0), tree)

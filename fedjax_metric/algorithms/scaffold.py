@@ -100,12 +100,10 @@ def make(model, *, server_optimizer, weighting='uniform'):
       num_steps=ctx.num_steps,
       learning_rate=ctx.learning_rate,
     )
-    # Divided by the weight, so the engine's weighted sum is the plain sum.
-    # A zero weight (a padding slot under example-count weighting) adds
-    # nothing to that sum: divide by 1 there rather than produce inf.
-    safe_weight = jnp.where(weight > 0, weight, 1.0)
-    control_delta = jax.tree.map(
-      lambda new, old: (new - old) / safe_weight, new_control, ctx.client_row
+    # Divided by the weight, so the engine's weighted sum is the plain sum
+    # (0 for a zero weight: a padding slot under example-count weighting).
+    control_delta = fedavg.plain_sum_share(
+      jax.tree.map(jnp.subtract, new_control, ctx.client_row), weight
     )
     return {'model': delta, 'control': control_delta}, weight, new_control
 
