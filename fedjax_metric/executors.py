@@ -35,6 +35,7 @@ import numpy as np
 
 from fedjax_metric import engine, memory, sharding
 from fedjax_metric.data.cohort import Cohort
+from fedjax_metric.host_loop import make_host_loop_round_fn
 
 EXECUTORS = ('auto', 'vmap', 'chunked', 'sequential', 'host')
 
@@ -48,7 +49,7 @@ def matmul_precision(precision: str):
   'default': the platform's float32 matmuls and convolutions (TF32 on recent
   NVIDIA GPUs: ~1e-3 relative error, the fastest float32 path); 'highest':
   full float32 everywhere; 'bf16': bfloat16 compute, float32 parameters and
-  optimizer state (train.build_model's ``compute_dtype``). On CPU the three
+  optimizer state (assemble.build_model's ``compute_dtype``). On CPU the three
   differ only in 'bf16'.
   """
   if precision not in PRECISIONS:
@@ -241,192 +242,6 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
   return round_fn
 
 
-class HostLoopFns(NamedTuple):
-  """The jitted pieces the ``host`` executor strings together."""
-
-  zero_accumulator: Callable
-  begin: Callable
-  steps: Callable
-  finish: Callable
-  whole_client: Callable
-  server: Callable
-
-
-def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
-  """A round as a Python loop over real slots of jitted unrolled step blocks.
-
-  Each slot: gather its row and start (one call), ``ceil(S / steps_per_call)``
-  calls of `engine.run_steps` (blocks whose steps are all padding are
-  skipped; they would be no-ops), then one call that computes the update,
-  scatters the row and adds ``weight * update`` into a running sum. When all
-  S steps fit one block, the three are fused into one call per slot
-  (``whole_client``): dispatch, not arithmetic, dominates small clients.
-  Memory stays O(model): no stacked [C, ...] updates exist. Every function
-  compiles once per run.
-  """
-
-  def begin_body(
-    server_state,
-    client_table,
-    client_id,
-    slot,
-    num_examples,
-    example_idx,
-    example_mask,
-    data,
-  ):
-    row = engine.gather_rows(client_table, client_id)
-    inputs = engine.client_inputs(
-      row, client_id, slot, num_examples, example_idx, example_mask
-    )
-    return inputs, engine.start_client(spec, data, server_state, inputs)
-
-  def steps_body(
-    server_state, inputs, carry, example_idx, example_mask, first_step, data
-  ):
-    return engine.run_steps(
-      spec,
-      data,
-      server_state,
-      inputs,
-      carry,
-      example_idx,
-      example_mask,
-      first_step,
-      unroll=unroll,
-    )
-
-  def finish_body(server_state, client_table, inputs, accumulator, carry, data):
-    update, weight, new_row, (loss_sum, count, terms) = engine.finish_client(
-      spec, data, server_state, inputs, carry
-    )
-    client_table = engine.scatter_rows(client_table, inputs.client_id, new_row)
-    update_sum, weight_sum, loss_total, count_total, term_totals = accumulator
-    accumulator = (
-      jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
-      weight_sum + weight,
-      loss_total + loss_sum,
-      count_total + count,
-      jax.tree.map(jnp.add, term_totals, terms),
-    )
-    return client_table, accumulator
-
-  @functools.partial(jax.jit, donate_argnums=(1, 2))
-  def whole_client(
-    server_state,
-    client_table,
-    accumulator,
-    client_id,
-    slot,
-    num_examples,
-    example_idx,
-    example_mask,
-    data,
-  ):
-    inputs, carry = begin_body(
-      server_state,
-      client_table,
-      client_id,
-      slot,
-      num_examples,
-      example_idx,
-      example_mask,
-      data,
-    )
-    carry = steps_body(
-      server_state,
-      inputs,
-      carry,
-      example_idx,
-      example_mask,
-      jnp.zeros((), jnp.int32),
-      data,
-    )
-    return finish_body(
-      server_state, client_table, inputs, accumulator, carry, data
-    )
-
-  @functools.partial(jax.jit, static_argnums=(3,))
-  def zero_accumulator(server_state, client_table, data, example_shape):
-    # Made on the device: a jnp.zeros here would be a host-to-device transfer.
-    # The outputs are distinct buffers, as `finish` donates them.
-    update, terms = engine.zero_update(
-      spec, data, server_state, client_table, example_shape
-    )
-    return (update, *(jnp.zeros((), jnp.float32) for _ in range(3)), terms)
-
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def server(server_state, client_table, cohort, accumulator):
-    return engine.finish_round(
-      spec, server_state, client_table, cohort, *accumulator
-    )
-
-  fns = HostLoopFns(
-    zero_accumulator,
-    jax.jit(begin_body),
-    jax.jit(steps_body),
-    jax.jit(finish_body, donate_argnums=(1, 3)),
-    whole_client,
-    server,
-  )
-
-  def round_fn(server_state, client_table, cohort: Cohort):
-    host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
-    num_steps = host.example_idx.shape[1]
-    k = min(steps_per_call, num_steps)
-    # Pad S to a multiple of k with all-padding steps, which are no-ops.
-    pad = (-num_steps) % k
-    example_idx = np.pad(host.example_idx, ((0, 0), (0, pad), (0, 0)))
-    example_mask = np.pad(host.example_mask, ((0, 0), (0, pad), (0, 0)))
-    accumulator = fns.zero_accumulator(
-      server_state, client_table, data, host.example_idx.shape[1:]
-    )
-    for slot in np.flatnonzero(host.slot_mask):
-      # One transfer per slot of its index arrays, which the round needs anyway.
-      client = (
-        host.client_ids[slot],
-        np.int32(slot),
-        host.num_examples[slot],
-        host.example_idx[slot],
-        host.example_mask[slot],
-      )
-      if num_steps + pad == k:
-        client_table, accumulator = fns.whole_client(
-          server_state, client_table, accumulator, *jax.device_put(client), data
-        )
-        continue
-      live_blocks = [
-        first
-        for first in range(0, num_steps + pad, k)
-        if example_mask[slot, first : first + k].any()
-      ]
-      client, blocks = jax.device_put(
-        (
-          client,
-          [
-            (
-              example_idx[slot, f : f + k],
-              example_mask[slot, f : f + k],
-              np.int32(f),
-            )
-            for f in live_blocks
-          ],
-        )
-      )
-      inputs, carry = fns.begin(server_state, client_table, *client, data)
-      for block in blocks:
-        carry = fns.steps(server_state, inputs, carry, *block, data)
-      client_table, accumulator = fns.finish(
-        server_state, client_table, inputs, accumulator, carry, data
-      )
-    return fns.server(
-      server_state, client_table, jax.device_put(host), accumulator
-    )
-
-  round_fn.fns = fns
-  return round_fn
-
-
 # Host and device memory the stacked cohorts of one call may take (their
 # index arrays are [R, C, S, B]); `choose_rounds_per_call` keeps R below it.
 STACKED_COHORT_BYTES = 64 * 1024**2
@@ -573,3 +388,75 @@ def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
 
   rounds_fn.jitted = jitted
   return rounds_fn
+
+
+def plan(
+  config,
+  choice: ExecutorChoice,
+  spec: engine.RoundSpec,
+  data: engine.DeviceData,
+  state,
+  cohort_for: Callable[[int], Cohort],
+  *,
+  rounds: tuple,
+  memory_budget: int,
+  num_slots: int,
+  mesh=None,
+  report=print,
+):
+  """How a run's rounds will be called: ``(choice, R, rounds_fn)``.
+
+  Fits the executor to ``memory_budget`` when it was chosen automatically
+  (`fit_to_memory`), picks R rounds per call from the evaluation and
+  checkpoint cadence (`choose_rounds_per_call`) and builds the call
+  (`make_rounds_fn`). ``state`` is ``(server_state, client_table)``;
+  ``cohort_for(round)`` builds a round's cohort (the first round's shapes
+  are every round's); ``rounds`` is ``(first round, end round)``; ``report``
+  prints each decision in one line.
+  """
+  start_round, end_round = rounds
+  num_devices = mesh.size if mesh is not None else 1
+
+  def memory_model():
+    return memory.chunk_memory_model(
+      spec,
+      data,
+      *state,
+      cohort_for(start_round).example_idx.shape[1:],
+      unroll=config.unroll,
+    )
+
+  if choice.fit_to_memory:
+    choice = fit_to_memory(
+      choice,
+      memory_model,
+      memory_budget=memory_budget,
+      num_slots=num_slots,
+      num_devices=num_devices,
+    )
+    report(f'Memory: executor={choice.name}; {choice.reason}.')
+  rounds_per_call, why = choose_rounds_per_call(
+    config.rounds_per_call,
+    choice,
+    boundaries=(
+      config.eval_every,
+      config.checkpoint_every,
+      start_round,
+      end_round,
+    ),
+    round_bytes=(
+      cohort_bytes(cohort_for(start_round)) if start_round < end_round else 0
+    ),
+  )
+  if rounds_per_call > 1:
+    report(f'{rounds_per_call} rounds per call: {why}.')
+  rounds_fn = make_rounds_fn(
+    spec,
+    data,
+    executor=choice,
+    rounds_per_call=rounds_per_call,
+    steps_per_call=config.steps_per_call,
+    unroll=config.unroll,
+    mesh=mesh,
+  )
+  return choice, rounds_per_call, rounds_fn

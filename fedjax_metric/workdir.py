@@ -1,22 +1,31 @@
-"""Reading a run back from its workdir: its config and its checkpoints.
+"""A run's workdir: what `train.run` writes there and how it is read back.
 
-`load_config` rebuilds the locked config from ``config.json`` (fields added
-to the library since keep their defaults, so older workdirs load too);
-`restore` rebuilds the run as `train.run` builds it and loads a checkpoint.
-Used by `fedjax_metric.load_run`, ``launch.evaluate`` and ``launch.report``.
+Writing (`train.run`): `write_json` (atomic), the resume checks
+(`check_resume_config`, `check_rounds`), metrics truncation on resume, the
+TensorBoard writer, the partition / participation files.
+Reading: `load_config` rebuilds the locked config from ``config.json``
+(fields added to the library since keep their defaults, so older workdirs
+load too); `restore` rebuilds the run with `assemble.build`, as `train.run`
+builds it, and loads a checkpoint. Used by `fedjax_metric.load_run`,
+``launch.evaluate`` and ``launch.report``.
 """
 
 import ast
 import json
 import os
 
+from absl import logging
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+import tqdm
 
-from fedjax_metric import engine, settings, train
-from fedjax_metric.data import augment, partition, sources
+from fedjax_metric import assemble, engine, faults, settings, validation
+from fedjax_metric.data import augment, participation, partition
+
+# Keys whose change between a run and its resumption is harmless.
+RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
 
 # Blocks a method config replaces as a whole (fedjax_metric/settings.py).
 _WHOLE_BLOCKS = ('model', 'algorithm_kwargs')
@@ -90,48 +99,14 @@ def restore(config, workdir, round_=None):
     preprocess), ``train`` / ``test`` (datasets), ``clients`` (index arrays),
     ``server_state``, ``client_table`` and ``round`` (the checkpoint's).
   """
-  ds = config.dataset
-  train_split = sources.load(ds.name, 'train', ds.data_dir or None)
-  test_split = sources.load(ds.name, 'test', ds.data_dir or None)
-  train_split, validation = sources.hold_out(
-    train_split, ds.get('validation_fraction', 0.0)
-  )
-  clients = train.make_partition(config, train_split.labels)
-  mean, std = augment.channel_stats(train_split.images)
-  preprocess = augment.make_preprocess(mean, std, 'none')
-  model = train.build_model(
-    config.model,
-    train_split.num_classes,
-    train_split.images.shape[1:],
-    config.precision,
-  )
-  variables = model.init(
-    jax.random.key(config.seed), preprocess(train_split.images[:1], None)
-  )
-  # The algorithm's state shapes as train.run made them (FedAU's table
-  # depends on the participation probabilities).
-  probs = np.full(
-    config.num_clients, config.clients_per_round / config.num_clients
-  )
-  counts = partition.class_counts(
-    train_split.labels, clients, train_split.num_classes
-  )
-  active = train.participation_mask(config, counts)
-  if active is not None:
-    probs = active[0]
-  algorithm = train.build_algorithm(config, model, probs)
-  server_state, client_table = engine.init_state(
-    algorithm,
-    variables,
-    config.num_clients,
-    key=jax.random.key(config.seed + 1),
-  )
   directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
   if not os.path.isdir(directory):
     raise FileNotFoundError(
       f"No checkpoints in {workdir}: is it a run's "
       'workdir (python -m launch.main --workdir=...)?'
     )
+  experiment = assemble.build(config)
+  server_state, client_table = assemble.initial_state(config, experiment)
   manager = ocp.CheckpointManager(directory)
   saved = list(manager.all_steps())
   round_ = manager.latest_step() if round_ is None else round_
@@ -149,13 +124,270 @@ def restore(config, workdir, round_=None):
   )
   manager.close()
   return dict(
-    model=model,
-    preprocess=preprocess,
-    train=train_split,
-    test=test_split,
-    validation=validation,
-    clients=clients,
+    model=experiment.eval_model,
+    preprocess=experiment.eval_preprocess,
+    train=experiment.train,
+    test=experiment.test,
+    validation=experiment.validation,
+    clients=experiment.clients,
     server_state=engine.ServerState(*restored['server_state']),
     client_table=restored['client_table'],
     round=int(round_),
   )
+
+
+# ---------------------------------------------------------------------------
+# Writing: what train.run keeps in the workdir.
+# ---------------------------------------------------------------------------
+
+
+def say(message):
+  """User-facing progress lines (stdout, above the progress bar)."""
+  if jax.process_index() == 0:
+    tqdm.tqdm.write(message)
+
+
+def write_json(path, obj):
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)  # Atomic: a crash never leaves half a file.
+
+
+def saved_rounds(workdir):
+  """Rounds with a checkpoint directory in the workdir (read or not)."""
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def check_resume_config(workdir, config):
+  """Refuses to resume a workdir written by a different experiment.
+
+  Differences are named by dotted path (``local.learning_rate``). A workdir
+  with neither a checkpoint nor a summary holds nothing a different config
+  could spoil (a start that failed, e.g. on a bad data_dir): it is started
+  over instead, without the previous attempt's outputs.
+  """
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = dict(validation.flatten(json.load(f)))
+  new = dict(validation.flatten(json.loads(config.to_json_best_effort())))
+  # Fields a newer version added are not in an older run's config.json: the
+  # run continues with their values (said once) instead of being refused.
+  added = sorted(set(new) - set(old))
+  if added:
+    say(
+      f'{workdir}/config.json predates the field(s) {", ".join(added[:5])}'
+      f'{" and more" if len(added) > 5 else ""}; resuming with their values '
+      'from this config.'
+    )
+  changed = sorted(
+    k
+    for k in old
+    if old[k] != new.get(k, '(absent)')
+    and k.split('.')[0] not in RESUMABLE_CHANGES
+  )
+  if not changed:
+    return
+  if not saved_rounds(workdir) and not os.path.exists(
+    os.path.join(workdir, 'summary.json')
+  ):
+    say(
+      f'{workdir}: an earlier attempt with another config left no '
+      'checkpoint; starting over.'
+    )
+    for name in ('partition.png', 'participation.json', 'participation.png'):
+      if os.path.exists(os.path.join(workdir, name)):
+        os.remove(os.path.join(workdir, name))
+    return
+  shown = ', '.join(
+    f'{k} ({old.get(k, "absent")} -> {new.get(k, "absent")})'
+    for k in changed[:5]
+  )
+  more = f' and {len(changed) - 5} more' if len(changed) > 5 else ''
+  raise validation.ConfigError(
+    f'{workdir} holds a run with a different config: {shown}{more}. Use a '
+    'new --workdir, or delete this one to start over.'
+  )
+
+
+def check_rounds(workdir, config):
+  """The finished run's summary when there is nothing left to do, else None.
+
+  Refuses a num_rounds below the rounds a workdir has already done: its
+  results would be of another length than asked for. A larger num_rounds
+  continues the run.
+  """
+  summary_path = os.path.join(workdir, 'summary.json')
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+    done = summary.get('rounds_completed')
+    if done == config.num_rounds:
+      say(f'{workdir} already holds a finished run; nothing to do.')
+      return summary
+    if done is not None and done > config.num_rounds:
+      raise validation.ConfigError(
+        f'{workdir} holds a run finished after {done} rounds; '
+        f'--config.num_rounds={config.num_rounds} asks for fewer. Its '
+        'metrics.jsonl has every evaluated round; for a shorter run, use a '
+        'new --workdir.'
+      )
+  rounds = saved_rounds(workdir)
+  if rounds and rounds[-1] > config.num_rounds:
+    raise validation.ConfigError(
+      f'{workdir} holds a checkpoint of round {rounds[-1]}, past '
+      f'--config.num_rounds={config.num_rounds}. Ask for at least '
+      f'{rounds[-1]} rounds, or use a new --workdir.'
+    )
+  return None
+
+
+def close_checkpoints(checkpoints):
+  """Waits for a save in flight and closes the manager; never raises, since
+  it runs while another error may be on its way to the user."""
+  try:
+    checkpoints.wait_until_finished()
+    checkpoints.close()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('Closing the checkpoint manager failed: %s', e)
+
+
+def previous_wall_time(checkpoints, start_round, metrics_path):
+  """Seconds the round loop ran in earlier sessions, up to ``start_round``.
+
+  Saved with each checkpoint; a checkpoint from before that was recorded
+  falls back on the last metrics row at or before it (which misses the
+  rounds between that evaluation and the checkpoint).
+  """
+  if not start_round:
+    return 0.0
+  try:
+    custom = checkpoints.metadata(start_round).custom_metadata or {}
+    if 'total_wall_time' in custom:
+      return float(custom['total_wall_time'])
+  except Exception:  # pylint: disable=broad-except
+    pass  # No step metadata: an older checkpoint.
+  if not os.path.exists(metrics_path):
+    return 0.0
+  with open(metrics_path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  rows = [r for r in rows if r['round'] <= start_round]
+  return float(
+    rows[-1].get('total_wall_time', rows[-1]['wall_time']) if rows else 0.0
+  )
+
+
+def truncate_metrics(path, last_round):
+  """Drops metric lines past the restored checkpoint (they will be redone)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = [line for line in lines if json.loads(line)['round'] <= last_round]
+  with open(path, 'w') as f:
+    f.writelines(kept)
+
+
+def make_summary_writer(workdir, start_round=0):
+  """TensorBoard scalars from ``start_round`` on (earlier events are kept,
+  later ones of a previous session dropped), or None without tensorboardX."""
+  try:
+    from fedjax_metric import event_log  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.warning('tensorboardX not installed: no TensorBoard events.')
+    return None
+  event_log.prune(workdir, start_round)
+  return event_log.ScalarWriter(workdir, f'.{os.getpid()}.{start_round}')
+
+
+def write_partition_files(workdir, config, experiment):
+  """partition.json (+ .png) and, under a participation pattern,
+  participation.json (+ .png): what the clients hold and when they train."""
+  train, clients, counts = (
+    experiment.train,
+    experiment.clients,
+    experiment.class_counts,
+  )
+  write_json(
+    os.path.join(workdir, 'partition.json'),
+    {
+      **partition.summarize(clients, train.labels),
+      'class_counts': counts.tolist(),
+    },
+  )
+  if config.plot_partition:
+    partition.plot_class_counts(
+      counts,
+      os.path.join(workdir, 'partition.png'),
+      title=f'{config.dataset.name}: '
+      f'{assemble.partition_label(config.partition)}',
+    )
+  active = experiment.active
+  if active is None:
+    return
+  write_json(
+    os.path.join(workdir, 'participation.json'),
+    {
+      'pattern': config.participation.pattern,
+      'probabilities': experiment.probabilities.tolist(),
+      'participation_rate': active.mean(0).tolist(),
+      'active_per_round': active.sum(1).tolist(),
+    },
+  )
+  participation.plot(
+    active,
+    os.path.join(workdir, 'participation.png'),
+    title=f'{config.participation.pattern} participation',
+  )
+
+
+def open_checkpoints(config, workdir, state, chief, cleanup):
+  """``(manager, restored round or None, state)``: the newest readable
+  checkpoint restored into ``state``'s layout (an unreadable one is moved
+  aside), and the manager that saves the next ones."""
+  checkpoint_dir = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+  server_state, client_table = state
+  restored_round, restored = faults.restore_newest_readable(
+    checkpoint_dir,
+    {'server_state': server_state, 'client_table': client_table},
+    workdir=workdir,
+    chief=chief,
+    report=say,
+  )
+  checkpoints = ocp.CheckpointManager(
+    checkpoint_dir,
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=config.keep_checkpoints,
+      create=True,
+      cleanup_tmp_directories=True,
+    ),
+    item_handlers=ocp.StandardCheckpointHandler(),
+  )
+  # On an error too: a save still in flight ends cleanly before the error
+  # is reported (no orbax traceback after it, no temporary directory).
+  cleanup.callback(close_checkpoints, checkpoints)
+  if restored_round is not None:
+    state = (
+      engine.ServerState(*restored['server_state']),
+      restored['client_table'],
+    )
+    say(f'Resuming {workdir} from round {restored_round}.')
+  return checkpoints, restored_round, state
+
+
+def append_metrics(metrics_path, writer, row):
+  """One evaluation row: a line of metrics.jsonl and, with a TensorBoard
+  ``writer``, its scalars at step ``row['round']``, flushed so that a run
+  killed later keeps this evaluation."""
+  with open(metrics_path, 'a') as f:
+    f.write(json.dumps(row) + '\n')
+  if writer:
+    for name, value in row.items():
+      if name != 'round':
+        writer.add_scalar(name, value, row['round'])
+    writer.flush()

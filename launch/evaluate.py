@@ -40,7 +40,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from fedjax_metric import executors, train
+from fedjax_metric import assemble, executors
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import augment
 from fedjax_metric.evaluation import protocols
@@ -78,7 +78,7 @@ def export(
     directory: created if missing.
     variables: the global variables (``{'params': ..., 'batch_stats': ...}``).
     config: the run's config (its ``model`` block and identity are saved).
-    num_classes, input_shape: what `train.build_model` needs to rebuild it.
+    num_classes, input_shape: what `assemble.build_model` needs to rebuild it.
     mean, std: [C] input scaling, ``x = (uint8 / 255 - mean) / std``.
     round_: the rounds of training behind these variables.
 
@@ -119,7 +119,7 @@ def load_export(directory, *, npz=False):
   """
   with open(os.path.join(directory, 'model.json')) as f:
     description = json.load(f)
-  model = train.build_model(
+  model = assemble.build_model(
     ml_collections.ConfigDict(description['model']),
     description['num_classes'],
     tuple(description['input_shape']),

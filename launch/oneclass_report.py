@@ -224,7 +224,7 @@ def untrained_auroc(seed, center_examples=1000, validation_fraction=0.0):
   import jax.numpy as jnp
 
   from configs import fedmetric
-  from fedjax_metric import engine, train
+  from fedjax_metric import assemble, engine
   from fedjax_metric.data import augment, sources
   from fedjax_metric.evaluation import oneclass
 
@@ -233,10 +233,10 @@ def untrained_auroc(seed, center_examples=1000, validation_fraction=0.0):
   train_set = sources.load('fashion_mnist', 'train')
   test_set = sources.load('fashion_mnist', 'test')
   train_set, _ = sources.hold_out(train_set, validation_fraction)
-  clients = train.make_partition(config, train_set.labels)
+  clients = assemble.make_partition(config, train_set.labels)
   mean, std = augment.channel_stats(train_set.images)
   preprocess = augment.make_preprocess(mean, std, 'none')
-  model = train.build_model(
+  model = assemble.build_model(
     config.model, train_set.num_classes, train_set.images.shape[1:]
   )
   variables = model.init(

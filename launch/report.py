@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fedjax_metric import train
+from fedjax_metric import assemble
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import augment, sources
 from fedjax_metric.evaluation import make_feature_fn
@@ -179,7 +179,7 @@ def compute_embeddings(
   test_split = sources.load(config.dataset.name, 'test', data_dir)
   mean, std = workdir_lib.input_scaling(config, train_split.images)
   preprocess = augment.make_preprocess(mean, std, 'none')
-  model = train.build_model(config.model, train_split.num_classes)
+  model = assemble.build_model(config.model, train_split.num_classes)
   # Restoring without a target needs no template, but init checks that the
   # config still builds the architecture the checkpoint holds.
   template = model.init(

@@ -18,7 +18,7 @@ grows with N). Per point:
     every backend. Compile time is the warm-up round minus the median.
   * overlapped seconds per round: the median of ``--rounds`` more rounds run
     as `train.run` runs them, the next round's cohort built in a thread while
-    the device runs this one (`train.prefetch`); what is left of "cohort s" in
+    the device runs this one (`cohort.prefetch`); what is left of "cohort s" in
     it is the cohort's share of a real run (``--nooverlap``: not measured).
   * peak host RSS (``getrusage``), and peak device memory where the backend
     reports it (GPU / TPU: ``memory_stats()['peak_bytes_in_use']``; CPU: none).
@@ -96,7 +96,6 @@ from fedjax_metric import (
   models,
   optimizers,
   sharding,
-  train,
 )
 from fedjax_metric.data import augment
 from fedjax_metric.data import cohort as cohort_lib
@@ -460,7 +459,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
     overlapped_times = []
     start = time.perf_counter()
     first = point.rounds + 1
-    for cohort in train.prefetch(
+    for cohort in cohort_lib.prefetch(
       cohort_for, range(first, first + point.rounds + 1)
     ):
       state, table, metrics = round_fn(state, table, place_cohort(cohort))

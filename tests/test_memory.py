@@ -10,6 +10,7 @@ from test_train import load_config
 
 from fedjax_metric import (
   algorithms,
+  assemble,
   engine,
   executors,
   memory,
@@ -143,7 +144,7 @@ def test_train_picks_the_chunk_size_from_the_budget(tmp_path):
   config.chunk_size = 0
   roomy = train.run(config, str(tmp_path / 'roomy'))
   assert roomy['executor'] == 'chunked'
-  assert roomy['chunk_size'] == train.num_cohort_slots(
+  assert roomy['chunk_size'] == assemble.num_cohort_slots(
     config, jax.device_count()
   )
 

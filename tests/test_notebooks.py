@@ -176,7 +176,7 @@ def test_participation_runs_on_tiny_settings(tiny_env, tmp_path):
       if name != 'fedavg':  # FedAU's K and PMFL's C.
         assert config['algorithm_kwargs']['cutoff'] == 50
     # One seed: the three methods saw the same clients in the same rounds,
-    # and the notebook's drawn mask (`train.participation_mask`) is theirs.
+    # and the notebook's drawn mask (`assemble.participation_mask`) is theirs.
     assert masks[0] == masks[1] == masks[2]
     probs, active = masks[0]['probabilities'], masks[0]['active_per_round']
     assert (

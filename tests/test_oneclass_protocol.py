@@ -16,7 +16,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 from test_oneclass_algorithms import DIM, SHAPE, LinearEmbedding
 
-from fedjax_metric import engine, models, train
+from fedjax_metric import assemble, engine, models, train
 from fedjax_metric.data import sources
 from fedjax_metric.evaluation import oneclass, protocols
 
@@ -300,16 +300,16 @@ def test_one_class_partition_errors(tmp_path):
   labels = np.repeat(np.arange(10), 5)
   config.num_clients = 25
   with pytest.raises(ValueError, match='Set --config.num_clients=10'):
-    train.one_class_partition(config, labels)
+    assemble.one_class_partition(config, labels)
   # Class 0 has 3 examples, too few for 4 clients.
   uneven = np.concatenate([labels[labels != 0], [0, 0, 0]])
   config.partition.clients_per_class = 4
   config.num_clients = 40
   with pytest.raises(ValueError, match='no data'):
-    train.one_class_partition(config, uneven)
+    assemble.one_class_partition(config, uneven)
   config.partition.clients_per_class = 2
   config.num_clients = 20
-  parts = train.one_class_partition(config, labels)
+  parts = assemble.one_class_partition(config, labels)
   assert [len(p) for p in parts] == [3] * 10 + [2] * 10
   # Through train.run: the error comes before any training.
   config.num_clients = 11
@@ -320,4 +320,4 @@ def test_one_class_partition_errors(tmp_path):
 def test_negative_scale_in_a_config_is_a_clear_error():
   config = load_config('fedmetric', 'runlocal,scale=-2.0')
   with pytest.raises(ValueError, match='scale.*>= 0'):
-    train.build_algorithm(config, lenet())
+    assemble.build_algorithm(config, lenet())

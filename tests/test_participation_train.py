@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import fedavg as fedavg_config
-from fedjax_metric import algorithms, executors, train
+from fedjax_metric import algorithms, assemble, executors, train
 from fedjax_metric.algorithms import fedau, fedavg
 from fedjax_metric.data import augment, sources
 
@@ -112,7 +112,7 @@ def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
   assert (tmp_path / 'participation.png').stat().st_size > 0
   with open(tmp_path / 'partition.json') as f:
     counts = np.asarray(json.load(f)['class_counts'])
-  probs, mask = train.participation_mask(config, counts)
+  probs, mask = assemble.participation_mask(config, counts)
   np.testing.assert_allclose(written['probabilities'], probs)
   assert written['active_per_round'] == mask.sum(1).tolist()
   # The seed gives both kinds of round; the checks below need them.
@@ -140,7 +140,7 @@ def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
     images = augment.make_preprocess(mean, std, 'none')(
       jnp.asarray(data.images), None
     )
-    model = train.build_model(
+    model = assemble.build_model(
       config.model, data.num_classes, data.images.shape[1:]
     )
     variables = final_server_state(tmp_path)['variables']
@@ -197,17 +197,17 @@ def test_build_algorithm_passes_run_facts(monkeypatch):
   config.algorithm = 'facts'
   config.num_rounds = 17
   config.algorithm_kwargs.knob = 3
-  train.build_algorithm(config, None, np.array([0.5, 0.25]))
+  assemble.build_algorithm(config, None, np.array([0.5, 0.25]))
   assert received['num_rounds'] == 17 and received['knob'] == 3
   np.testing.assert_array_equal(received['probabilities'], [0.5, 0.25])
   config.algorithm_kwargs.num_rounds = 5
   with pytest.raises(ValueError, match='num_rounds'):
-    train.build_algorithm(config, None)
+    assemble.build_algorithm(config, None)
   # A factory that does not declare them does not receive them.
   config.algorithm = 'fedavg'
   del config.algorithm_kwargs['num_rounds']
   del config.algorithm_kwargs['knob']
-  assert train.build_algorithm(config, None, np.ones(2)) is not None
+  assert assemble.build_algorithm(config, None, np.ones(2)) is not None
 
 
 def test_known_prob_run_uses_the_true_probabilities(tmp_path):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from fedjax_metric import assemble, validation
 from fedjax_metric import settings as common
-from fedjax_metric import train, validation
 from fedjax_metric.data import partition as P
 
 
@@ -194,7 +194,7 @@ def test_make_partition_uses_the_config(dist):
     power_law_exponent=0.8,
     min_size=30,
   )
-  got = train.make_partition(config, LABELS)
+  got = assemble.make_partition(config, LABELS)
   want = P.quantity(
     LABELS,
     6,
@@ -205,7 +205,7 @@ def test_make_partition_uses_the_config(dist):
     min_size=30,
   )
   assert [p.tolist() for p in got] == [p.tolist() for p in want]
-  assert train.partition_label(config.partition).startswith('quantity')
+  assert assemble.partition_label(config.partition).startswith('quantity')
 
 
 def test_validation_refuses_bad_quantity_fields():

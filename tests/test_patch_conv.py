@@ -110,7 +110,7 @@ def test_models_give_the_same_outputs_with_either_conv(name, kwargs):
 
 
 def test_auto_conv_impl_is_patches_except_in_the_host_loop():
-  from fedjax_metric import executors, train
+  from fedjax_metric import assemble, executors
   from fedjax_metric.models import fedquad_cnn
 
   choose = executors.choose_executor
@@ -123,11 +123,11 @@ def test_auto_conv_impl_is_patches_except_in_the_host_loop():
   assert [resolve('xla', True), resolve('patches', False)] == ['xla', 'patches']
   with pytest.raises(ValueError, match='conv_impl'):
     resolve('im2col', True)
-  # train.build_model resolves the config's 'auto' the same way.
+  # assemble.build_model resolves the config's 'auto' the same way.
   block = ml_collections.ConfigDict(
     dict(name='fedquad_cnn', widths=(4, 8, 8), conv_impl='auto')
   )
   for flag, expected in ((True, 'patches'), (False, 'xla')):
-    model = train.build_model(block, 10, (8, 8, 1), one_program=flag)
+    model = assemble.build_model(block, 10, (8, 8, 1), one_program=flag)
     assert isinstance(model.module, fedquad_cnn.FedQuadCNN)
     assert model.module.conv_impl == expected

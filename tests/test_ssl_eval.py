@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from configs import fedavg as fedavg_config
+from fedjax_metric import assemble
 from fedjax_metric import settings as common
 from fedjax_metric import train as train_lib
 from fedjax_metric import workdir as workdir_lib
@@ -217,7 +218,7 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
   assert 'batch_stats' in variables  # The ResNet-style encoder's BN.
   train_split = sources.load('digits', 'train')
   test_split = sources.load('digits', 'test')
-  clients = train_lib.make_partition(config, train_split.labels)
+  clients = assemble.make_partition(config, train_split.labels)
   pool = np.concatenate(clients)
 
   def embed(images):

@@ -13,7 +13,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from fedjax_metric import executors, train
+from fedjax_metric import assemble, executors, train
+from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -349,7 +350,7 @@ def test_run_with_sharded_vmap_equals_host_executor(tmp_path):
     # conv_impl='auto': batched matmuls where clients train together.
     assert summary['conv_impl'] == {'host': 'xla', 'vmap': 'patches'}[executor]
     finals[executor] = final_params(str(tmp_path / executor))
-  assert train.num_cohort_slots(config, 4) == 4
+  assert assemble.num_cohort_slots(config, 4) == 4
   for x, y in zip(jax_leaves(finals['host']), jax_leaves(finals['vmap'])):
     np.testing.assert_allclose(x, y, atol=1e-5)
 
@@ -388,7 +389,7 @@ def test_prefetch_yields_in_order_and_builds_ahead():
       building_4.set()
     return i * i
 
-  cohorts = train.prefetch(build, range(3, 7))
+  cohorts = cohort_lib.prefetch(build, range(3, 7))
   assert next(cohorts) == 9
   # While the caller holds round 3's cohort, round 4's is built in a thread.
   assert building_4.wait(timeout=10)

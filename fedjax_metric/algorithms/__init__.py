@@ -1,7 +1,7 @@
 """Algorithms by name. Each entry: ``make(model, *, server_optimizer, **kwargs)``.
 
 Keyword arguments come from the config's ``algorithm_kwargs`` block; an
-unknown keyword is an error (see train.build_algorithm).
+unknown keyword is an error (see assemble.build_algorithm).
 """
 
 import sys

@@ -270,7 +270,7 @@ def make(
     cutoff: FedAU's K, a positive int, or None for none (the released
       default K = 100000 has that effect; its README also runs K = 50).
     participation_probabilities: [N] true p_n, needed by 'known_prob' only;
-      train.build_algorithm passes the run's probabilities.
+      assemble.build_algorithm passes the run's probabilities.
   """
   fedavg.refuse_weighting(
     'fedau', weighting, 'every client counts by its omega_n alone'

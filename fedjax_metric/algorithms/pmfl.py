@@ -350,7 +350,7 @@ def make(
     cutoff: C, a positive int (50), or None for no cutoff.
     history_size: H, the global buffer's length (3); 1 turns the history
       mixing off (H - 1 = 0 past models).
-    num_rounds: T of Eq. 11; train.build_algorithm passes the run's
+    num_rounds: T of Eq. 11; assemble.build_algorithm passes the run's
       config.num_rounds (1000, SVHN's T in Section V-C, when called
       directly).
     normalize: 'num_clients' (default: the weighted sum divided by N, as

@@ -20,6 +20,7 @@ Shape letters: N clients in total, C cohort slots, R real clients in the
 cohort (R <= C), S local steps, B batch size, T examples of the R clients.
 """
 
+import concurrent.futures
 import math
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -433,3 +434,18 @@ def make_cohort(
       partition[client], labels, rng, **shape
     )
   return Cohort(ids, slot_mask, example_idx, example_mask, num_examples)
+
+
+def prefetch(fn, keys):
+  """Yields ``fn(k)`` for each k of ``keys``, computing the next in a thread.
+
+  The host builds the next call's cohorts (NumPy) while the device runs the
+  current call, so cohort building leaves the critical path.
+  """
+  keys = list(keys)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    pending = pool.submit(fn, keys[0]) if keys else None
+    for following in keys[1:] + [None]:
+      current = pending
+      pending = pool.submit(fn, following) if following is not None else None
+      yield current.result()
