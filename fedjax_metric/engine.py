@@ -11,211 +11,53 @@ A round maps ``(server_state, client_table, cohort)`` to the new
   ``server_update``.
 
 An `Algorithm` is seven pure functions and an optional host-side batch
-schedule, FedAvg's by default (algorithms/fedavg.py). This module holds the
-types, the initial state, local training of one client, the two
-single-program forms of a round (every slot vmapped at once, or a scan over
-chunks of vmapped slots) and R rounds as one program (a scan over rounds).
-How a round is run (jit, a Python loop over clients, chunk sizes, rounds per
+schedule, FedAvg's by default (algorithms/fedavg.py); its types live in
+contract.py and are re-exported here. This module holds the initial state,
+the client table, one client's local training (`client_update`) and the
+server step (`finish_round`). The round as one program (every slot vmapped,
+or a scan over chunks of them) and R rounds as one program are rounds.py;
+how a round is run (jit, a Python loop over clients, chunk sizes, rounds per
 call) is executors.py; memory budgets are memory.py; device meshes are
 sharding.py.
 
 Public API: the types `Algorithm`, `ClientContext`, `Batch`, `ServerState`,
-`Aggregate`, `RoundSpec`, `DeviceData`; `init_state`; the table and reduction
-`gather_rows`, `scatter_rows`, `weighted_sum`; `single_program_round` and
-`multi_round` (a scan of it over R rounds); and
-the pieces the host executor strings together: `client_inputs`,
-`start_client`, `run_steps`, `finish_client`, `finish_round`, `zero_update`.
+`Aggregate`, `RoundSpec`, `DeviceData` (from contract.py); `init_state`; the
+table and reduction `gather_rows`, `scatter_rows`, `weighted_sum`,
+`mask_slots`; `client_update` and the pieces the host executor cuts it into
+(`client_inputs`, `start_client`, `run_steps`, `finish_client`);
+`finish_round`, `zero_update`.
 
 Shape letters: N clients, C cohort slots, S local steps, B batch size.
 """
 
-import functools
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_metric.data.cohort import Cohort
+from fedjax_metric.contract import (  # re-exported: engine.Algorithm etc.
+  Aggregate as Aggregate,
+)
+from fedjax_metric.contract import (
+  Algorithm as Algorithm,
+)
+from fedjax_metric.contract import (
+  Batch as Batch,
+)
+from fedjax_metric.contract import (
+  ClientContext as ClientContext,
+)
+from fedjax_metric.contract import (
+  DeviceData as DeviceData,
+)
+from fedjax_metric.contract import (
+  RoundSpec as RoundSpec,
+)
+from fedjax_metric.contract import (
+  ServerState as ServerState,
+)
 from fedjax_metric.models import merge_variables, split_variables
-
-
-class ServerState(NamedTuple):
-  """Global state. ``extra`` is the algorithm's own (e.g. past global models)."""
-
-  variables: Any
-  opt_state: Any
-  round: jax.Array  # int32 scalar: rounds completed.
-  extra: Any = ()
-
-
-class Batch(NamedTuple):
-  images: jax.Array  # float [B, H, W, C], preprocessed (and augmented).
-  labels: jax.Array  # int32 [B]
-  mask: jax.Array  # bool [B]; False for padded examples.
-  raw_images: jax.Array  # uint8 [B, H, W, C]: for losses that draw their own
-  # augmented views (SSD); unused inputs cost nothing.
-
-
-class ClientContext(NamedTuple):
-  """Everything a client hook may read besides its params and batch.
-
-  Attributes:
-    server_state: the round's `ServerState` (global model, server extra).
-    client_row: this client's row of the client table, or ``()``.
-    local_state: what ``client_begin`` returned, as updated by
-      ``client_step_end``; ``()`` inside ``client_begin`` itself.
-    client_id: int32 scalar, the client's index in [0, N).
-    slot: int32 scalar, the client's position in this round's cohort.
-    key: PRNG key depending on (seed, round, client id, step) only.
-    step: int32 scalar, the local step (S in ``client_final``).
-    learning_rate: float32 scalar, the round's local learning rate (before a
-      per-local-epoch decay).
-    num_steps: float32 scalar, the client's real (non-padding) local steps
-      this round.
-    num_examples: float32 scalar, the client's dataset size n_k.
-    scan_batches: ``(fn, init) -> carry``: runs ``fn(carry, batch)`` over
-      this round's S batches of the client (a `lax.scan`; padded steps and
-      examples are masked, with the training preprocessing and a fixed key).
-      In epoch mode the first ceil(n_k / B) batches hold every local example
-      once: FedMetric computes its local center and radius this way.
-  """
-
-  server_state: ServerState
-  client_row: Any
-  local_state: Any
-  client_id: jax.Array
-  slot: jax.Array
-  key: jax.Array
-  step: jax.Array
-  learning_rate: jax.Array
-  num_steps: jax.Array
-  num_examples: jax.Array
-  scan_batches: Callable[..., Any]
-
-
-class Aggregate(NamedTuple):
-  """The cohort's contribution, already reduced over slots.
-
-  ``update_sum = sum_c w_c * update_c`` with ``w_c = 0`` for padding slots.
-  """
-
-  update_sum: Any
-  weight_sum: jax.Array
-  num_participants: jax.Array
-  client_ids: jax.Array  # [C]
-  slot_mask: jax.Array  # [C]
-
-
-class Algorithm(NamedTuple):
-  """A federated algorithm: pure functions, hyperparameters closed over.
-
-  Every client hook takes the `ClientContext`. FedAvg fills each slot
-  (algorithms/fedavg.py); a method replaces the slots it changes.
-
-  Attributes:
-    init_server: ``(variables, num_clients, key) -> ServerState``; owns the
-      server optimizer's state and the algorithm's ``extra``.
-    init_client: ``(variables, key) -> row`` for ONE client; the engine vmaps
-      it over N per-client keys into the client table. ``()`` when stateless.
-    client_begin: ``ctx -> (start_variables, local_state)``: the model the
-      client trains from (the global one, or a personal one from its row) and
-      the per-round state carried through its local steps.
-    client_loss: ``(params, model_state, batch, ctx) -> (loss, (model_state,
-      metrics))``, differentiated w.r.t. params; loss is a masked mean.
-    client_step_end: ``(ctx, params, model_state) -> local_state``, after each
-      real optimizer step (ctx.step is the step just taken).
-    client_final: ``(ctx, end_variables) -> (update, weight, new_row)``.
-    server_update: ``(server_state, aggregate, client_table) ->
-      server_state``; the table already holds this round's new rows.
-    client_batches: optional, host-side (NumPy): ``(example_indices, labels,
-      rng, *, num_steps, batch_size, local_epochs, local_steps) -> (idx [S, B'],
-      mask [S, B'])``, the client's batch schedule; None means
-      `cohort.client_batches`. FedQuad lays each step out as
-      [anchors | positives | negatives_1 | negatives_2].
-    cohort_batches: optional, host-side: the same schedule for a whole
-      cohort at once, used by ``cohort_sampler='vectorized'``: ``(clients:
-      cohort.CohortClients, labels, *, seed, round_idx, num_steps,
-      batch_size, local_epochs, local_steps) -> (idx [R, S, B'], mask)``;
-      None means `cohort.vectorized_batches`. An algorithm that sets
-      client_batches sets this too, or runs with the per-client sampler only.
-
-  How the methods of this library map onto the slots:
-
-  * FedProx, FedRCL, FedSCL, SupConFL: ``client_loss`` only.
-  * FedQuad, QuadrupletFL, TripletFL: ``client_loss`` and the batch
-    schedules (``client_batches`` / ``cohort_batches``: each step's rows are
-    anchors, positives and negatives).
-  * MOON: ``init_client`` (the previous local model), ``client_loss``,
-    ``client_final`` (stores the new local model in the row).
-  * SCAFFOLD: ``init_client`` (control variate c_i), ``init_server`` (c),
-    ``client_loss`` (adds <c - c_i, w>, whose gradient is the correction),
-    ``client_final`` (new c_i from ctx.learning_rate and ctx.num_steps; the
-    update carries both the model delta and the control delta),
-    ``server_update``.
-  * FedMetric: the server extra holds every client's latest proxy center and
-    margin, broadcast in ctx.server_state; ``client_begin`` computes the
-    client's center with the received model; ``client_final`` computes its
-    radius and new proxy and writes them to the row; ``server_update`` copies
-    the table's proxies into the extra. DeepSVDD: ``client_begin`` starts
-    from the client's own model in its row.
-  * PMFL: the row is a ring buffer of the client's last local models,
-    ``client_begin`` loads it into local_state, ``client_step_end`` pushes
-    the model after every step, ``client_final`` writes it back with a weight
-    from participation counters kept in the server extra; ``server_update``
-    advances the counters of all N clients and mixes in past global models
-    (also server extra).
-  * FedAU / MIFA / FedVarp: counters or the clients' last updates live in the
-    server extra or the table; ``server_update`` divides by N, not by the
-    cohort's weight.
-  * SSD: per-client scaling matrices in the server extra (made once by
-    ``init_server``), picked by ctx.client_id or ctx.slot; ``client_loss``
-    draws two augmented views of ``batch.raw_images`` with ctx.key;
-    ``client_final`` weights by ctx.num_steps (local batches).
-  """
-
-  init_server: Callable[..., Any]
-  init_client: Callable[..., Any]
-  client_begin: Callable[..., Any]
-  client_loss: Callable[..., Any]
-  client_step_end: Callable[..., Any]
-  client_final: Callable[..., Any]
-  server_update: Callable[..., Any]
-  client_batches: Optional[Callable[..., Any]] = None
-  cohort_batches: Optional[Callable[..., Any]] = None
-
-
-class RoundSpec(NamedTuple):
-  """Everything static a round needs, closed over by the jitted functions.
-
-  Attributes:
-    algorithm: the `Algorithm`.
-    client_optimizer: ``learning_rate -> optax.GradientTransformation``.
-    learning_rate: ``round -> local learning rate`` (an optax schedule).
-    preprocess: ``(images uint8 [B,H,W,C], key) -> float images``.
-    seed: base of every PRNG key.
-    local_epoch_decay: the local learning rate is multiplied by
-      ``local_epoch_decay ** e`` in local epoch e of a round (FedRCL's
-      per-epoch LambdaLR); 1.0 turns it off.
-    batch_size: examples per local epoch step (the configured B), for
-      counting epochs; 0 means the width of a step's rows. Differs from that
-      width when an algorithm lays several rows out per example (FedQuad's
-      4B-wide steps hold B anchors).
-  """
-
-  algorithm: Algorithm
-  client_optimizer: Callable[[Any], optax.GradientTransformation]
-  learning_rate: Callable[[Any], Any]
-  preprocess: Callable[..., Any]
-  seed: int
-  local_epoch_decay: float = 1.0
-  batch_size: int = 0
-
-
-class DeviceData(NamedTuple):
-  images: jax.Array  # uint8 [num_examples, H, W, C]
-  labels: jax.Array  # int32 [num_examples]
-
 
 # Fold-in values outside the range of step (and client) indices.
 _BEGIN_KEY, _FINAL_KEY, _SERVER_KEY = 2**31 - 1, 2**31 - 2, 2**31 - 3
@@ -625,194 +467,3 @@ def zero_update(spec, data, server_state, client_table, example_shape):
 
   shapes = jax.eval_shape(one_update, server_state, client_table, data)
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
-# ---------------------------------------------------------------------------
-# The round as one traceable function: all slots vmapped, or chunks of them.
-# ---------------------------------------------------------------------------
-
-
-def single_program_round(
-  spec: RoundSpec,
-  data,
-  server_state,
-  client_table,
-  cohort: Cohort,
-  *,
-  chunk_size: int = 0,
-  unroll: int | bool = 1,
-):
-  """The whole round as one traceable function (``vmap`` / ``chunked``).
-
-  ``chunk_size = 0`` vmaps all C slots; k > 0 scans over ceil(C / k) chunks of
-  k vmapped slots (`_chunked_round`; k = 1 is the sequential form).
-  """
-  if chunk_size:
-    return _chunked_round(
-      spec,
-      data,
-      server_state,
-      client_table,
-      cohort,
-      chunk_size=chunk_size,
-      unroll=unroll,
-    )
-  slots = jnp.arange(cohort.client_ids.shape[0], dtype=jnp.int32)
-  client_table, *sums = _vmapped_slots(
-    spec, data, server_state, client_table, cohort, slots, unroll=unroll
-  )
-  return finish_round(spec, server_state, client_table, cohort, *sums)
-
-
-def multi_round(
-  spec: RoundSpec,
-  data,
-  server_state,
-  client_table,
-  cohorts: Cohort,
-  *,
-  chunk_size: int = 0,
-  unroll: int | bool = 1,
-):
-  """R rounds as one traceable function: a ``lax.scan`` of
-  `single_program_round` over the leading [R] axis of ``cohorts``.
-
-  Every key, learning rate and schedule inside a round is a function of
-  ``server_state.round``, which each round advances, so R rounds here
-  compute what R separate calls compute; the host only returns every R
-  rounds (to evaluate, log, checkpoint). Why: with tiny rounds (one local
-  step of a few clients) the host round trip, not the arithmetic, is the
-  cost of a round.
-
-  Args:
-    cohorts: a `Cohort` whose leaves have a leading [R] axis (round r's
-      cohort at index r).
-
-  Returns:
-    ``(server_state, client_table, metrics)``; each metric has shape [R].
-  """
-
-  def one_round(carry, cohort):
-    state, table = carry
-    state, table, metrics = single_program_round(
-      spec, data, state, table, cohort, chunk_size=chunk_size, unroll=unroll
-    )
-    return (state, table), metrics
-
-  (server_state, client_table), metrics = jax.lax.scan(
-    one_round, (server_state, client_table), cohorts
-  )
-  return server_state, client_table, metrics
-
-
-def _vmapped_slots(
-  spec: RoundSpec,
-  data,
-  server_state,
-  client_table,
-  cohort: Cohort,
-  slots,
-  *,
-  unroll,
-):
-  """Trains the cohort's slots side by side (vmap) and reduces over them.
-
-  Returns ``(client_table with the new rows, update_sum, weight_sum,
-  loss_sum, example_count, term_sums)``; padding slots get weight 0 and
-  write no row.
-  """
-  rows = gather_rows(client_table, cohort.client_ids)
-  per_client = functools.partial(
-    client_update, spec, data, server_state, unroll=unroll
-  )
-  updates, weights, new_rows, (loss_sums, counts, term_sums) = jax.vmap(
-    per_client
-  )(
-    rows,
-    cohort.client_ids,
-    slots,
-    cohort.example_idx,
-    cohort.example_mask,
-    cohort.num_examples,
-  )
-  # Padding is removed by selection, not by a zero weight: 0 * inf is NaN,
-  # and a hook may divide by a padding slot's zero example count.
-  weights = jnp.where(cohort.slot_mask, weights, 0.0)
-  updates = mask_slots(cohort.slot_mask, updates)
-  return (
-    scatter_rows(client_table, cohort.client_ids, new_rows),
-    weighted_sum(weights, updates),
-    jnp.sum(weights),
-    jnp.sum(loss_sums),
-    jnp.sum(counts),
-    jax.tree.map(jnp.sum, term_sums),
-  )
-
-
-def _pad_cohort(cohort: Cohort, num_slots: int) -> Cohort:
-  """Appends padding slots up to ``num_slots``: no steps, no weight.
-
-  Their client id is int32 max: out of range, so gathers clip and scatters
-  drop, as for the cohort's own padding slots.
-  """
-  pad = num_slots - cohort.client_ids.shape[0]
-  if pad == 0:
-    return cohort
-
-  def pad_leaf(x, value):
-    widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
-    return jnp.pad(x, widths, constant_values=value)
-
-  return cohort._replace(
-    client_ids=pad_leaf(cohort.client_ids, jnp.iinfo(jnp.int32).max),
-    slot_mask=pad_leaf(cohort.slot_mask, False),
-    example_idx=pad_leaf(cohort.example_idx, 0),
-    example_mask=pad_leaf(cohort.example_mask, False),
-    num_examples=pad_leaf(cohort.num_examples, 0),
-  )
-
-
-def _chunked_round(
-  spec: RoundSpec,
-  data,
-  server_state,
-  client_table,
-  cohort: Cohort,
-  *,
-  chunk_size: int,
-  unroll: int | bool = 1,
-):
-  """The round as a scan over chunks of k vmapped slots.
-
-  Memory is O(k * one client's training + model + client table) for any C:
-  each chunk's weighted updates are summed into the scan carry and its rows
-  scattered into the table before the next chunk runs, so no [C, ...] stack
-  of updates exists. Chunk j holds slots j, j + m, j + 2m, ... (m = C / k):
-  with the clients axis sharded over D devices and D | k, every chunk has
-  k / D slots on each device, so all devices work at every scan step.
-  """
-  k = chunk_size
-  num_slots = cohort.client_ids.shape[0]
-  num_chunks = -(-num_slots // k)
-  padded = _pad_cohort(cohort, num_chunks * k)
-  slots = jnp.arange(num_chunks * k, dtype=jnp.int32)
-  # [C, ...] -> [k, m, ...] -> [m, k, ...]: the scan runs over m chunks.
-  chunks = jax.tree.map(
-    lambda x: jnp.swapaxes(x.reshape((k, num_chunks) + x.shape[1:]), 0, 1),
-    (padded, slots),
-  )
-
-  def one_chunk(carry, chunk):
-    table, *sums = carry
-    table, *chunk_sums = _vmapped_slots(
-      spec, data, server_state, table, *chunk, unroll=unroll
-    )
-    return (table, *jax.tree.map(jnp.add, sums, chunk_sums)), None
-
-  zero = jnp.zeros((), jnp.float32)
-  update_zeros, term_zeros = zero_update(
-    spec, data, server_state, client_table, cohort.example_idx.shape[1:]
-  )
-  carry = (client_table, update_zeros, zero, zero, zero, term_zeros)
-  (client_table, *sums), _ = jax.lax.scan(one_chunk, carry, chunks)
-  return finish_round(spec, server_state, client_table, cohort, *sums)

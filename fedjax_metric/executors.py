@@ -1,6 +1,6 @@
 """How a round runs: executors, and the one place ``executor='auto'`` is chosen.
 
-All executors compute the same function (`engine.single_program_round`);
+All executors compute the same function (`rounds.single_program_round`);
 tests/test_engine.py proves it:
 
   * ``vmap``: every slot at once, the whole round one jitted XLA program, the
@@ -15,7 +15,7 @@ tests/test_engine.py proves it:
     single program cannot.
 
 Rounds per call: the single-program executors can also run R rounds as one
-program (`engine.multi_round`, a scan over rounds), so that the host returns
+program (`rounds.multi_round`, a scan over rounds), so that the host returns
 only to evaluate, log and checkpoint; `choose_rounds_per_call` picks R from
 the run's cadence and `make_rounds_fn` builds the call.
 
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import engine, memory, sharding
+from fedjax_metric import engine, memory, rounds, sharding
 from fedjax_metric.data.cohort import Cohort
 from fedjax_metric.host_loop import make_host_loop_round_fn
 
@@ -232,7 +232,7 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
   """
 
   jitted = _jit_program(
-    engine.single_program_round, spec, chunk_size=chunk_size, unroll=unroll
+    rounds.single_program_round, spec, chunk_size=chunk_size, unroll=unroll
   )
 
   def round_fn(server_state, client_table, cohort):
@@ -311,7 +311,7 @@ def make_rounds_fn(
   ``cohorts`` is a list of R = ``rounds_per_call`` host (NumPy) cohorts,
   rounds t .. t + R - 1; each metric comes back with shape [R]. With R > 1
   and a single-program executor the R rounds are one jitted program
-  (`engine.multi_round`; ``.jitted`` is exposed); otherwise the one-round
+  (`rounds.multi_round`; ``.jitted`` is exposed); otherwise the one-round
   function of `make_round_fn` is called R times. Both give the same result.
   With a ``mesh`` the cohorts are split over its clients axis.
   """
@@ -350,7 +350,7 @@ def make_rounds_fn(
 
 
 def _jit_program(program, spec, *, chunk_size, unroll):
-  """``program`` (`engine.single_program_round` or `engine.multi_round`)
+  """``program`` (`rounds.single_program_round` or `rounds.multi_round`)
   jitted as ``(server_state, client_table, cohort(s), data)``, the state
   donated. The dataset is an argument, not a closure: a closed-over array
   would be baked into the program as a constant."""
@@ -373,7 +373,7 @@ def _jit_program(program, spec, *, chunk_size, unroll):
 def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
   """`make_rounds_fn` for R > 1 rounds in one single-program call."""
   jitted = _jit_program(
-    engine.multi_round, spec, chunk_size=choice.chunk_size, unroll=unroll
+    rounds.multi_round, spec, chunk_size=choice.chunk_size, unroll=unroll
   )
 
   def rounds_fn(server_state, client_table, cohorts):
@@ -398,7 +398,7 @@ def plan(
   state,
   cohort_for: Callable[[int], Cohort],
   *,
-  rounds: tuple,
+  round_range: tuple,
   memory_budget: int,
   num_slots: int,
   mesh=None,
@@ -411,10 +411,10 @@ def plan(
   checkpoint cadence (`choose_rounds_per_call`) and builds the call
   (`make_rounds_fn`). ``state`` is ``(server_state, client_table)``;
   ``cohort_for(round)`` builds a round's cohort (the first round's shapes
-  are every round's); ``rounds`` is ``(first round, end round)``; ``report``
+  are every round's); ``round_range`` is ``(first round, end round)``; ``report``
   prints each decision in one line.
   """
-  start_round, end_round = rounds
+  start_round, end_round = round_range
   num_devices = mesh.size if mesh is not None else 1
 
   def memory_model():

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import engine
+from fedjax_metric import engine, rounds
 from fedjax_metric.data.cohort import Cohort
 
 
@@ -110,7 +110,7 @@ def chunk_memory_model(
   def total(k):
     round_fn = jax.jit(
       functools.partial(
-        engine.single_program_round, spec, chunk_size=k, unroll=unroll
+        rounds.single_program_round, spec, chunk_size=k, unroll=unroll
       ),
       donate_argnums=(1, 2),
     )

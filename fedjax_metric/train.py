@@ -217,7 +217,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     data,
     (server_state, client_table),
     cohort_for,
-    rounds=(start_round, end_round),
+    round_range=(start_round, end_round),
     memory_budget=memory_budget,
     num_slots=num_slots,
     mesh=mesh,

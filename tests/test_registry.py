@@ -68,7 +68,7 @@ def test_registered_algorithm_trains_and_executors_agree(name):
 
 @pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
 def test_rounds_in_one_program_equal_round_by_round(name):
-  """Three rounds as one program (`engine.multi_round`, a scan over rounds)
+  """Three rounds as one program (`rounds.multi_round`, a scan over rounds)
   give the state and per-round losses of three one-round calls, for every
   algorithm: cohorts of different sizes and a round nobody joins (what a
   participation pattern produces), client tables and server extras
