@@ -20,12 +20,13 @@ seeds: docs/results/oneclass.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.ONE_CLASS_ARGS, eps=0.1, lr=0.001)
-  c = common.one_class_setting(arg)
+  arg = common.parse_arg(arg, **papers.ONE_CLASS_ARGS, eps=0.1, lr=0.001)
+  c = papers.one_class_setting(arg)
   c.algorithm = 'deepsvdd'
   c.local.learning_rate = arg.lr
   c.algorithm_kwargs = ml_collections.ConfigDict(dict(eps=arg.eps))

@@ -15,10 +15,10 @@ aggregation weighted by local batches, 'ssl' evaluation.
 Results: docs/results/unsupervised.md.
 """
 
-from fedjax_metric import settings as common
+from fedjax_metric import paper_settings as papers
 
 
 def get_config(arg=None):
-  return common.ssl_config(
+  return papers.ssl_config(
     arg, 'fedalignuniform', drop_last_cross_silo=True, uniform_weight=1.0
   )

@@ -20,14 +20,15 @@ width, dataset, runlocal. Results: docs/results/participation.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
   arg = common.parse_arg(
-    arg, aggregation='adaptive', cutoff=0, **common.PARTICIPATION_ARGS
+    arg, aggregation='adaptive', cutoff=0, **papers.PARTICIPATION_ARGS
   )
-  c = common.participation_setting(arg)
+  c = papers.participation_setting(arg)
   c.algorithm = 'fedau'
   c.algorithm_kwargs = ml_collections.ConfigDict(
     {'aggregation': arg.aggregation, 'cutoff': arg.cutoff or None}

@@ -22,10 +22,11 @@ resnet18 | moon_cnn), dataset, runlocal; with it, that setting's arguments.
 Results: docs/results/fedavg.md.
 """
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
-  c, arg = common.setting_config(arg)
+  c, arg = papers.setting_config(arg)
   c.algorithm = 'fedavg'
   return common.finalize(c, arg)

@@ -21,14 +21,15 @@ seeds: docs/results/oneclass.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
   arg = common.parse_arg(
-    arg, **common.ONE_CLASS_ARGS, lr=0.1, spreadout_steps=1, lr_multiplier=10.0
+    arg, **papers.ONE_CLASS_ARGS, lr=0.1, spreadout_steps=1, lr_multiplier=10.0
   )
-  c = common.one_class_setting(arg)
+  c = papers.one_class_setting(arg)
   c.algorithm = 'fedaws'
   c.local.learning_rate = arg.lr
   c.algorithm_kwargs = ml_collections.ConfigDict(

@@ -12,11 +12,11 @@ cross-entropy), in SSD's setting (fedjax_metric/settings.py, `ssl_setting`).
 Results: docs/results/unsupervised.md.
 """
 
-from fedjax_metric import settings as common
+from fedjax_metric import paper_settings as papers
 
 
 def get_config(arg=None):
-  return common.ssl_config(
+  return papers.ssl_config(
     arg,
     'feddecorr',
     drop_last_cross_silo=True,

@@ -36,13 +36,14 @@ docs/results/oneclass.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
   arg = common.parse_arg(
     arg,
-    **common.ONE_CLASS_ARGS,
+    **papers.ONE_CLASS_ARGS,
     negatives='proxy',
     lam=0.3,
     scale=-1.0,
@@ -53,7 +54,7 @@ def get_config(arg=None):
     paper=False,
     rescale=False,
   )
-  c = common.one_class_setting(arg)
+  c = papers.one_class_setting(arg)
   c.algorithm = 'fedmetric'
   c.local.learning_rate = arg.lr
   if arg.paper:

@@ -18,11 +18,12 @@ Arguments: central, model (small_cnn | fedquad_cnn | resnet18 | moon_cnn),
 dataset, runlocal.
 """
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
-  c, arg = common.setting_config(arg)
+  c, arg = papers.setting_config(arg)
   c.algorithm = 'fedprox'
   c.algorithm_kwargs.mu = 0.01
   return common.finalize(c, arg)

@@ -27,12 +27,13 @@ runlocal. Results (multi-seed, Fashion-MNIST, CPU): docs/results/metric_learning
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, no_ce=False, **common.FEDQUAD_ARGS)
-  c = common.fedquad_setting(arg)
+  arg = common.parse_arg(arg, no_ce=False, **papers.FEDQUAD_ARGS)
+  c = papers.fedquad_setting(arg)
   c.algorithm = 'fedquad'
   c.algorithm_kwargs = ml_collections.ConfigDict(
     dict(

@@ -22,12 +22,13 @@ runlocal. Results: docs/results/fedrcl.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.FEDRCL_ARGS)
-  c = common.fedrcl_setting(arg)
+  arg = common.parse_arg(arg, **papers.FEDRCL_ARGS)
+  c = papers.fedrcl_setting(arg)
   c.algorithm = 'fedscl'
   c.algorithm_kwargs = ml_collections.ConfigDict(
     dict(temperature=0.05, form='code')

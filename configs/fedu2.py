@@ -13,11 +13,11 @@ up to 10 local epochs for small clients).
 Results: docs/results/unsupervised.md.
 """
 
-from fedjax_metric import settings as common
+from fedjax_metric import paper_settings as papers
 
 
 def get_config(arg=None):
-  return common.ssl_config(
+  return papers.ssl_config(
     arg,
     'fedu2',
     temperature=0.07,

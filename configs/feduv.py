@@ -20,14 +20,15 @@ seeds: docs/results/oneclass.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
   arg = common.parse_arg(
-    arg, **common.ONE_CLASS_ARGS, lr=0.1, codewords='auto', squared=False
+    arg, **papers.ONE_CLASS_ARGS, lr=0.1, codewords='auto', squared=False
   )
-  c = common.one_class_setting(arg)
+  c = papers.one_class_setting(arg)
   c.algorithm = 'feduv'
   c.local.learning_rate = arg.lr
   c.algorithm_kwargs = ml_collections.ConfigDict(

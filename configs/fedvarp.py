@@ -13,11 +13,12 @@ Arguments: pattern, normalize, rounds, eval_every, width, dataset, runlocal.
 Results: docs/results/participation.md.
 """
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.PARTICIPATION_ARGS)
-  c = common.participation_setting(arg)
+  arg = common.parse_arg(arg, **papers.PARTICIPATION_ARGS)
+  c = papers.participation_setting(arg)
   c.algorithm = 'fedvarp'
   return common.finalize(c, arg)

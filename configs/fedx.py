@@ -10,8 +10,8 @@ relational (cross knowledge distillation) losses, in SSD's setting
 Results: docs/results/unsupervised.md.
 """
 
-from fedjax_metric import settings as common
+from fedjax_metric import paper_settings as papers
 
 
 def get_config(arg=None):
-  return common.ssl_config(arg, 'fedx', temperature=0.1)
+  return papers.ssl_config(arg, 'fedx', temperature=0.1)

@@ -10,10 +10,10 @@ setting (fedjax_metric/settings.py, `ssl_setting`).
 Results: docs/results/unsupervised.md.
 """
 
-from fedjax_metric import settings as common
+from fedjax_metric import paper_settings as papers
 
 
 def get_config(arg=None):
-  return common.ssl_config(
+  return papers.ssl_config(
     arg, 'l_dawa', scope='layer', warmup_rounds=3, temperature=0.07
   )

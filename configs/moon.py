@@ -29,6 +29,7 @@ docs/results/fedrcl.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 PROJECTION_DIM = 256  # MOON's out_dim (released main.py default).
@@ -37,11 +38,11 @@ PROJECTION_DIM = 256  # MOON's out_dim (released main.py default).
 def get_config(arg=None):
   setting = common.peek_arg(arg, 'setting')
   if setting == 'fedrcl':
-    arg = common.parse_arg(arg, setting='', **common.FEDRCL_ARGS)
-    c = common.fedrcl_setting(arg)
+    arg = common.parse_arg(arg, setting='', **papers.FEDRCL_ARGS)
+    c = papers.fedrcl_setting(arg)
   elif setting in ('', 'fedquad'):
-    arg = common.parse_arg(arg, setting='', **common.FEDQUAD_ARGS)
-    c = common.fedquad_setting(arg)
+    arg = common.parse_arg(arg, setting='', **papers.FEDQUAD_ARGS)
+    c = papers.fedquad_setting(arg)
   else:
     raise ValueError(
       f"setting must be '', 'fedquad' or 'fedrcl', got {setting!r}."

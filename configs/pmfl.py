@@ -21,14 +21,15 @@ docs/results/participation.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
   arg = common.parse_arg(
-    arg, cutoff=50, threshold='previous', **common.PARTICIPATION_ARGS
+    arg, cutoff=50, threshold='previous', **papers.PARTICIPATION_ARGS
   )
-  c = common.participation_setting(arg)
+  c = papers.participation_setting(arg)
   c.algorithm = 'pmfl'
   c.algorithm_kwargs = ml_collections.ConfigDict(
     {

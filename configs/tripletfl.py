@@ -24,12 +24,13 @@ docs/results/metric_learning.md.
 
 import ml_collections
 
+from fedjax_metric import paper_settings as papers
 from fedjax_metric import settings as common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, **common.FEDQUAD_ARGS)
-  c = common.fedquad_setting(arg)
+  arg = common.parse_arg(arg, **papers.FEDQUAD_ARGS)
+  c = papers.fedquad_setting(arg)
   c.algorithm = 'tripletfl'
   c.algorithm_kwargs = ml_collections.ConfigDict(
     dict(beta=0.5, margin=1.0, squared=False)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from configs import fedavg as fedavg_config
-from fedjax_metric import assemble
+from fedjax_metric import assemble, paper_settings
 from fedjax_metric import settings as common
 from fedjax_metric import train as train_lib
 from fedjax_metric import workdir as workdir_lib
@@ -178,7 +178,7 @@ def test_importing_launch_evaluate_defines_no_flags():
 
 
 def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
-  config = common.ssl_config('runlocal', 'ssd')
+  config = paper_settings.ssl_config('runlocal', 'ssd')
   config.num_rounds = 1
   config.num_clients = 2
   config.clients_per_round = 2
