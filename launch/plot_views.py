@@ -4,7 +4,7 @@ r"""Draws SimCLR two-view augmentations (SSD / FedU2) for a visual check.
   python -m launch.plot_views --order=fedu2 --output=/tmp/fedu2_views.png
 
 Two panels, each a grid of ``--num_images`` rows x [original, view 1,
-view 2], made by `augment.make_two_view_augment` (the crop, flip, colour
+view 2], made by `views.make_two_view_augment` (the crop, flip, colour
 jitter and grayscale of Fang et al., 'Soft Separation and Distillation:
 Toward Global Uniformity in Federated Unsupervised Learning', ICCV 2025):
 
@@ -29,7 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
 
-from fedjax_metric.data import augment, sources
+from fedjax_metric.data import sources, views
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('output', 'docs/results/ssl_views.png', 'PNG to write.')
@@ -38,7 +38,7 @@ flags.DEFINE_integer('seed', 0, 'Seed of the images chosen and the views.')
 flags.DEFINE_enum(
   'order',
   'ssd',
-  list(augment.VIEW_ORDERS),
+  list(views.VIEW_ORDERS),
   'Augmentation order (and default crop scale).',
 )
 flags.DEFINE_string(
@@ -58,7 +58,7 @@ def grayscale_images(num: int, seed: int, fashion_mnist_dir: str):
   except (sources.DatasetNotFoundError, FileNotFoundError, OSError):
     ds = sources.load('digits', 'test')
     name = 'digits (8x8 -> 32x32 bilinear)'
-    upsample = jax.vmap(lambda x: augment.resized_crop(x, 0, 0, 8, 8, (32, 32)))
+    upsample = jax.vmap(lambda x: views.resized_crop(x, 0, 0, 8, 8, (32, 32)))
     images = np.round(np.asarray(upsample(jnp.asarray(ds.images))) * 255.0)
     images = images.astype(np.uint8)
   # One image per class first, so the rows differ.
@@ -122,10 +122,10 @@ def main(argv):
   num = FLAGS.num_images
   gray, gray_name = grayscale_images(num, FLAGS.seed, FLAGS.fashion_mnist_dir)
   colour = synthetic_colour_images(num, FLAGS.seed)
-  views = jax.jit(augment.make_two_view_augment(order=FLAGS.order))
+  two_views = jax.jit(views.make_two_view_augment(order=FLAGS.order))
   gray_key, colour_key = jax.random.split(jax.random.key(FLAGS.seed))
-  gray_views = views(jnp.asarray(gray), gray_key)
-  colour_views = views(jnp.asarray(colour), colour_key)
+  gray_views = two_views(jnp.asarray(gray), gray_key)
+  colour_views = two_views(jnp.asarray(colour), colour_key)
 
   fig = Figure(figsize=(7.2, 1.2 * num + 0.9))
   FigureCanvasAgg(fig)

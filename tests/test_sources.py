@@ -19,7 +19,7 @@ import tiny_tfds
 
 from configs import fedavg
 from fedjax_metric import validation
-from fedjax_metric.data import sources
+from fedjax_metric.data import sources, tfds_source
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -387,7 +387,7 @@ def test_tfds_array_record_dataset_loads_without_tensorflow(
   def no_tensorflow(*args):
     raise AssertionError(f'TensorFlow path taken: {args[1:]}')
 
-  monkeypatch.setattr(sources, '_read_with_tensorflow', no_tensorflow)
+  monkeypatch.setattr(tfds_source, '_read_with_tensorflow', no_tensorflow)
   sources.check_available(tiny_tfds.NAME, tfds_dir)
   for split, size in tiny_tfds.SIZES.items():
     ds = sources.load(tiny_tfds.NAME, split, data_dir=tfds_dir)
@@ -449,7 +449,7 @@ def test_tfds_record_format_without_tensorflow_is_a_clear_error(
     json.dump(info, f)
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(
-    sources.importlib.util,
+    tfds_source.importlib.util,
     'find_spec',
     lambda name, *a: None if name == 'tensorflow' else find_spec(name, *a),
   )

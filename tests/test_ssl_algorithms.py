@@ -25,8 +25,8 @@ import pytest
 from fedjax_metric import algorithms, engine, optimizers
 from fedjax_metric.algorithms import fedalignuniform as fau
 from fedjax_metric.algorithms import fedu2, fedx, l_dawa, ssd
-from fedjax_metric.data import augment
 from fedjax_metric.data import cohort as cohort_lib
+from fedjax_metric.data import views
 from fedjax_metric.models import make_model_fns
 
 SERVER = optimizers.make_server_optimizer('sgd')
@@ -244,7 +244,7 @@ def assert_grads_close(got, want, atol=2e-4):
 
 def views_np(raw, key, order='ssd'):
   with jax.default_matmul_precision(HIGHEST):
-    v1, v2 = augment.make_two_view_augment(order=order)(jnp.asarray(raw), key)
+    v1, v2 = views.make_two_view_augment(order=order)(jnp.asarray(raw), key)
   return np.asarray(v1, np.float64), np.asarray(v2, np.float64)
 
 

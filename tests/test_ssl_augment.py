@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric.data import augment
+from fedjax_metric.data import views
 
 LUMA = (0.299, 0.587, 0.114)
 
@@ -31,7 +31,7 @@ def _binomial_ok(count, n, p, sigmas=5.0):
 
 
 _boxes = jax.jit(
-  jax.vmap(augment.sample_crop_box, in_axes=(0, None, None, None, None)),
+  jax.vmap(views.sample_crop_box, in_axes=(0, None, None, None, None)),
   static_argnums=(1, 2, 3, 4),
 )
 
@@ -108,7 +108,7 @@ def test_crop_box_distribution_matches_torchvision_loop():
 )
 def test_crop_box_falls_back_to_a_centre_crop(height, width, expected):
   # Area fractions >= 2 never fit, so all 10 candidates fail.
-  box = augment.sample_crop_box(
+  box = views.sample_crop_box(
     jax.random.key(2), height, width, (2.0, 3.0), (3 / 4, 4 / 3)
   )
   assert tuple(int(v) for v in box) == expected
@@ -164,7 +164,7 @@ def test_resized_crop_matches_numpy_bilinear(box, out_size):
   image = _image(4, (9, 11, 3))
   ref = _numpy_resized_crop(image / 255.0, *box, *out_size)
   with jax.default_matmul_precision('highest'):
-    out = jax.jit(augment.resized_crop, static_argnums=5)(
+    out = jax.jit(views.resized_crop, static_argnums=5)(
       jnp.asarray(image), *box, out_size
     )
   assert out.dtype == jnp.float32 and out.shape == out_size + (3,)
@@ -175,7 +175,7 @@ def test_random_resized_crop_is_resized_crop_of_the_sampled_box():
   image = _image(5, (12, 12, 3))
   keys = jax.random.split(jax.random.key(6), 4)
   boxes = np.stack(_boxes(keys, 12, 12, (0.08, 1.0), (3 / 4, 4 / 3)), axis=1)
-  crops = jax.jit(jax.vmap(augment.random_resized_crop, in_axes=(None, 0)))(
+  crops = jax.jit(jax.vmap(views.random_resized_crop, in_axes=(None, 0)))(
     jnp.asarray(image), keys
   )
   for box, crop in zip(boxes, crops, strict=True):
@@ -193,7 +193,7 @@ def test_flip_rate_and_values(p):
   keys = jax.random.split(jax.random.key(7), n)
   out = np.asarray(
     jax.jit(
-      jax.vmap(lambda k: augment.horizontal_flip(jnp.asarray(image), k, p=p))
+      jax.vmap(lambda k: views.horizontal_flip(jnp.asarray(image), k, p=p))
     )(keys)
   )
   x = image.astype(np.float32) / np.float32(255.0)
@@ -211,7 +211,7 @@ def test_grayscale_rate_and_luma(p):
   with jax.default_matmul_precision('highest'):
     out = np.asarray(
       jax.jit(
-        jax.vmap(lambda k: augment.random_grayscale(jnp.asarray(image), k, p=p))
+        jax.vmap(lambda k: views.random_grayscale(jnp.asarray(image), k, p=p))
       )(keys)
     )
   x = image.astype(np.float64) / 255.0
@@ -228,7 +228,7 @@ def test_grayscale_rate_and_luma(p):
 
 def test_grayscale_is_a_no_op_for_one_channel_images():
   image = _image(10, (5, 5, 1))
-  out = augment.random_grayscale(jnp.asarray(image), jax.random.key(0), p=1.0)
+  out = views.random_grayscale(jnp.asarray(image), jax.random.key(0), p=1.0)
   np.testing.assert_array_equal(out, image / np.float32(255.0))
 
 
@@ -248,27 +248,27 @@ def test_brightness_contrast_saturation_match_formulas():
   luma = sum(w * x[..., c] for c, w in enumerate(LUMA))
   for f in (0.0, 0.3, 1.0, 1.7):
     np.testing.assert_allclose(
-      augment.adjust_brightness(xj, f), np.clip(f * x, 0, 1), atol=1e-6
+      views.adjust_brightness(xj, f), np.clip(f * x, 0, 1), atol=1e-6
     )
     np.testing.assert_allclose(
-      augment.adjust_contrast(xj, f),
+      views.adjust_contrast(xj, f),
       np.clip(f * x + (1 - f) * luma.mean(), 0, 1),
       atol=1e-6,
     )
     np.testing.assert_allclose(
-      augment.adjust_saturation(xj, f),
+      views.adjust_saturation(xj, f),
       np.clip(f * x + (1 - f) * luma[..., None], 0, 1),
       atol=1e-6,
     )
   # 1 channel: contrast blends with the plain mean, saturation does nothing.
   g = x[..., :1]
   np.testing.assert_allclose(
-    augment.adjust_contrast(jnp.asarray(g), 0.4),
+    views.adjust_contrast(jnp.asarray(g), 0.4),
     np.clip(0.4 * g + 0.6 * g.mean(), 0, 1),
     atol=1e-6,
   )
   np.testing.assert_allclose(
-    augment.adjust_saturation(jnp.asarray(g), 0.4), g, atol=1e-7
+    views.adjust_saturation(jnp.asarray(g), 0.4), g, atol=1e-7
   )
 
 
@@ -284,7 +284,7 @@ def test_hue_matches_colorsys(shift):
     for j in range(x.shape[1]):
       h, s, v = colorsys.rgb_to_hsv(*x[i, j])
       ref[i, j] = colorsys.hsv_to_rgb((h + shift) % 1.0, s, v)
-  out = augment.adjust_hue(jnp.asarray(x, jnp.float32), shift)
+  out = views.adjust_hue(jnp.asarray(x, jnp.float32), shift)
   np.testing.assert_allclose(out, ref, atol=2e-6)
 
 
@@ -307,7 +307,7 @@ def test_jitter_is_the_identity_at_zero_strength_or_probability(kwargs):
   expected = image.astype(np.float32) / np.float32(255.0)
   keys = jax.random.split(jax.random.key(14), 8)
   out = jax.jit(
-    jax.vmap(lambda k: augment.color_jitter(jnp.asarray(image), k, **kwargs))
+    jax.vmap(lambda k: views.color_jitter(jnp.asarray(image), k, **kwargs))
   )(keys)
   for o in out:
     np.testing.assert_array_equal(o, expected)
@@ -320,7 +320,7 @@ def test_jitter_factor_range_and_apply_rate():
   keys = jax.random.split(jax.random.key(15), n)
   jitter = jax.jit(
     jax.vmap(
-      lambda k: augment.color_jitter(
+      lambda k: views.color_jitter(
         jnp.asarray(x, jnp.float32),
         k,
         brightness=0.8,
@@ -354,17 +354,17 @@ def test_jitter_order_is_random_per_example():
   x = jnp.asarray(_float_image(16, (4, 4, 3)), jnp.float32)
   c, h = 0.5, 0.25
   hue_then_contrast = np.asarray(
-    augment.adjust_contrast(augment.adjust_hue(x, h), c)
+    views.adjust_contrast(views.adjust_hue(x, h), c)
   )
   contrast_then_hue = np.asarray(
-    augment.adjust_hue(augment.adjust_contrast(x, c), h)
+    views.adjust_hue(views.adjust_contrast(x, c), h)
   )
   assert not np.allclose(hue_then_contrast, contrast_then_hue, atol=1e-3)
   keys = jax.random.split(jax.random.key(17), 200)
   out = np.asarray(
     jax.jit(
       jax.vmap(
-        lambda k: augment.color_jitter(
+        lambda k: views.color_jitter(
           x, k, brightness=0, contrast=(c, c), saturation=0, hue=(h, h), p=1.0
         )
       )
@@ -379,9 +379,9 @@ def test_jitter_order_is_random_per_example():
 def test_jitter_rejects_bad_strengths():
   x = jnp.zeros((2, 2, 3))
   with pytest.raises(ValueError, match='hue'):
-    augment.color_jitter(x, jax.random.key(0), hue=0.7)
+    views.color_jitter(x, jax.random.key(0), hue=0.7)
   with pytest.raises(ValueError, match='brightness'):
-    augment.color_jitter(x, jax.random.key(0), brightness=-0.1)
+    views.color_jitter(x, jax.random.key(0), brightness=-0.1)
 
 
 # ------------------------------------------------------------------ pipeline
@@ -391,7 +391,7 @@ def test_jitter_rejects_bad_strengths():
 def test_pipeline_is_the_identity_without_randomness(order, channels):
   images = np.stack([_image(s, (8, 8, channels)) for s in range(3)])
   augment_fn = jax.jit(
-    augment.make_two_view_augment(
+    views.make_two_view_augment(
       crop_scale=(1.0, 1.0),
       crop_ratio=(1.0, 1.0),
       jitter_p=0.0,
@@ -411,7 +411,7 @@ def test_pipeline_is_the_identity_without_randomness(order, channels):
 def test_pipeline_applies_flip_and_grayscale_probabilities(order):
   images = np.stack([_image(s, (6, 7, 3)) for s in range(2)])
   augment_fn = jax.jit(
-    augment.make_two_view_augment(
+    views.make_two_view_augment(
       crop_scale=(1.0, 1.0),
       crop_ratio=(7 / 6, 7 / 6),
       jitter=(0, 0, 0, 0),
@@ -432,7 +432,7 @@ def test_pipeline_applies_flip_and_grayscale_probabilities(order):
 def test_views_are_deterministic_in_the_key_and_independent(channels):
   image = _image(20, (8, 8, channels))
   images = jnp.asarray(np.stack([image] * 4))  # One image, four times.
-  augment_fn = jax.jit(augment.make_two_view_augment())
+  augment_fn = jax.jit(views.make_two_view_augment())
   a1, a2 = augment_fn(images, jax.random.key(1))
   b1, b2 = augment_fn(images, jax.random.key(1))
   c1, _ = augment_fn(images, jax.random.key(2))
@@ -452,27 +452,27 @@ def test_fedu2_order_defaults_to_its_crop_scale():
   key = jax.random.key(3)
   no_jitter = (0, 0, 0, 0)  # Skipped at trace time: a small program.
   default = jax.jit(
-    augment.make_two_view_augment(order='fedu2', jitter=no_jitter)
+    views.make_two_view_augment(order='fedu2', jitter=no_jitter)
   )(images, key)
   explicit = jax.jit(
-    augment.make_two_view_augment(
+    views.make_two_view_augment(
       order='fedu2', jitter=no_jitter, crop_scale=(0.2, 1.0)
     )
   )(images, key)
   np.testing.assert_array_equal(default[0], explicit[0])
   np.testing.assert_array_equal(default[1], explicit[1])
   with pytest.raises(ValueError, match='order'):
-    augment.make_two_view_augment(order='simclr')
+    views.make_two_view_augment(order='simclr')
 
 
 def test_out_size_and_vmap_over_keys():
   images = jnp.asarray(np.stack([_image(s, (8, 8, 3)) for s in range(2)]))
   view1, view2 = jax.jit(
-    augment.make_two_view_augment(out_size=(6, 10), jitter=(0, 0, 0, 0))
+    views.make_two_view_augment(out_size=(6, 10), jitter=(0, 0, 0, 0))
   )(images, jax.random.key(4))
   assert view1.shape == view2.shape == (2, 6, 10, 3)
   # The per-example op vmaps over keys as well as images.
-  crops = jax.jit(jax.vmap(augment.random_resized_crop, in_axes=(None, 0)))(
+  crops = jax.jit(jax.vmap(views.random_resized_crop, in_axes=(None, 0)))(
     images[0], jax.random.split(jax.random.key(5), 3)
   )
   assert crops.shape == (3, 8, 8, 3)

@@ -40,8 +40,8 @@ import numpy as np
 
 from fedjax_metric import engine, losses
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.data import augment as augment_lib
 from fedjax_metric.data import cohort as cohort_lib
+from fedjax_metric.data import views
 
 WEIGHTINGS = ('num_batches', 'num_examples', 'uniform')
 
@@ -60,11 +60,11 @@ def check_positive(name, value, *, allow_zero=True):
 def make_views(order='ssd'):
   """``(uint8 images [B, H, W, C], key) -> (view1, view2)``, float 0..1.
 
-  SimCLR's two views (`fedjax_metric.data.augment.make_two_view_augment`)
+  SimCLR's two views (`fedjax_metric.data.views.make_two_view_augment`)
   in SSD's order (crop -> flip -> jitter -> grayscale, crop scale (0.08, 1))
   or FedU2's ('fedu2': crop scale (0.2, 1), flip last).
   """
-  return augment_lib.make_two_view_augment(order=order)
+  return views.make_two_view_augment(order=order)
 
 
 def two_view_forward(model, params, model_state, raw_images, mask, key, views):

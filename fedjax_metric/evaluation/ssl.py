@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric.data import augment
+from fedjax_metric.data import views
 from fedjax_metric.evaluation import downstream, representation
 from fedjax_metric.evaluation import forward as forward_lib
 
@@ -55,8 +55,8 @@ def make_finetune_augment(*, scale=(0.64, 1.0), ratio=(1.0, 1.0), flip_p=0.5):
 
   def one(image, key):
     k_crop, k_flip = jax.random.split(key)
-    x = augment.random_resized_crop(image, k_crop, scale=scale, ratio=ratio)
-    return augment.horizontal_flip(x, k_flip, p=flip_p)
+    x = views.random_resized_crop(image, k_crop, scale=scale, ratio=ratio)
+    return views.horizontal_flip(x, k_flip, p=flip_p)
 
   def batch_augment(images, key):
     return jax.vmap(one)(images, jax.random.split(key, images.shape[0]))
