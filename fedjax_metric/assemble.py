@@ -18,7 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric import algorithms, engine, executors, models, optimizers
-from fedjax_metric.data import augment, participation, partition, sources
+from fedjax_metric.data import (
+  augment,
+  participation,
+  partition,
+  quantity,
+  sources,
+)
 from fedjax_metric.data import cohort as cohort_lib
 
 
@@ -42,7 +48,7 @@ def make_partition(config, labels):
   if p.method == 'one_class':
     return one_class_partition(config, labels)
   if p.method == 'quantity':
-    return partition.quantity(
+    return quantity.quantity(
       labels,
       n,
       seed=config.seed,

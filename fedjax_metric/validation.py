@@ -21,6 +21,7 @@ from fedjax_metric.data import (
   cohort,
   participation,
   partition,
+  quantity,
   sources,
 )
 from fedjax_metric.evaluation import protocols
@@ -132,7 +133,7 @@ RULES: Dict[str, Check] = {
   'partition.method': _one_of(
     ('iid', 'dirichlet', 'shards', 'one_class', 'quantity')
   ),
-  'partition.size_distribution': _one_of(partition.SIZE_DISTRIBUTIONS),
+  'partition.size_distribution': _one_of(quantity.SIZE_DISTRIBUTIONS),
   'partition.power_law_exponent': _number(0.0),
   'partition.alpha': _number(0.0, low_open=True),
   'partition.variant': _one_of(partition.VARIANTS),
@@ -319,7 +320,7 @@ def _check_dataset(config) -> None:
       (f'--config.partition.min_size={p.min_size} per client'),
     )
     if p.size_distribution == 'power_law' and need <= size:
-      smallest = partition.power_law_sizes(
+      smallest = quantity.power_law_sizes(
         size, config.num_clients, p.power_law_exponent
       )[-1]
       if smallest < max(p.min_size, 1):

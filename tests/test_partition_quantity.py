@@ -14,6 +14,7 @@ from scipy import stats
 from fedjax_metric import assemble, validation
 from fedjax_metric import settings as common
 from fedjax_metric.data import partition as P
+from fedjax_metric.data import quantity as Q
 
 
 def _labels(counts, seed=0):
@@ -26,11 +27,11 @@ LABELS = _labels([700, 500, 600, 400, 800, 300, 600, 500, 400, 200])  # 5000
 
 
 def _dirichlet(labels, seed, **kw):
-  return P.quantity(labels, 6, seed=seed, distribution='dirichlet', **kw)
+  return Q.quantity(labels, 6, seed=seed, distribution='dirichlet', **kw)
 
 
 def _power_law(labels, seed, **kw):
-  return P.quantity(labels, 6, seed=seed, distribution='power_law', **kw)
+  return Q.quantity(labels, 6, seed=seed, distribution='power_law', **kw)
 
 
 @pytest.mark.parametrize('make', [_dirichlet, _power_law])
@@ -62,7 +63,7 @@ def test_dirichlet_sizes_follow_the_beta_marginal():
   labels = np.zeros(n, dtype=np.int64)
   shares = np.array(
     [
-      [len(p) / n for p in P.quantity(labels, num_clients, seed=s, alpha=alpha)]
+      [len(p) / n for p in Q.quantity(labels, num_clients, seed=s, alpha=alpha)]
       for s in range(300)
     ]
   )  # [seeds, J]
@@ -82,7 +83,7 @@ def test_dirichlet_min_size_resamples_the_whole_draw():
   labels = np.zeros(400, dtype=np.int64)
   for seed in range(20):
     sizes = [
-      len(p) for p in P.quantity(labels, 10, seed=seed, alpha=1.0, min_size=15)
+      len(p) for p in Q.quantity(labels, 10, seed=seed, alpha=1.0, min_size=15)
     ]
     assert min(sizes) >= 15 and sum(sizes) == 400
 
@@ -106,19 +107,19 @@ def _zipf_counts(n, num_clients, exponent):
 )
 def test_power_law_sizes_match_a_hand_computation(n, num_clients, exponent):
   labels = np.zeros(n, dtype=np.int64)
-  parts = P.quantity(
+  parts = Q.quantity(
     labels, num_clients, seed=1, distribution='power_law', exponent=exponent
   )
   assert sorted((len(p) for p in parts), reverse=True) == _zipf_counts(
     n, num_clients, exponent
   )
-  assert P.power_law_sizes(n, num_clients, exponent).tolist() == (
+  assert Q.power_law_sizes(n, num_clients, exponent).tolist() == (
     _zipf_counts(n, num_clients, exponent)
   )
 
 
 def test_power_law_slope_and_random_assignment():
-  sizes = P.power_law_sizes(10**6, 40, 1.3).astype(np.float64)
+  sizes = Q.power_law_sizes(10**6, 40, 1.3).astype(np.float64)
   slope = np.polyfit(np.log(np.arange(1, 41)), np.log(sizes), 1)[0]
   assert abs(slope + 1.3) < 0.01
   # Which client is the largest is uniform over clients across seeds.
@@ -163,12 +164,12 @@ def test_labels_within_clients_are_iid(make):
 )
 def test_impossible_inputs_name_the_fix(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    P.quantity(LABELS, 6, seed=0, **kwargs)
+    Q.quantity(LABELS, 6, seed=0, **kwargs)
 
 
 def test_more_clients_than_examples_is_refused():
   with pytest.raises(ValueError, match='every client needs at least one'):
-    P.quantity(LABELS[:5], 6, seed=0)
+    Q.quantity(LABELS[:5], 6, seed=0)
 
 
 def _config(**partition):
@@ -195,7 +196,7 @@ def test_make_partition_uses_the_config(dist):
     min_size=30,
   )
   got = assemble.make_partition(config, LABELS)
-  want = P.quantity(
+  want = Q.quantity(
     LABELS,
     6,
     seed=config.seed,
