@@ -28,7 +28,7 @@ from fedjax_metric import settings as common
 from fedjax_metric import train as train_lib
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import sources
-from fedjax_metric.evaluation import downstream
+from fedjax_metric.evaluation import downstream, semi_supervised
 from fedjax_metric.evaluation import ssl as ssl_eval
 from fedjax_metric.models import make_model_fns
 from launch import evaluate as evaluate_lib
@@ -122,7 +122,7 @@ def test_final_metrics_and_their_inputs(monkeypatch):
     quality_examples=15,
   )
   tuned = []
-  real_fine_tune = downstream.fine_tune
+  real_fine_tune = semi_supervised.fine_tune
 
   def spy(model_apply, variables, images, labels, *args, **kwargs):
     tuned.append((np.asarray(images), np.asarray(labels)))
@@ -130,7 +130,7 @@ def test_final_metrics_and_their_inputs(monkeypatch):
       model_apply, variables, images, labels, *args, **kwargs
     )
 
-  monkeypatch.setattr(downstream, 'fine_tune', spy)
+  monkeypatch.setattr(semi_supervised, 'fine_tune', spy)
   _, final = ssl_eval.make_ssl_evaluator(model, train, test, clients, config)
   with jax.default_matmul_precision('highest'):
     metrics = final(variables)

@@ -2,10 +2,8 @@
 
 from fedjax_metric.evaluation.classification import make_evaluate_fn  # noqa: F401
 from fedjax_metric.evaluation.downstream import (
-  fine_tune,  # noqa: F401
   knn_accuracy,  # noqa: F401
   linear_probe,  # noqa: F401
-  stratified_subset,  # noqa: F401
 )
 from fedjax_metric.evaluation.oneclass import (
   auroc,  # noqa: F401
@@ -23,4 +21,8 @@ from fedjax_metric.evaluation.representation import (
   vci,  # noqa: F401
   within_between_ratio,  # noqa: F401
   within_class_trace,  # noqa: F401
+)
+from fedjax_metric.evaluation.semi_supervised import (
+  fine_tune,  # noqa: F401
+  stratified_subset,  # noqa: F401
 )

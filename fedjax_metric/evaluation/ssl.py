@@ -16,7 +16,7 @@ server.py, utils/evaluate.py, linear_eval.py, semi_eval.py):
     launch.evaluate``): the linear probe (`downstream.linear_probe`, raw
     frozen encoder features of the same training data, Adam 3e-3, 200
     epochs), semi-supervised fine-tuning on stratified 1% and 10% of the
-    labels (`downstream.fine_tune`, best of four evaluations), and the
+    labels (`semi_supervised.fine_tune`, best of four evaluations), and the
     uniformity (Eq. 4; `representation.uniformity`, t = 2, on L2-normalised
     features; lower is more uniform, the paper reports -L_uniform) and
     effective rank (App. A.2, Roy & Vetterli; `representation.
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric.data import views
-from fedjax_metric.evaluation import downstream, representation
+from fedjax_metric.evaluation import downstream, representation, semi_supervised
 from fedjax_metric.evaluation import forward as forward_lib
 
 
@@ -176,10 +176,10 @@ def make_ssl_evaluator(
     )
     metrics = {'linear_probe_accuracy': probe['accuracy']}
     for fraction in e.finetune_fractions:
-      labelled = downstream.stratified_subset(
+      labelled = semi_supervised.stratified_subset(
         pool_labels, fraction, seed=e.finetune_seed
       )
-      tuned = downstream.fine_tune(
+      tuned = semi_supervised.fine_tune(
         model.apply,
         variables,
         pool_images[labelled],
