@@ -27,7 +27,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
-	$(PY) -m launch.bench
+	$(PY) -m benchmarks.bench
 
 clean:
 	rm -rf runs .pytest_cache

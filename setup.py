@@ -60,7 +60,7 @@ setuptools.setup(
     # tensorflow-cpu: only for datasets prepared in TFDS's default TFRecord
     # format; `--file_format=array_record` ones load with TFDS alone.
     'tfds': ['tensorflow-datasets', 'tensorflow-cpu'],
-    # The PyTorch per-client loop that launch/bench.py compares against.
+    # The PyTorch per-client loop that benchmarks/bench.py compares against.
     # 2.13.0 is the CPU build this project's machines carry on disk.
     'bench': ['torch==2.13.0'],
   },

@@ -142,7 +142,7 @@ def resolve_conv_impl(conv_impl: str, one_program: bool) -> str:
   per-client weights turns each convolution into a grouped one (a group per
   client), and on CPU XLA runs convolutions inside loops with its generic
   kernel instead of XNNPACK; the matmul form avoids both. Measured with
-  launch.bench on the 2-core CPU (benchmarks/cpu.md), 10 steps of 32: small
+  benchmarks.bench on the 2-core CPU (benchmarks/cpu.md), 10 steps of 32: small
   CNN at 10 clients, vmap 0.20 s with patches vs 0.51 s (nn.Conv, steps
   unrolled) or 2.39 s (in the loop), sequential 0.13 s vs 2.6 s; FedQuad CNN
   vmap 4.7 s vs 22.8 s. The host loop keeps nn.Conv (0.15-0.20 s vs 0.22 s

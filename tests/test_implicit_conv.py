@@ -194,7 +194,7 @@ def test_lowered_for_cuda_holds_triton_kernels_and_no_patches():
 def _fedquad_run(form, *, num_clients, examples_per_client):
   """A FedAvg run of the FedQuad CNN on synthetic 8x8x3 data, with
   convolution form ``form``."""
-  from launch import scaling  # pylint: disable=g-import-not-at-top
+  from benchmarks import scaling  # pylint: disable=g-import-not-at-top
 
   return scaling.synthetic_run(
     'fedavg',
@@ -211,7 +211,7 @@ def test_bench_counts_the_same_flops_for_every_conv_form():
   """The bench's TFLOP/s credit the model's arithmetic as nn.Conv writes it:
   XLA counts no FLOPs inside a Pallas kernel, and the implicit form would
   otherwise look ~4x cheaper than it is (0.002 vs 0.008 TFLOP/s seen)."""
-  from launch import scaling  # pylint: disable=g-import-not-at-top
+  from benchmarks import scaling  # pylint: disable=g-import-not-at-top
 
   counts = {}
   for form in ('xla', 'patches', 'implicit'):
@@ -234,8 +234,8 @@ def test_vmapped_round_same_result_with_every_conv_form():
   jax_disable_most_optimizations this failed, the first two blocks'
   updates differing by tens of percent between forms, until
   layers.pool_2x2 chose its maxima in the forward pass.)"""
+  from benchmarks import scaling  # pylint: disable=g-import-not-at-top
   from fedjax_metric import engine, executors  # pylint: disable=g-import-not-at-top
-  from launch import scaling  # pylint: disable=g-import-not-at-top
 
   updates, losses = {}, {}
   for form in ('xla', 'patches', 'implicit'):

@@ -1,10 +1,10 @@
-"""launch/profile_round.py: HLO parsing, the tables, and a tiny traced run."""
+"""benchmarks/profile_round.py: HLO parsing, the tables, and a tiny traced run."""
 
 from absl import flags
 import jax
 import pytest
 
-from launch import profile_round
+from benchmarks import profile_round
 
 # A hand-written excerpt in the form `compiled.as_text()` prints.
 CONV_SOURCE = (

@@ -1,4 +1,4 @@
-"""launch/scaling.py: its pure pieces, a tiny grid point, and the notebook.
+"""benchmarks/scaling.py: its pure pieces, a tiny grid point, and the notebook.
 
 The notebook test executes notebooks/scaling.ipynb without Jupyter: the code
 cells, in order, joined into one script and run by a fresh Python process with
@@ -20,8 +20,8 @@ import jax
 import numpy as np
 import pytest
 
+from benchmarks import cohort_bench, scaling
 from fedjax_metric.data import cohort as cohort_lib
-from launch import cohort_bench, scaling
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'scaling.ipynb')
@@ -161,7 +161,7 @@ def test_table_rows_for_measured_and_skipped_points():
     ],
     device='Test CPU, 2 cores',
     backend='cpu',
-    command='python -m launch.scaling',
+    command='python -m benchmarks.scaling',
   )
   lines = section.strip().splitlines()
   columns = len(scaling.COLUMNS) + 1
@@ -172,7 +172,7 @@ def test_table_rows_for_measured_and_skipped_points():
   assert '| - |' in rows[0] and '| 123 |' in rows[1]  # device memory or '-'
   assert rows[2].endswith('skipped: predicted 2000 s > --max_seconds=900 |')
   assert 'Device: Test CPU, 2 cores (cpu)' in section
-  assert 'Command: `python -m launch.scaling`' in section
+  assert 'Command: `python -m benchmarks.scaling`' in section
 
 
 def test_save_outputs_writes_json_markdown_and_png(tmp_path):
@@ -323,7 +323,7 @@ def test_broken_notebook_cell_fails(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# launch/cohort_bench.py: host time of both cohort samplers.
+# benchmarks/cohort_bench.py: host time of both cohort samplers.
 # ---------------------------------------------------------------------------
 
 

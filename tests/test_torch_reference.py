@@ -1,4 +1,4 @@
-"""Tests for launch.torch_reference: the PyTorch speed references.
+"""Tests for benchmarks.torch_reference: the PyTorch speed references.
 
 The vectorised round (torch.func) is checked against the per-client loop, and
 the loop against a hand-written per-client training and average. The
@@ -22,8 +22,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks import torch_reference  # noqa: E402
 from fedjax_metric.models.small_cnn import SmallCNN  # noqa: E402
-from launch import torch_reference  # noqa: E402
 
 # Tiny shapes: one thread is faster than two on a shared CPU, where OpenMP's
 # spin-waiting threads fight the other processes for the cores.
@@ -438,7 +438,7 @@ def test_bench_times_torch_forms_and_ratios(tmp_path):
     [
       sys.executable,
       '-m',
-      'launch.bench',
+      'benchmarks.bench',
       '--clients=2',
       '--local_steps=1',
       '--batch_size=4',

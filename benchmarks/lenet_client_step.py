@@ -5,8 +5,8 @@ and a cohort of 10 such steps in the forms a round can take, each jitted and
 timed as the best of 5 repeats. Results are recorded by hand in
 benchmarks/cpu_notes.md ("FedMetric's LeNet round").
 
-  python benchmarks/scripts/lenet_client_step.py
-  taskset -c 0 python benchmarks/scripts/lenet_client_step.py   # one core
+  python benchmarks/lenet_client_step.py
+  taskset -c 0 python benchmarks/lenet_client_step.py   # one core
 """
 
 import time

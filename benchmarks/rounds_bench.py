@@ -1,7 +1,7 @@
 r"""Many small rounds: whole runs timed, one round per call vs R per call.
 
-  python -m launch.rounds_bench                  # the default cases below
-  python -m launch.rounds_bench --cases=fedmetric_1step_scan --rounds_scale=0.1
+  python -m benchmarks.rounds_bench                  # the default cases below
+  python -m benchmarks.rounds_bench --cases=fedmetric_1step_scan --rounds_scale=0.1
 
 A case is a config and overrides, run by `train.run` in a fresh child process
 into a temporary workdir with one evaluation at the end (the FedMetric
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from launch import machine
+from benchmarks import machine
 
 _CASES = flags.DEFINE_list('cases', None, 'Case names (default: all).')
 _ROUNDS_SCALE = flags.DEFINE_float(
@@ -208,7 +208,7 @@ def main(argv):
     case = dict(CASES[name])
     case['rounds'] = max(1, int(case['rounds'] * _ROUNDS_SCALE.value))
     child = machine.run_child(
-      'launch.rounds_bench', [f'--point={json.dumps(case)}']
+      'benchmarks.rounds_bench', [f'--point={json.dumps(case)}']
     )
     if child.status != 'ok':
       rows.append([name, child.status, child.note] + ['-'] * 7)
@@ -265,7 +265,7 @@ def main(argv):
     "analysis of one vmapped round over the measured matmul rate (XLA's "
     'bytes-accessed count charges each gather its whole operand, the '
     'training set, so it bounds nothing).' + peaks,
-    f'Command: python -m launch.rounds_bench {" ".join(sys.argv[1:])}',
+    f'Command: python -m benchmarks.rounds_bench {" ".join(sys.argv[1:])}',
   ]
   section = machine.markdown_section('many small rounds', notes, columns, rows)
   print(section)
@@ -276,8 +276,8 @@ def main(argv):
     machine.append_markdown(
       out,
       section,
-      title='Many small rounds (launch/rounds_bench.py)',
-      script='launch/rounds_bench.py',
+      title='Many small rounds (benchmarks/rounds_bench.py)',
+      script='benchmarks/rounds_bench.py',
     )
 
 

@@ -1,12 +1,12 @@
 r"""Steady-state speed of a federated round, per executor, vs PyTorch.
 
-  python -m launch.bench                       # small CNN, 10 and 100 clients
-  python -m launch.bench --clients=10,100 --local_steps=10 --batch_size=32 \
+  python -m benchmarks.bench                       # small CNN, 10 and 100 clients
+  python -m benchmarks.bench --clients=10,100 --local_steps=10 --batch_size=32 \
       --executors=host,vmap,chunked,sequential --pool=stride --torch
-  python -m launch.bench --model=fedquad_cnn --executors=host
-  python -m launch.bench --executors=host,vmap,torch_vmap,torch_vmap_compiled
+  python -m benchmarks.bench --model=fedquad_cnn --executors=host
+  python -m benchmarks.bench --executors=host,vmap,torch_vmap,torch_vmap_compiled
 
-PyTorch (launch/torch_reference.py, the ``[bench]`` extra) runs on the device
+PyTorch (benchmarks/torch_reference.py, the ``[bench]`` extra) runs on the device
 JAX runs on (CUDA when JAX is on a GPU and torch sees one, else the CPU) in
 up to three forms: ``torch``, the per-client loop of the reference
 implementations (``--torch`` adds it, on by default); ``torch_vmap``, all
@@ -33,20 +33,20 @@ from absl import app, flags
 import jax
 import numpy as np
 
+from benchmarks import machine, scaling, workload_flags
 from fedjax_metric import engine, executors
-from launch import machine, scaling
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
-_STEPS = flags.DEFINE_integer('local_steps', 10, 'Local steps per client.')
-_BATCH = flags.DEFINE_integer('batch_size', 32, 'Batch size.')
-_IMAGE = flags.DEFINE_list('image_shape', ['28', '28', '1'], 'H,W,C.')
-_MODEL = flags.DEFINE_enum(
-  'model',
-  'small_cnn',
-  ['small_cnn', 'fedquad_cnn'],
-  'Model (fedquad_cnn: 64/128/256 channels, BatchNorm).',
+_WORKLOAD = workload_flags.define(
+  rounds=5, models=['small_cnn', 'fedquad_cnn'], unroll=True
 )
-_POOL = flags.DEFINE_string('pool', 'stride', 'small_cnn pool: stride|avg|max.')
+_STEPS, _BATCH, _IMAGE, _MODEL, _POOL = (
+  _WORKLOAD[name]
+  for name in ('local_steps', 'batch_size', 'image_shape', 'model', 'pool')
+)
+_ROUNDS, _CONV, _PRECISION, _UNROLL = (
+  _WORKLOAD[name] for name in ('rounds', 'conv_impl', 'precision', 'unroll')
+)
 _EXECUTORS = flags.DEFINE_list(
   'executors',
   ['host', 'vmap', 'chunked'],
@@ -55,26 +55,6 @@ _EXECUTORS = flags.DEFINE_list(
   'loop), torch_vmap, torch_vmap_compiled.',
 )
 _CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
-_UNROLL = flags.DEFINE_boolean(
-  'unroll',
-  None,
-  'Unroll local steps in vmap/chunked (default: on CPU with xla '
-  'convolutions, whose grouped backward is slow inside a loop there).',
-)
-_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds after warm-up.')
-_CONV = flags.DEFINE_enum(
-  'conv_impl',
-  'auto',
-  list(executors.CONV_IMPLS),
-  'Convolution form (config.model.conv_impl; auto: patches except in the '
-  'host loop, executors.resolve_conv_impl).',
-)
-_PRECISION = flags.DEFINE_enum(
-  'precision',
-  'default',
-  ['default', 'highest', 'bf16'],
-  'Matmul precision (config.precision).',
-)
 _TORCH = flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
 _TORCH_COMPILE = flags.DEFINE_boolean(
   'torch_compile',
@@ -192,7 +172,7 @@ def time_torch(name, clients):
     torch_version, num_threads, load = 1-minute load averages before and
     after).
   """
-  from launch import torch_reference  # pylint: disable=g-import-not-at-top
+  from benchmarks import torch_reference  # pylint: disable=g-import-not-at-top
 
   h, w, c = (int(x) for x in _IMAGE.value)
   load_before = os.getloadavg()[0]
@@ -247,7 +227,7 @@ def measure_in_child(point):
   args = [f'--point={point}'] + [
     arg for arg in sys.argv[1:] if not arg.startswith('--point')
   ]
-  child = machine.run_child('launch.bench', args)
+  child = machine.run_child('benchmarks.bench', args)
   if child.status != 'ok':
     raise RuntimeError(f'Benchmark point {point} {child.status}: {child.note}')
   return child.result
@@ -461,7 +441,7 @@ def main(argv):
       if peak
       else 'no peak tabled for this device.'
     ),
-    f'Command: `python -m launch.bench --model={_MODEL.value} '
+    f'Command: `python -m benchmarks.bench --model={_MODEL.value} '
     f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
     f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
     f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
@@ -489,7 +469,7 @@ def main(argv):
     _OUT.value or os.path.join('benchmarks', f'{backend}.md'),
     table,
     title=f'Benchmarks on {backend}',
-    script='launch/bench.py',
+    script='benchmarks/bench.py',
   )
 
 

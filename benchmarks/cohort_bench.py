@@ -1,7 +1,7 @@
 r"""Host time of building a round's cohort, per sampler.
 
-  python -m launch.cohort_bench                  # 1,000 and 10,000 clients
-  python -m launch.cohort_bench --clients=10000 --algorithms=fedavg,fedquad \
+  python -m benchmarks.cohort_bench                  # 1,000 and 10,000 clients
+  python -m benchmarks.cohort_bench --clients=10000 --algorithms=fedavg,fedquad \
       --local_steps=10 --batch_size=32 --examples_per_client=64
 
 The host draws each round's batches (`data.cohort.make_cohort`, with the
@@ -11,7 +11,7 @@ methods' two-view schedules) while the device trains the previous round
 this host work can be as long as the round itself. This script times it
 alone, for the two samplers (``config.cohort_sampler``): ``per_client``, a
 NumPy generator per client in a Python loop, and ``vectorized``, the whole
-cohort from counter-based draws. Federation: launch.scaling's synthetic one
+cohort from counter-based draws. Federation: benchmarks.scaling's synthetic one
 (every client ``examples_per_client`` examples of 10 random classes), all
 clients in the round, every client ``local_steps`` steps of ``batch_size``
 (``--local_steps=0``: ``--local_epochs`` epochs instead). Each row: the median
@@ -27,9 +27,9 @@ import time
 from absl import app, flags
 import numpy as np
 
+from benchmarks import machine, scaling
 from fedjax_metric import algorithms, models, optimizers
 from fedjax_metric.data import cohort as cohort_lib
-from launch import machine, scaling
 
 
 def time_builds(build, repeats):
@@ -110,7 +110,7 @@ def format_row(algorithm_name, num_clients, times):
 
 def define_flags():
   """This script's flags, defined only when it is the program (as
-  launch/scaling.py's, which they would clash with)."""
+  benchmarks/scaling.py's, which they would clash with)."""
   flags.DEFINE_list('clients', ['1000', '10000'], 'Clients per round.')
   flags.DEFINE_list(
     'algorithms',
@@ -156,7 +156,7 @@ def main(argv):
     [
       f'Host: {machine.cpu_name()}; median of {f.repeats} builds '
       'after one untimed build, one process.',
-      f'Command: `{" ".join(["python -m launch.cohort_bench", *sys.argv[1:]])}`',
+      f'Command: `{" ".join(["python -m benchmarks.cohort_bench", *sys.argv[1:]])}`',
     ],
     [
       'algorithm',
@@ -173,7 +173,7 @@ def main(argv):
     f.out,
     section,
     title='Host-side cohort building',
-    script='launch/cohort_bench.py',
+    script='benchmarks/cohort_bench.py',
   )
   print(section)
 

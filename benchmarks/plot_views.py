@@ -1,7 +1,7 @@
 r"""Draws SimCLR two-view augmentations (SSD / FedU2) for a visual check.
 
-  python -m launch.plot_views                       # docs/results/ssl_views.png
-  python -m launch.plot_views --order=fedu2 --output=/tmp/fedu2_views.png
+  python -m benchmarks.plot_views                       # docs/results/ssl_views.png
+  python -m benchmarks.plot_views --order=fedu2 --output=/tmp/fedu2_views.png
 
 Two panels, each a grid of ``--num_images`` rows x [original, view 1,
 view 2], made by `views.make_two_view_augment` (the crop, flip, colour

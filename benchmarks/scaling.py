@@ -1,7 +1,7 @@
 r"""Seconds per round and peak memory against clients per round and population.
 
-  python -m launch.scaling                     # the default grid (see below)
-  python -m launch.scaling --clients_per_round=10,100 --population_factors=1 \
+  python -m benchmarks.scaling                     # the default grid (see below)
+  python -m benchmarks.scaling --clients_per_round=10,100 --population_factors=1 \
       --algorithms=fedavg --rounds=2 --max_seconds=300
 
 A grid point is (algorithm, C clients per round, N total clients). N is
@@ -50,7 +50,7 @@ with ``--local_steps`` / ``--batch_size``.
 
 The per-client work flags (``--local_steps``, ``--batch_size``, ``--rounds``,
 ``--pool``, ``--image_shape``, ``--chunk_size``, ``--unroll``) mean what
-launch/bench.py's do, with smaller defaults.
+benchmarks/bench.py's do, with smaller defaults.
 
 ``--max_seconds`` bounds each point's wall time: a point predicted (from the
 last finished point of the same algorithm, scaled linearly in C) to take longer
@@ -88,6 +88,7 @@ from matplotlib.figure import Figure
 import numpy as np
 import optax
 
+from benchmarks import machine, workload_flags
 from fedjax_metric import (
   algorithms,
   engine,
@@ -99,7 +100,6 @@ from fedjax_metric import (
 )
 from fedjax_metric.data import augment
 from fedjax_metric.data import cohort as cohort_lib
-from launch import machine
 
 NUM_CLASSES = 10
 
@@ -120,7 +120,7 @@ class Point:
   pool: str = 'stride'
   image_shape: tuple = (28, 28, 1)
   chunk_size: int = 10
-  # None: on CPU with xla convolutions only (as launch/bench.py).
+  # None: on CPU with xla convolutions only (as benchmarks/bench.py).
   unroll: Optional[bool] = None
   seed: int = 0
   precision: str = 'default'  # executors.PRECISIONS
@@ -242,7 +242,7 @@ def synthetic_run(
   conv_impl: Optional[str] = None,
 ) -> SyntheticRun:
   """`synthetic_federation` + a model + the algorithm with client SGD 0.01
-  and a plain SGD server: what launch/bench.py and this study time.
+  and a plain SGD server: what benchmarks/bench.py and this study time.
   ``precision``: as ``config.precision`` (executors.matmul_precision);
   ``conv_impl``: 'xla' or 'patches' from `round_forms` (None: the model's
   own default)."""
@@ -339,8 +339,8 @@ def full_cohort(
 ) -> cohort_lib.Cohort:
   """Round ``round_idx``'s cohort with every client of ``run`` taking part,
   each taking exactly ``local_steps`` steps of ``batch_size`` (with the
-  algorithm's own schedule): the round launch.bench and
-  launch.profile_round time."""
+  algorithm's own schedule): the round benchmarks.bench and
+  benchmarks.profile_round time."""
   num_clients = len(run.partition)
   return cohort_lib.make_cohort(
     np.arange(num_clients),
@@ -515,7 +515,7 @@ def measure_in_subprocess(
   Adds ``wall_seconds`` (the child's whole life, start-up included).
   """
   child = machine.run_child(
-    'launch.scaling', [f'--point={point.to_json()}'], timeout=timeout
+    'benchmarks.scaling', [f'--point={point.to_json()}'], timeout=timeout
   )
   if child.status == 'timeout':
     return not_measured(
@@ -698,7 +698,7 @@ def point_of(result: Dict[str, Any]) -> Point:
 
 def append_section(path: str, section: str, backend: str):
   machine.append_markdown(
-    path, section, title=f'Scaling on {backend}', script='launch/scaling.py'
+    path, section, title=f'Scaling on {backend}', script='benchmarks/scaling.py'
   )
 
 
@@ -866,39 +866,24 @@ def define_flags():
     'host | vmap | chunked | sequential | auto (host on '
     'CPU, vmap elsewhere: executors.choose_executor).',
   )
-  flags.DEFINE_string(
-    'model', Point.model, 'Model name; --pool applies to small_cnn only.'
+  workload_flags.define(
+    rounds=Point.rounds,
+    model=Point.model,
+    pool=Point.pool,
+    image_shape=Point.image_shape,
+    local_steps=Point.local_steps,
+    batch_size=Point.batch_size,
+    conv_impl=Point.conv_impl,
+    precision=Point.precision,
+    unroll=True,
   )
-  flags.DEFINE_string('pool', Point.pool, 'small_cnn pool: stride|avg|max.')
-  flags.DEFINE_list(
-    'image_shape',
-    [str(x) for x in Point.image_shape],
-    'H,W,C of the synthetic images.',
-  )
-  flags.DEFINE_integer(
-    'local_steps', Point.local_steps, 'Local steps per client.'
-  )
-  flags.DEFINE_integer('batch_size', Point.batch_size, 'Batch size.')
   flags.DEFINE_integer(
     'examples_per_client',
     Point.examples_per_client,
     'Synthetic examples each client holds.',
   )
-  flags.DEFINE_integer('rounds', Point.rounds, 'Timed rounds after warm-up.')
   flags.DEFINE_integer(
     'chunk_size', Point.chunk_size, 'Slots per chunk (chunked).'
-  )
-  flags.DEFINE_enum(
-    'precision',
-    Point.precision,
-    ['default', 'highest', 'bf16'],
-    'Matmul precision (config.precision).',
-  )
-  flags.DEFINE_enum(
-    'conv_impl',
-    Point.conv_impl,
-    list(executors.CONV_IMPLS),
-    'Convolution form (config.model.conv_impl).',
   )
   flags.DEFINE_enum(
     'cohort_sampler',
@@ -911,12 +896,6 @@ def define_flags():
     Point.overlap,
     'Also time --rounds rounds with the next cohort built in a thread while '
     'the device runs the round, as train.run does ("overlapped s/round").',
-  )
-  flags.DEFINE_boolean(
-    'unroll',
-    None,
-    'Unroll local steps in vmap/chunked (default: on CPU with xla '
-    'convolutions).',
   )
   flags.DEFINE_float(
     'max_seconds', 1800.0, 'Wall-time budget of one grid point; 0 = none.'
@@ -983,7 +962,7 @@ def main(argv):
     points, max_seconds=f.max_seconds, log=lambda line: print(line, flush=True)
   )
   paths = default_paths(backend)
-  command = ' '.join(['python -m launch.scaling', *sys.argv[1:]])
+  command = ' '.join(['python -m benchmarks.scaling', *sys.argv[1:]])
   section = save_outputs(
     results,
     device=device,

@@ -1,10 +1,10 @@
 r"""Where a federated round's time goes, op by op, from a jax.profiler trace.
 
-  python -m launch.profile_round                     # small CNN, 100 clients
-  python -m launch.profile_round --model=fedquad_cnn --image_shape=32,32,3 \
+  python -m benchmarks.profile_round                     # small CNN, 100 clients
+  python -m benchmarks.profile_round --model=fedquad_cnn --image_shape=32,32,3 \
       --clients=100 --conv_impl=patches --precision=bf16
 
-Builds launch.bench's synthetic round (FedAvg by default; ``--algorithm``
+Builds benchmarks.bench's synthetic round (FedAvg by default; ``--algorithm``
 takes any registered one, e.g. fedquad for its 4B-wide steps), runs one
 warm-up round, then traces ``--rounds`` rounds with `jax.profiler.trace`.
 The trace's per-op events are matched to the compiled round program's HLO
@@ -36,8 +36,8 @@ from typing import Dict, List, NamedTuple, Optional
 from absl import app, flags
 import jax
 
+from benchmarks import machine, scaling, workload_flags
 from fedjax_metric import engine, executors
-from launch import machine, scaling
 
 
 class HloOp(NamedTuple):
@@ -306,7 +306,7 @@ def profile(
   unroll=None,
 ):
   """Traces ``rounds`` rounds after a warm-up one. ``conv_impl``,
-  ``unroll``: as launch/bench.py's (None: unrolled local steps on CPU with
+  ``unroll``: as benchmarks/bench.py's (None: unrolled local steps on CPU with
   xla convolutions only).
 
   Returns a `Profile`.
@@ -426,7 +426,7 @@ def report(traced: Profile, *, top: int, out: str):
     f'Round wall time while tracing: {wall}; ops listed: {total:.1f} ms per '
     'round (on CPU, summed over threads; on a GPU, kernel time, '
     "cuBLAS / cuDNN kernels as 'library'). Trace: " + traced.path,
-    f'Command: `{" ".join(["python -m launch.profile_round", *sys.argv[1:]])}`',
+    f'Command: `{" ".join(["python -m benchmarks.profile_round", *sys.argv[1:]])}`',
   ]
   shape = 'x'.join(map(str, settings['image_shape']))
   section = machine.markdown_section(
@@ -443,7 +443,7 @@ def report(traced: Profile, *, top: int, out: str):
     out or os.path.join('benchmarks', f'profile_{backend}.md'),
     section,
     title=f'Round profiles on {backend}',
-    script='launch/profile_round.py',
+    script='benchmarks/profile_round.py',
   )
   print(section)
 
@@ -451,30 +451,12 @@ def report(traced: Profile, *, top: int, out: str):
 def define_flags():
   """This script's flags, defined only when it is the program."""
   flags.DEFINE_string('algorithm', 'fedavg', 'Registered algorithm.')
-  flags.DEFINE_string('model', 'small_cnn', 'Model (models.build).')
-  flags.DEFINE_string('pool', 'stride', 'small_cnn pool: stride|avg|max.')
-  flags.DEFINE_list('image_shape', ['28', '28', '1'], 'H,W,C.')
+  workload_flags.define(
+    rounds=2, rounds_help='Traced rounds after one warm-up.', unroll=True
+  )
   flags.DEFINE_integer('clients', 100, 'Clients per round.')
-  flags.DEFINE_integer('local_steps', 10, 'Local steps per client.')
-  flags.DEFINE_integer('batch_size', 32, 'Batch size.')
   flags.DEFINE_enum(
     'executor', 'vmap', ['vmap', 'chunked', 'sequential'], 'Executor.'
-  )
-  flags.DEFINE_enum(
-    'conv_impl',
-    'auto',
-    list(executors.CONV_IMPLS),
-    'Convolution form (config.model.conv_impl).',
-  )
-  flags.DEFINE_enum(
-    'precision', 'default', list(executors.PRECISIONS), 'config.precision.'
-  )
-  flags.DEFINE_integer('rounds', 2, 'Traced rounds after one warm-up.')
-  flags.DEFINE_boolean(
-    'unroll',
-    None,
-    'Unroll local steps (default: on CPU with xla convolutions, as '
-    'launch.bench).',
   )
   flags.DEFINE_integer('top', 20, 'Ops listed.')
   flags.DEFINE_string('trace_dir', '', 'Where the trace stays (default: tmp).')

@@ -1,7 +1,7 @@
 """PyTorch FedAvg rounds: the speed references for our benchmark.
 
 Two ways a PyTorch user would write a federated round, both timed by
-launch/bench.py against the JAX executors, on the device JAX uses:
+benchmarks/bench.py against the JAX executors, on the device JAX uses:
 
 * ``loop`` (`fedavg_round`): what the reference implementations (MOON, FedRCL,
   FedAU) do each round: for every sampled client, copy the global weights into
@@ -34,7 +34,7 @@ one-pixel shift, which is irrelevant for a speed reference.
 
 Run::
 
-  .venv/bin/python -m launch.torch_reference --clients_per_round 10 \
+  .venv/bin/python -m benchmarks.torch_reference --clients_per_round 10 \
       --local_steps 10 --batch_size 32 --variant vmap
 """
 

@@ -1,6 +1,6 @@
 """What machine a benchmark ran on, and how much memory it used.
 
-Shared by launch/bench.py and launch/scaling.py; no absl flags here, so both
+Shared by benchmarks/bench.py and benchmarks/scaling.py; no absl flags here, so both
 (and notebooks) can import it.
 """
 
@@ -168,7 +168,7 @@ def describe_backend() -> Dict[str, str]:
   JAX would reserve most of the device's memory, which the children measuring
   each point need.
   """
-  child = run_child('launch.machine', [])
+  child = run_child('benchmarks.machine', [])
   if child.status != 'ok':
     raise RuntimeError(f'Could not start a JAX child process: {child.note}')
   return child.result
