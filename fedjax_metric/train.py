@@ -275,12 +275,24 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     ],
     calls,
   )
+  # Since the last evaluation: seconds waiting for the host's cohorts (what
+  # the prefetch thread did not hide), seconds in the round calls until their
+  # results are ready (the programs; the host executor's loop is inside),
+  # and clients trained.
+  cohort_wait, in_rounds, clients = 0.0, 0.0, 0
   for first in calls:
     if stop.agreed():
       break
+    wait_start = time.perf_counter()
+    cohorts = next(call_cohorts)
+    call_start = time.perf_counter()
     server_state, client_table, round_metrics = rounds_fn(
-      server_state, client_table, next(call_cohorts)
+      server_state, client_table, cohorts
     )
+    round_metrics = jax.block_until_ready(round_metrics)
+    cohort_wait += call_start - wait_start
+    in_rounds += time.perf_counter() - call_start
+    clients += sum(int(np.count_nonzero(c.slot_mask)) for c in cohorts)
     train_sums.append(sharding.local_copy(round_metrics))
     done = first + rounds_per_call
     bar.update(rounds_per_call)
@@ -307,8 +319,12 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
         # the first call's compilation included in the first interval).
         'examples_per_second': examples / max(interval, 1e-9),
         'rounds_per_second': rounds / max(interval, 1e-9),
+        'clients_per_second': clients / max(interval, 1e-9),
+        'round_seconds': in_rounds,
+        'cohort_wait_seconds': cohort_wait,
         **evaluation,
       }
+      cohort_wait, in_rounds, clients = 0.0, 0.0, 0
       interval_start = time.time()
       if chief:
         workdir_lib.append_metrics(metrics_path, writer, last)

@@ -407,6 +407,7 @@ def test_the_loss_terms_and_throughput_are_logged(tmp_path):
   train.run(config, str(tmp_path))
   rows = read_metrics(tmp_path)
   assert len(rows) == 2
+  rounds_per_row = config.eval_every
   for row in rows:
     assert {'train_ce', 'train_metric'} <= set(row)
     np.testing.assert_allclose(
@@ -416,3 +417,14 @@ def test_the_loss_terms_and_throughput_are_logged(tmp_path):
     )
     assert row['train_metric'] > 0 and row['train_ce'] > 0
     assert row['examples_per_second'] > 0 and row['rounds_per_second'] > 0
+    # Same interval: clients / rounds is the cohort size.
+    np.testing.assert_allclose(
+      row['clients_per_second'] / row['rounds_per_second'],
+      config.clients_per_round,
+      rtol=1e-6,
+    )
+    # The interval splits into the round programs, the wait for the host's
+    # cohorts and the rest (logging, checkpoints): parts within the whole.
+    interval = rounds_per_row / row['rounds_per_second']
+    assert row['round_seconds'] > 0 and row['cohort_wait_seconds'] >= 0
+    assert row['round_seconds'] + row['cohort_wait_seconds'] <= interval
