@@ -8,7 +8,6 @@ function a notebook can call on its own (`make_partition`, `build_model`,
 `build_algorithm`, ...).
 """
 
-import inspect
 import math
 from typing import Any, NamedTuple, Optional
 
@@ -17,7 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import algorithms, engine, executors, models, optimizers
+from fedjax_metric import (
+  algorithms,
+  contract,
+  engine,
+  executors,
+  models,
+  optimizers,
+)
 from fedjax_metric.data import (
   augment,
   participation,
@@ -147,18 +153,13 @@ def build_model(
     ) from e
 
 
-# Facts of the run (not knobs) that an algorithm factory may declare as
-# keyword parameters: PMFL's psi schedule needs T, FedAU's known_prob
-# aggregation the true participation probabilities.
-RUN_FACTS = ('num_rounds', 'participation_probabilities')
-
-
 def build_algorithm(config, model, participation_probabilities=None):
   """The config's `engine.Algorithm`, with its server optimizer inside.
 
-  A factory that declares a keyword in `RUN_FACTS` receives it from the run:
-  ``num_rounds`` = config.num_rounds and ``participation_probabilities``
-  ([N] true p_n, or None). Setting one in algorithm_kwargs is an error.
+  Every factory receives the run's facts as ``run`` (`contract.RunFacts`:
+  T, N and the [N] true participation probabilities or None) and the
+  config's ``algorithm_kwargs`` as keywords; a fact set in algorithm_kwargs
+  is an error.
   """
   if config.algorithm not in algorithms.REGISTRY:
     raise ValueError(
@@ -175,23 +176,24 @@ def build_algorithm(config, model, participation_probabilities=None):
     eps=s.eps,
   )
   kwargs = dict(config.algorithm_kwargs)
-  factory = algorithms.REGISTRY[config.algorithm]
-  declared = inspect.signature(factory).parameters
-  facts = {
-    'num_rounds': config.num_rounds,
-    'participation_probabilities': participation_probabilities,
-  }
-  for name, value in facts.items():
+  for name in ('run',) + contract.RunFacts._fields:
     if name in kwargs:
       raise ValueError(
-        f'algorithm_kwargs.{name} is set by the run '
-        f'({RUN_FACTS} come from the config); remove it.'
+        f'algorithm_kwargs.{name} is a fact of the run, set from the config '
+        f'(num_rounds, num_clients, participation); remove it.'
       )
-    if name in declared:
-      kwargs[name] = value
+  run = contract.RunFacts(
+    num_rounds=config.num_rounds,
+    num_clients=config.num_clients,
+    participation_probabilities=participation_probabilities,
+  )
   try:
-    return factory(
-      model, server_optimizer=server_optimizer, weighting=s.weighting, **kwargs
+    return algorithms.REGISTRY[config.algorithm](
+      model,
+      server_optimizer=server_optimizer,
+      run=run,
+      weighting=s.weighting,
+      **kwargs,
     )
   except TypeError as e:
     raise ValueError(

@@ -191,3 +191,27 @@ class RoundSpec(NamedTuple):
 class DeviceData(NamedTuple):
   images: jax.Array  # uint8 [num_examples, H, W, C]
   labels: jax.Array  # int32 [num_examples]
+
+
+class RunFacts(NamedTuple):
+  """Facts of the run (not knobs) every algorithm factory receives as ``run``.
+
+  `assemble.build_algorithm` fills them from the config; they cannot be set
+  in ``algorithm_kwargs``. A factory called directly gets ``RunFacts()``
+  unless given one; a factory that needs a fact it was not given says so
+  (FedAU's 'known_prob') or falls back on its paper's value (PMFL's T).
+
+  Attributes:
+    num_rounds: T, the rounds the run asks for (PMFL's psi schedule).
+    num_clients: N, the client population.
+    participation_probabilities: [N] each client's true participation
+      probability (FedAU's ``known_prob`` aggregation), or None.
+  """
+
+  num_rounds: Optional[int] = None
+  num_clients: Optional[int] = None
+  participation_probabilities: Optional[Any] = None
+
+
+# The default ``run`` of a factory called directly (no facts known).
+NO_RUN_FACTS = RunFacts()

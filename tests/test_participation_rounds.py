@@ -24,6 +24,7 @@ from fedjax_metric import (
   optimizers,
 )
 from fedjax_metric.algorithms import fedau, pmfl
+from fedjax_metric.contract import RunFacts
 
 PARTS = [np.arange(0, 6), np.arange(6, 16), np.arange(16, 24)]
 NUM_CLIENTS = len(PARTS)
@@ -149,7 +150,7 @@ def test_fedau_aggregations_match_numpy(aggregation):
     server_optimizer=server(eta),
     aggregation=aggregation,
     cutoff=cutoff,
-    participation_probabilities=PROBS,
+    run=RunFacts(participation_probabilities=PROBS),
   )
   variables, state, _, images, labels = run_rounds(alg, ROUNDS)
   w, b, counters, intervals, omegas = ref_fedau(
@@ -210,7 +211,7 @@ def test_fedau_average_participating_is_uniform_fedavg():
 def test_fedau_validation():
   with pytest.raises(ValueError, match='aggregation'):
     fedau.make(fx.linear(), server_optimizer=server(1.0), aggregation='mean')
-  with pytest.raises(ValueError, match='participation_probabilities'):
+  with pytest.raises(ValueError, match='participation probabilities'):
     fedau.make(
       fx.linear(), server_optimizer=server(1.0), aggregation='known_prob'
     )
@@ -219,7 +220,7 @@ def test_fedau_validation():
       fx.linear(),
       server_optimizer=server(1.0),
       aggregation='known_prob',
-      participation_probabilities=[0.5, 0.0, 1.0],
+      run=RunFacts(participation_probabilities=[0.5, 0.0, 1.0]),
     )
   with pytest.raises(ValueError, match='cutoff'):
     fedau.make(fx.linear(), server_optimizer=server(1.0), cutoff=0)
@@ -343,7 +344,7 @@ def test_pmfl_server_matches_algorithm_2(normalize, eta):
     fx.linear(),
     server_optimizer=server(eta),
     cutoff=cutoff,
-    num_rounds=num_rounds,
+    run=RunFacts(num_rounds=num_rounds),
     history_size=history,
     normalize=normalize,
   )
@@ -418,7 +419,7 @@ def test_pmfl_server_step_against_the_printed_equations(compensate):
     alg = algorithms.REGISTRY['pmfl'](
       model,
       server_optimizer=server(eta),
-      num_rounds=num_rounds,
+      run=RunFacts(num_rounds=num_rounds),
       normalize=normalize,
       mixing_compensation=compensate,
     )
@@ -658,7 +659,7 @@ def test_pmfl_client_rounds_match_finite_difference_reference(threshold):
     temperature=tau,
     buffer_size=size,
     threshold=threshold,
-    num_rounds=num_rounds,
+    run=RunFacts(num_rounds=num_rounds),
   )
   variables, state, table, _, _ = run_rounds(
     alg,
@@ -730,7 +731,7 @@ def test_pmfl_client_rounds_match_finite_difference_reference(threshold):
       server_optimizer=server(1.0),
       contrastive_weight=0.0,
       buffer_size=size,
-      num_rounds=num_rounds,
+      run=RunFacts(num_rounds=num_rounds),
     )
     _, plain_state, _, _, _ = run_rounds(
       plain,
@@ -787,9 +788,15 @@ def test_pmfl_loss_gradient_finite_with_empty_buffer_and_zero_model():
     ('cutoff', 0),
     ('temperature', 0.0),
     ('contrastive_weight', -1.0),
-    ('num_rounds', 0),
   ],
 )
 def test_pmfl_validation(name, value):
   with pytest.raises(ValueError, match=name):
     pmfl.make(fx.linear(), server_optimizer=server(1.0), **{name: value})
+
+
+def test_pmfl_refuses_a_run_of_no_rounds():
+  with pytest.raises(ValueError, match='num_rounds'):
+    pmfl.make(
+      fx.linear(), server_optimizer=server(1.0), run=RunFacts(num_rounds=0)
+    )

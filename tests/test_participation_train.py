@@ -25,8 +25,9 @@ from fedjax_metric.data import augment, sources
 NUM_CLIENTS, NUM_ROUNDS = 6, 8
 
 
-def make_recorder(model, *, server_optimizer, weighting, num_rounds):
+def make_recorder(model, *, server_optimizer, run, weighting):
   """FedAvg that records [T, N] participants and [T] 'model unchanged'."""
+  num_rounds = run.num_rounds
   base = fedavg.make(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
@@ -179,15 +180,15 @@ def test_build_algorithm_passes_run_facts(monkeypatch):
     model,
     *,
     server_optimizer,
+    run,
     weighting,
-    num_rounds,
-    participation_probabilities,
     knob=0,
   ):
     received.update(
-      num_rounds=num_rounds,
+      num_rounds=run.num_rounds,
+      num_clients=run.num_clients,
       knob=knob,
-      probabilities=participation_probabilities,
+      probabilities=run.participation_probabilities,
     )
     return fedavg.make(model, server_optimizer=server_optimizer)
 
@@ -199,11 +200,12 @@ def test_build_algorithm_passes_run_facts(monkeypatch):
   config.algorithm_kwargs.knob = 3
   assemble.build_algorithm(config, None, np.array([0.5, 0.25]))
   assert received['num_rounds'] == 17 and received['knob'] == 3
+  assert received['num_clients'] == config.num_clients
   np.testing.assert_array_equal(received['probabilities'], [0.5, 0.25])
   config.algorithm_kwargs.num_rounds = 5
   with pytest.raises(ValueError, match='num_rounds'):
     assemble.build_algorithm(config, None)
-  # A factory that does not declare them does not receive them.
+  # Every registered factory receives them (and may ignore them).
   config.algorithm = 'fedavg'
   del config.algorithm_kwargs['num_rounds']
   del config.algorithm_kwargs['knob']

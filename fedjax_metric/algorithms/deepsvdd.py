@@ -31,11 +31,18 @@ import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.losses.oneclass import deepsvdd_center, deepsvdd_loss
 
 
 def make(
-  model, *, server_optimizer, weighting='uniform', eps=0.1, reduction='mean'
+  model,
+  *,
+  server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
+  weighting='uniform',
+  eps=0.1,
+  reduction='mean',
 ):
   """Deep SVDD with one model per client, as an `engine.Algorithm`.
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from fedjax_metric import engine, losses
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import views
 
@@ -324,6 +325,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_batches',
   uniform_weight=1.0,
   uniformity_t=2.0,

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 
 class IntervalState(NamedTuple):
@@ -231,10 +232,10 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='uniform',
   aggregation='adaptive',
   cutoff: Optional[int] = None,
-  participation_probabilities=None,
 ):
   """FedAU and the other aggregations of its released code.
 
@@ -269,8 +270,9 @@ def make(
     aggregation: one of AGGREGATIONS.
     cutoff: FedAU's K, a positive int, or None for none (the released
       default K = 100000 has that effect; its README also runs K = 50).
-    participation_probabilities: [N] true p_n, needed by 'known_prob' only;
-      assemble.build_algorithm passes the run's probabilities.
+    run: the run's facts; 'known_prob' reads the [N] true p_n from
+      ``run.participation_probabilities`` (assemble.build_algorithm fills
+      it).
   """
   fedavg.refuse_weighting(
     'fedau', weighting, 'every client counts by its omega_n alone'
@@ -283,13 +285,13 @@ def make(
   cutoff = _check_cutoff(cutoff)
   inverse_p = None
   if aggregation == 'known_prob':
-    if participation_probabilities is None:
+    if run.participation_probabilities is None:
       raise ValueError(
-        "aggregation='known_prob' needs "
-        'participation_probabilities (train.run passes them; '
-        'pass them when calling fedau.make directly).'
+        "aggregation='known_prob' needs the run's participation "
+        'probabilities (train.run passes them; when calling fedau.make '
+        'directly, pass run=RunFacts(participation_probabilities=p)).'
       )
-    inverse_p = 1.0 / _check_probabilities(participation_probabilities)
+    inverse_p = 1.0 / _check_probabilities(run.participation_probabilities)
   base = fedavg.make(
     model, server_optimizer=server_optimizer, weighting='uniform'
   )

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric import engine
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.losses import masked_mean, softmax_cross_entropy
 from fedjax_metric.models import split_variables
 
@@ -199,7 +200,13 @@ def make_server_update(server_optimizer):
   return server_update
 
 
-def make(model, *, server_optimizer, weighting='num_examples'):
+def make(
+  model,
+  *,
+  server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
+  weighting='num_examples',
+):
   """FedAvg as an `engine.Algorithm`.
 
   Args:

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.losses.metric import _l2_normalize
 from fedjax_metric.losses.oneclass import (
   FEDAWS_FORMS,
@@ -74,6 +75,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='uniform',
   num_classes=None,
   positive_margin=0.9,

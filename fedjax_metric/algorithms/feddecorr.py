@@ -25,6 +25,7 @@ lambda = 0.1 (FedDecorr's coefficient). Aggregation as FedAlignUniform.
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedalignuniform as fau
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 BASES = ('align_uniform', 'nt_xent')
 FEATURES = ('embedding', 'projection')
@@ -34,6 +35,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_batches',
   decorr_weight=0.1,
   decorr_form='code',

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.losses.metric import _l2_normalize
 from fedjax_metric.losses.oneclass import fedmetric_loss
 
@@ -154,6 +155,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='uniform',
   negatives='proxy',
   lam=1.0,

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 
 def proximal_term(params, global_params):
@@ -20,7 +21,14 @@ def proximal_term(params, global_params):
   return 0.5 * sum(jax.tree.leaves(squares))
 
 
-def make(model, *, server_optimizer, weighting='num_examples', mu=0.01):
+def make(
+  model,
+  *,
+  server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
+  weighting='num_examples',
+  mu=0.01,
+):
   """FedProx: `fedavg.make` with the proximal client loss (mu >= 0)."""
   if mu < 0:
     raise ValueError(f'FedProx mu must be >= 0, got {mu}.')

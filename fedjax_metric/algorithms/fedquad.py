@@ -27,6 +27,7 @@ import functools
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.data import quadruplets
 
 
@@ -93,6 +94,7 @@ def make_fedquad(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_examples',
   beta=0.5,
   margin_1=1.0,
@@ -127,6 +129,7 @@ def make_quadrupletfl(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_examples',
   beta=0.5,
   margin_1=1.0,
@@ -158,6 +161,7 @@ def make_tripletfl(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_examples',
   beta=0.5,
   margin=1.0,
@@ -186,6 +190,7 @@ def make_supconfl(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_examples',
   beta=0.5,
   temperature=0.07,

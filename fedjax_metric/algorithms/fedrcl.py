@@ -18,6 +18,7 @@ Slot replaced relative to FedAvg: ``client_loss``.
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 
 def _make(model, level_loss, server_optimizer, weighting):
@@ -33,6 +34,7 @@ def make_fedrcl(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='uniform',
   temperature=0.05,
   threshold=0.7,
@@ -62,7 +64,13 @@ def make_fedrcl(
 
 
 def make_fedscl(
-  model, *, server_optimizer, weighting='uniform', temperature=0.05, form='code'
+  model,
+  *,
+  server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
+  weighting='uniform',
+  temperature=0.05,
+  form='code',
 ):
   """FedSCL: CE + mean over levels of a supervised contrastive loss.
 

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from fedjax_metric import engine, losses
 from fedjax_metric.algorithms import fedalignuniform as fau
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.models import split_variables
 
 AGGREGATIONS = ('eua', 'avg')
@@ -191,6 +192,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_batches',
   temperature=0.07,
   fur_weight=0.01,

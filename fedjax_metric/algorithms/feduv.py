@@ -16,6 +16,7 @@ import numpy as np
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.losses.oneclass import feduv_loss
 
 CODEWORD_KINDS = ('auto', 'hadamard', 'random')
@@ -130,6 +131,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='uniform',
   num_classes=None,
   codeword_kind='auto',

@@ -35,9 +35,12 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg, mifa
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 
-def make(model, *, server_optimizer, weighting='uniform'):
+def make(
+  model, *, server_optimizer, run: RunFacts = NO_RUN_FACTS, weighting='uniform'
+):
   """FedVarp (Jhunjhunwala et al., UAI 2022) as in FedAU's released code.
 
   Args:

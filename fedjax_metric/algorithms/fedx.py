@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedalignuniform as fau
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.models import split_variables
 
 PREDICTOR = 'fedx_predictor'
@@ -75,6 +76,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_batches',
   temperature=0.1,
   local_target_temperature=0.1,

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedalignuniform as fau
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 SCOPES = ('layer', 'model')
 
@@ -95,6 +96,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_batches',
   scope='layer',
   warmup_rounds=3,

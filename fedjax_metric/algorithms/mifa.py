@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 
 def zeros_like_variables(variables, key):
@@ -50,7 +51,9 @@ def table_mean(client_table):
   return jax.tree.map(mean, client_table)
 
 
-def make(model, *, server_optimizer, weighting='uniform'):
+def make(
+  model, *, server_optimizer, run: RunFacts = NO_RUN_FACTS, weighting='uniform'
+):
   """MIFA (Gu et al., NeurIPS 2021) as in FedAU's released code.
 
   Args:

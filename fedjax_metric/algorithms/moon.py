@@ -22,11 +22,18 @@ import jax.numpy as jnp
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.models import split_variables
 
 
 def make(
-  model, *, server_optimizer, weighting='num_examples', mu=1.0, temperature=0.5
+  model,
+  *,
+  server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
+  weighting='num_examples',
+  mu=1.0,
+  temperature=0.5,
 ):
   """MOON. Defaults mu=1, tau=0.5 (MOON main.py; its README uses mu=5 with the
   simple CNN on CIFAR-10). The model's 'embedding' is the projection z."""

@@ -69,6 +69,7 @@ from fedjax_metric.algorithms.pmfl_server import (
 from fedjax_metric.algorithms.pmfl_server import (
   mixing_step_factor as mixing_step_factor,
 )
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.losses.metric import _cosine
 from fedjax_metric.models import merge_variables, split_variables
 
@@ -146,6 +147,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='uniform',
   contrastive_weight=0.5,
   temperature=0.5,
@@ -153,7 +155,6 @@ def make(
   threshold='previous',
   cutoff: Optional[int] = 50,
   history_size=3,
-  num_rounds=1000,
   normalize='num_clients',
   mixing_compensation=False,
 ):
@@ -211,9 +212,8 @@ def make(
     cutoff: C, a positive int (50), or None for no cutoff.
     history_size: H, the global buffer's length (3); 1 turns the history
       mixing off (H - 1 = 0 past models).
-    num_rounds: T of Eq. 11; assemble.build_algorithm passes the run's
-      config.num_rounds (1000, SVHN's T in Section V-C, when called
-      directly).
+    run: the run's facts; ``run.num_rounds`` is T of Eq. 11 (1000, SVHN's
+      T in Section V-C, when not given).
     normalize: 'num_clients' (default: the weighted sum divided by N, as
       FedAU's released code does) or 'none' (Eqs. 9-10 as printed).
     mixing_compensation: an ablation, not in the paper: multiply the
@@ -242,7 +242,11 @@ def make(
     raise ValueError(f'temperature must be > 0, got {temperature}.')
   buffer_size = _check_positive_int('buffer_size', buffer_size)
   history_size = _check_positive_int('history_size', history_size)
-  num_rounds = _check_positive_int('num_rounds', num_rounds)
+  # T of Eq. 11: the run's (assemble.build_algorithm fills run), else the
+  # paper's T = 1000 (SVHN, Section V-C) for a factory called directly.
+  num_rounds = _check_positive_int(
+    'num_rounds', 1000 if run.num_rounds is None else run.num_rounds
+  )
   if cutoff is not None:
     cutoff = _check_positive_int('cutoff', cutoff)
   past = history_size - 1

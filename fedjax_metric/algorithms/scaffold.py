@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.models import split_variables
 
 
@@ -69,7 +70,9 @@ def control_variate_update(
   )
 
 
-def make(model, *, server_optimizer, weighting='uniform'):
+def make(
+  model, *, server_optimizer, run: RunFacts = NO_RUN_FACTS, weighting='uniform'
+):
   """SCAFFOLD; ``weighting`` applies to the model deltas ('uniform' is the
   paper's 1/|S|); the control variates always move by the plain sum / N."""
   base = fedavg.make(

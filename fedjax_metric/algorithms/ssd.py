@@ -28,6 +28,7 @@ import numpy as np
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedalignuniform as fau
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 COHORT_ASSIGNMENTS = ('position', 'client_id')
 
@@ -153,6 +154,7 @@ def make(
   model,
   *,
   server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
   weighting='num_batches',
   uniform_weight=1.0,
   uniformity_t=2.0,
