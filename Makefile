@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test docs-check lint bench install clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist worksteal tests
+
+docs-check: $(STAMP)
+	$(PY) -m pytest -q -n auto --dist worksteal tests/docs
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
