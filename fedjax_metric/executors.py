@@ -1,7 +1,7 @@
 """How a round runs: executors, and the one place ``executor='auto'`` is chosen.
 
 All executors compute the same function (`rounds.single_program_round`);
-tests/test_engine.py proves it:
+tests/test_executors.py proves it:
 
   * ``vmap``: every slot at once, the whole round one jitted XLA program, the
     clients axis sharded over a device mesh. The default on GPU/TPU.

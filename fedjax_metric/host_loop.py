@@ -4,7 +4,7 @@ Each slot runs the engine's client update (`engine.client_update`) as one
 jitted call, or, when its S local steps exceed ``steps_per_call``, the same
 update cut at block boundaries (`engine.start_client`, ``ceil(S / k)`` calls
 of `engine.run_steps`, `engine.finish_client`), skipping blocks that are all
-padding. Results equal the single-program executors' (tests/test_engine.py).
+padding. Results equal the single-program executors' (tests/test_executors.py).
 The default on one CPU process (executors.choose_executor says why).
 """
 

@@ -1,5 +1,6 @@
-"""Engine properties: executors agree, one compile, padding is inert, sharding
-is transparent, and one FedAvg step equals a hand-derived SGD step."""
+"""Engine properties: padding is inert, local epochs decay, the client table
+and hooks behave, and one FedAvg step equals a hand-derived SGD step.
+(Executors: test_executors.py; sharding: test_sharding.py.)"""
 
 import fl_fixtures as fx
 import jax
@@ -55,71 +56,6 @@ def run_rounds(
   return state, metrics, round_fn
 
 
-@pytest.mark.parametrize('norm', ['none', 'batch'])
-def test_executors_agree(norm):
-  _, alg, data, parts, variables = federation(norm=norm)
-  cohorts = [
-    fx.cohort(parts, ids, num_slots=4, round_idx=r)
-    for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])
-  ]
-  results = {}
-  # host with 2 steps per call runs blocks; with 100 it fuses each client.
-  for name, executor, chunk, per_call in [
-    ('vmap', 'vmap', 0, 2),
-    ('sequential', 'sequential', 0, 2),
-    ('chunked', 'chunked', 2, 2),
-    ('host', 'host', 0, 2),
-    ('host fused', 'host', 0, 100),
-  ]:
-    state, metrics, _ = run_rounds(
-      executor,
-      alg,
-      data,
-      parts,
-      variables,
-      cohorts,
-      chunk_size=chunk,
-      steps_per_call=per_call,
-    )
-    results[name] = (state.variables, metrics)
-  reference, ref_metrics = results['vmap']
-  assert fx.max_abs_diff(reference, variables) > 1e-3  # Training moved it.
-  for executor, (result, metrics) in results.items():
-    assert fx.max_abs_diff(reference, result) < 1e-5, executor
-    np.testing.assert_allclose(
-      metrics['train_loss_sum'], ref_metrics['train_loss_sum'], rtol=1e-5
-    )
-
-
-def test_single_program_compiles_once():
-  _, alg, data, parts, variables = federation()
-  # Different real cohort sizes and different clients (sizes) every round.
-  cohorts = [
-    fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=5)
-    for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])
-  ]
-  _, _, round_fn = run_rounds('vmap', alg, data, parts, variables, cohorts)
-  assert round_fn.jitted._cache_size() == 1
-
-
-def test_host_loop_compiles_once():
-  _, alg, data, parts, variables = federation()
-  cohorts = [
-    fx.cohort(parts, ids, num_slots=4, round_idx=r, num_steps=6)
-    for r, ids in enumerate([[0], [1, 2, 3], [2, 4, 5, 0]])
-  ]
-  _, _, round_fn = run_rounds('host', alg, data, parts, variables, cohorts)
-  for name, fn in round_fn.fns._asdict().items():
-    # 6 steps in blocks of 2: the fused one-block path is never taken.
-    assert fn._cache_size() == (0 if name == 'whole_client' else 1), name
-  # All 6 steps in one block: one fused call per client, compiled once.
-  _, _, round_fn = run_rounds(
-    'host', alg, data, parts, variables, cohorts, steps_per_call=6
-  )
-  assert round_fn.fns.whole_client._cache_size() == 1
-  assert round_fn.fns.steps._cache_size() == 0
-
-
 @pytest.mark.parametrize('executor', ['vmap', 'host'])
 def test_padding_slots_change_nothing(executor):
   _, alg, data, parts, variables = federation()
@@ -148,159 +84,6 @@ def test_padded_examples_and_steps_change_nothing(norm):
   a, _, _ = run_rounds('vmap', alg, data, parts, variables, [tight])
   b, _, _ = run_rounds('vmap', alg, data, parts, variables, [loose])
   assert fx.max_abs_diff(a.variables, b.variables) < 1e-6
-
-
-def test_sharded_over_four_devices_equals_one_device():
-  # Simulated CPU devices (conftest.py), also on a machine with one GPU.
-  assert len(jax.devices('cpu')) >= 4, 'conftest sets 4 simulated CPU devices'
-  _, alg, data, parts, variables = federation()
-  cohorts = [
-    fx.cohort(parts, ids, num_slots=4, round_idx=r)
-    for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])
-  ]
-  one, _, _ = run_rounds(
-    'vmap',
-    alg,
-    data,
-    parts,
-    variables,
-    cohorts,
-    mesh=sharding.make_mesh(1, backend='cpu'),
-  )
-  mesh4 = sharding.make_mesh(4, backend='cpu')
-  four, _, round_fn = run_rounds(
-    'vmap',
-    alg,
-    sharding.replicate(data, mesh4),
-    parts,
-    variables,
-    cohorts,
-    mesh=mesh4,
-  )
-  assert (
-    len(four.variables['params']['Dense_0']['kernel'].sharding.device_set) == 4
-  )
-  assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
-  hlo = (
-    round_fn.jitted.lower(
-      *sharding.replicate(engine.init_state(alg, variables, 6), mesh4),
-      sharding.shard_cohort(cohorts[0], mesh4),
-      sharding.replicate(data, mesh4),
-    )
-    .compile()
-    .as_text()
-  )
-  assert 'all-reduce' in hlo  # The weighted sum became a cross-device reduce.
-
-
-@pytest.mark.parametrize('executor', ['vmap', 'chunked'])
-def test_rounds_in_one_program_sharded_over_four_devices(executor):
-  """Two rounds as one program (a scan over rounds) with the clients axis
-  of the stacked [R, C, ...] cohorts split over 4 devices: the result of two
-  one-round calls on one device, and the scan body still all-reduces."""
-  _, alg, data, parts, variables = federation()
-  cohorts = [
-    fx.cohort(parts, ids, num_slots=4, round_idx=r)
-    for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5]])
-  ]
-  one, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts)
-  mesh4 = sharding.make_mesh(4, backend='cpu')
-  state, table, data4 = sharding.replicate(
-    (*engine.init_state(alg, variables, len(parts)), data), mesh4
-  )
-  rounds_fn = executors.make_rounds_fn(
-    fx.make_spec(alg, momentum=0.9),
-    data4,
-    executor=executor,
-    chunk_size=4 if executor == 'chunked' else 0,
-    rounds_per_call=2,
-    mesh=mesh4,
-  )
-  four, _, metrics = rounds_fn(state, table, cohorts)
-  assert metrics['train_loss_sum'].shape == (2,)
-  assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
-  stacked = sharding.shard_cohort(
-    jax.tree.map(lambda *x: np.stack(x), *cohorts), mesh4, stacked=True
-  )
-  assert len(stacked.example_idx.sharding.device_set) == 4
-  hlo = (
-    rounds_fn.jitted.lower(
-      *sharding.replicate(engine.init_state(alg, variables, 6), mesh4),
-      stacked,
-      data4,
-    )
-    .compile()
-    .as_text()
-  )
-  assert 'all-reduce' in hlo
-
-
-def test_chunked_sharded_over_four_devices_equals_vmap_on_one():
-  """Chunks interleave slots (j, j + m, ...), so a sharded clients axis keeps
-  every device busy in every chunk; the result must not depend on it."""
-  _, alg, data, parts, variables = federation()
-  cohorts = [
-    fx.cohort(parts, ids, num_slots=8, round_idx=r)
-    for r, ids in enumerate([[0, 2, 5], [1, 3, 4, 5, 0, 2]])
-  ]
-  one, _, _ = run_rounds(
-    'vmap',
-    alg,
-    data,
-    parts,
-    variables,
-    cohorts,
-    mesh=sharding.make_mesh(1, backend='cpu'),
-  )
-  mesh4 = sharding.make_mesh(4, backend='cpu')
-  four, _, round_fn = run_rounds(
-    'chunked',
-    alg,
-    sharding.replicate(data, mesh4),
-    parts,
-    variables,
-    cohorts,
-    mesh=mesh4,
-    chunk_size=4,
-  )
-  assert fx.max_abs_diff(one.variables, four.variables) < 1e-5
-  assert round_fn.jitted._cache_size() == 1
-
-
-@pytest.mark.parametrize('chunk_size', [3, 5])
-def test_chunk_size_that_does_not_divide_the_cohort(chunk_size):
-  _, alg, data, parts, variables = federation()
-  cohorts = [fx.cohort(parts, [0, 2, 5, 1], num_slots=4)]
-  a, _, _ = run_rounds('vmap', alg, data, parts, variables, cohorts)
-  b, _, _ = run_rounds(
-    'chunked', alg, data, parts, variables, cohorts, chunk_size=chunk_size
-  )
-  assert fx.max_abs_diff(a.variables, b.variables) < 1e-5
-
-
-@pytest.mark.parametrize(
-  'executor,chunk_size',
-  [('vmap', 0), ('sequential', 0), ('chunked', 2), ('host', 0)],
-)
-def test_no_implicit_transfer_inside_a_round(executor, chunk_size):
-  """Under ``transfer_guard('disallow')`` only explicit ``device_put`` may move
-  data: the cohort's index arrays. The host executor reads the masks on the
-  host, so it is given the NumPy cohort and puts each slot's indices itself."""
-  _, alg, data, parts, variables = federation(norm='batch')
-  spec = fx.make_spec(alg, momentum=0.9)
-  state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(
-    spec, data, executor=executor, chunk_size=chunk_size, steps_per_call=2
-  )
-  cohorts = [
-    fx.cohort(parts, ids, num_slots=4, round_idx=r)
-    for r, ids in enumerate([[0, 2, 5], [1, 3, 4]])
-  ]
-  state, table, _ = round_fn(state, table, cohorts[0])  # Compiles.
-  cohort = cohorts[1] if executor == 'host' else jax.device_put(cohorts[1])
-  with jax.transfer_guard('disallow'):
-    state, table, metrics = round_fn(state, table, cohort)
-  assert float(metrics['train_examples']) > 0
 
 
 def softmax(z):
@@ -406,14 +189,6 @@ def test_client_table_gather_and_scatter_drop_padding():
   rows = engine.gather_rows(table, ids)
   table = engine.scatter_rows(table, ids, jax.tree.map(lambda r: r + 1, rows))
   np.testing.assert_array_equal(table['count'], [1, 0, 0, 1, 0])
-
-
-def test_unknown_executor_is_a_clear_error():
-  _, alg, data, _, _ = federation()
-  with pytest.raises(ValueError, match='Unknown executor'):
-    executors.make_round_fn(fx.make_spec(alg), data, executor='pmap')
-  with pytest.raises(ValueError, match='chunk_size'):
-    executors.make_round_fn(fx.make_spec(alg), data, executor='chunked')
 
 
 def counting_algorithm(model):

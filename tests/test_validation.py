@@ -1,0 +1,135 @@
+"""validation.validate: every config field is checked before a run writes
+anything, and a bad one is named in a one-line error."""
+
+import os
+
+import pytest
+from test_faults import (
+  _config_names,
+  _set,
+  _supervised_config_names,
+  load_config,
+)
+
+from fedjax_metric import train, validation
+from fedjax_metric.data import sources
+
+
+def test_failed_starts_write_nothing(tmp_path):
+  workdir = str(tmp_path / 'run')
+
+  def attempt(change, error, match):
+    config = load_config('fedavg')
+    change(config)
+    with pytest.raises(error, match=match):
+      train.run(config, workdir, stop_after_round=1)
+
+  attempt(
+    lambda c: (
+      setattr(c.dataset, 'name', 'mnist'),
+      setattr(c.dataset, 'data_dir', str(tmp_path / 'no')),
+    ),
+    sources.DatasetNotFoundError,
+    'train-images',
+  )
+  attempt(
+    lambda c: setattr(c, 'executor', 'vmapp'),
+    validation.ConfigError,
+    'executor',
+  )
+  attempt(
+    lambda c: setattr(c.local, 'learning_rate', -0.1),
+    validation.ConfigError,
+    'local.learning_rate',
+  )
+  attempt(
+    lambda c: setattr(c, 'clients_per_round', 9),
+    validation.ConfigError,
+    'clients_per_round=9',
+  )
+  assert not os.path.exists(workdir)  # Refused before anything was written.
+
+
+@pytest.mark.parametrize(
+  'change, match',
+  [
+    (_set('clients_per_round', 5), 'clients_per_round=5 is more than'),
+    (_set('num_clients', 5000), 'digits has 1438 training examples'),
+    (_set('local.momentum', 1.5), r'local.momentum must be < 1.0'),
+    (_set('local.learning_rate', float('nan')), 'must be finite'),
+    (_set('local.optimizer', 'sgdd'), "local.optimizer is not usable.*'adam'"),
+    (_set('server.optimizer', 'adm'), 'server.optimizer'),
+    (_set('local.schedule', 'cosin'), 'local.schedule'),
+    (_set('partition.method', 'dirichet'), 'partition.method must be one of'),
+    (_set('model.name', 'resnet19'), "model.name must be one of .*'resnet18'"),
+    (_set('algorithm', 'fedavgm'), "algorithm must be one of .*'fedprox'"),
+    (_set('num_rounds', 0), 'num_rounds must be >= 1'),
+    (_set('eval_every', 0), 'eval_every must be >= 1'),
+    (
+      _set('cohort_sampler', 'fast'),
+      "cohort_sampler must be one of .*'vectorized'",
+    ),
+    (_set('local.steps', 0), 'trains nothing'),
+    (_set('dataset.name', 'fashion-mnist'), "Did you mean 'fashion_mnist'"),
+    (_set('dataset.name', 'cifar_10'), "Did you mean 'cifar10'"),
+  ],
+)
+def test_bad_values_are_refused_with_the_field_named(change, match):
+  config = load_config('fedavg')
+  change(config)
+  if match == 'trains nothing':
+    config.local.epochs = 0
+  error = (
+    sources.DatasetNotFoundError
+    if 'Did you mean' in match
+    else validation.ConfigError
+  )
+  with pytest.raises(error, match=match):
+    validation.validate(config)
+
+
+def test_model_and_algorithm_fields_are_checked_without_building(tmp_path):
+  config = load_config('fedavg')
+  config.model.unlock()
+  config.model.depth = 50
+  with pytest.raises(validation.ConfigError, match='depth'):
+    validation.validate(config)
+  config = load_config('fedprox')
+  config.algorithm_kwargs.nu = 0.1
+  with pytest.raises(validation.ConfigError, match=r"\['nu'\].*'mu'"):
+    validation.validate(config)
+
+
+def test_a_field_without_a_rule_is_not_range_checked():
+  config = load_config('fedavg')
+  config.brand_new_field = -12345  # A field added after this validator.
+  config.local.brand_new_knob = 'anything'
+  validation.validate(config)  # Raises on any field it checks.
+  # The fields that have a rule are still checked beside the new ones.
+  config.local.learning_rate = -1.0
+  with pytest.raises(validation.ConfigError, match='local.learning_rate'):
+    validation.validate(config)
+
+
+@pytest.mark.parametrize('name', _config_names())
+def test_every_config_rejects_an_unknown_argument_naming_the_known(name):
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  module = importlib.import_module(f'configs.{name}')
+  with pytest.raises(ValueError, match="Unknown config argument 'no_such'"):
+    module.get_config('runlocal,no_such=1')
+
+
+@pytest.mark.parametrize('name', _supervised_config_names())
+def test_every_config_takes_central_model_and_dataset(name):
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config('runlocal,central,model=small_cnn')
+  assert (config.num_clients, config.clients_per_round) == (1, 1)
+  assert config.partition.method == 'iid'
+  assert config.model.name == 'small_cnn'
+  validation.validate(config)
+  explicit = module.get_config('runlocal,dataset=fashion_mnist')
+  assert explicit.dataset.name == 'fashion_mnist'
+  assert module.get_config('runlocal').dataset.name == 'digits'
