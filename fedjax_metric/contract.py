@@ -86,7 +86,8 @@ class Aggregate(NamedTuple):
 class Algorithm(NamedTuple):
   """A federated algorithm: pure functions, hyperparameters closed over.
 
-  Every client hook takes the `ClientContext`. FedAvg fills each slot
+  Every client hook takes the `ClientContext`, as its last argument (after
+  the values it differentiates or updates). FedAvg fills each slot
   (algorithms/fedavg.py); a method replaces the slots it changes.
 
   Attributes:
@@ -99,9 +100,9 @@ class Algorithm(NamedTuple):
       the per-round state carried through its local steps.
     client_loss: ``(params, model_state, batch, ctx) -> (loss, (model_state,
       metrics))``, differentiated w.r.t. params; loss is a masked mean.
-    client_step_end: ``(ctx, params, model_state) -> local_state``, after each
+    client_step_end: ``(params, model_state, ctx) -> local_state``, after each
       real optimizer step (ctx.step is the step just taken).
-    client_final: ``(ctx, end_variables) -> (update, weight, new_row)``.
+    client_final: ``(end_variables, ctx) -> (update, weight, new_row)``.
     server_update: ``(server_state, aggregate, client_table) ->
       server_state``; the table already holds this round's new rows.
     client_batches: optional, host-side (NumPy): ``(example_indices, labels,

@@ -289,7 +289,7 @@ def _local_step(
     )
     updates = jax.tree.map(lambda u: u * factor, updates)
   params = optax.apply_updates(carry.params, updates)
-  local_state = alg.client_step_end(ctx, params, model_state)
+  local_state = alg.client_step_end(params, model_state, ctx)
   count = jnp.sum(example_mask.astype(jnp.float32))
   new = carry._replace(
     params=params,
@@ -358,7 +358,7 @@ def finish_client(spec: RoundSpec, data, server_state, inputs, carry):
     _FINAL_KEY,
   )
   end_variables = merge_variables(carry.params, carry.model_state)
-  update, weight, new_row = spec.algorithm.client_final(ctx, end_variables)
+  update, weight, new_row = spec.algorithm.client_final(end_variables, ctx)
   return (
     update,
     weight,

@@ -229,12 +229,12 @@ def counting_algorithm(model):
       'label_sum': label_sum,
     }
 
-  def client_step_end(ctx, params, model_state):
+  def client_step_end(params, model_state, ctx):
     del params, model_state
     return {**ctx.local_state, 'steps': ctx.local_state['steps'] + 1}
 
-  def client_final(ctx, end_variables):
-    update, weight, _ = base.client_final(ctx, end_variables)
+  def client_final(end_variables, ctx):
+    update, weight, _ = base.client_final(end_variables, ctx)
     row = ctx.client_row
     return (
       update,

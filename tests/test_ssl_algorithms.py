@@ -533,7 +533,7 @@ def test_client_final_weights_by_local_batches():
   state = alg.init_server(variables, 2, jax.random.key(0))
   end = jax.tree.map(lambda v: v + 0.5, state.variables)
   delta, weight, _ = alg.client_final(
-    make_ctx(state, num_steps=7.0, num_examples=900.0), end
+    end, make_ctx(state, num_steps=7.0, num_examples=900.0)
   )
   assert float(weight) == 7.0
   np.testing.assert_allclose(delta['params']['enc']['bias'], 0.5, atol=1e-6)
@@ -772,7 +772,7 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
     )
     ends.append(end)
     with jax.default_matmul_precision(HIGHEST):
-      u, w, _ = alg.client_final(make_ctx(state, num_steps=steps[k]), end)
+      u, w, _ = alg.client_final(end, make_ctx(state, num_steps=steps[k]))
     updates.append(u)
     weights.append(float(w))
   update_sum = jax.tree.map(

@@ -113,7 +113,7 @@ def make(
       (model_state, {}),
     )
 
-  def client_final(ctx, end_variables):
+  def client_final(end_variables, ctx):
     has_data = ctx.num_examples > 0
     row = {
       'variables': end_variables,

@@ -288,7 +288,7 @@ def make_client_final(weighting='num_batches'):
   included), weight by `aggregation_weight`."""
   check_weighting(weighting)
 
-  def client_final(ctx, end_variables):
+  def client_final(end_variables, ctx):
     delta = jax.tree.map(
       jnp.subtract, end_variables, ctx.server_state.variables
     )

@@ -311,8 +311,8 @@ def make(
       for name in ('counter', 'interval_sum', 'interval_count')
     }
 
-  def client_final(ctx, end_variables):
-    delta, _, row = base.client_final(ctx, end_variables)
+  def client_final(end_variables, ctx):
+    delta, _, row = base.client_final(end_variables, ctx)
     if aggregation == 'adaptive':
       omega = current_omega(ctx.server_state.extra, ctx.client_id)
     elif aggregation == 'known_prob':

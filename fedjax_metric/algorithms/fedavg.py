@@ -55,7 +55,7 @@ def start_from_global(ctx):
   return ctx.server_state.variables, ()
 
 
-def unchanged_local_state(ctx, params, model_state):
+def unchanged_local_state(params, model_state, ctx):
   del params, model_state
   return ctx.local_state
 
@@ -140,7 +140,7 @@ def make_delta_final(weighting: str = 'num_examples'):
       f'Unknown weighting {weighting!r}; use one of {WEIGHTINGS}.'
     )
 
-  def client_final(ctx, end_variables):
+  def client_final(end_variables, ctx):
     delta = jax.tree.map(
       jnp.subtract, end_variables, ctx.server_state.variables
     )

@@ -170,10 +170,10 @@ def make(
       (model_state, {}),
     )
 
-  def client_final(ctx, end_variables):
+  def client_final(end_variables, ctx):
     trained, model_state = split_variables(end_variables)
     delta, weight, row = base.client_final(
-      ctx, merge_variables(trained['model'], model_state)
+      merge_variables(trained['model'], model_state), ctx
     )
     present = (ctx.num_examples > 0).astype(jnp.float32)
     one_hot = jax.nn.one_hot(ctx.local_state['class'], num_classes) * present

@@ -321,8 +321,8 @@ def make(
       loss = loss / shared_mean_radius(extra, scale)
     return loss, (model_state, {})
 
-  def client_final(ctx, end_variables):
-    delta, weight, _ = base.client_final(ctx, end_variables)
+  def client_final(end_variables, ctx):
+    delta, weight, _ = base.client_final(end_variables, ctx)
     if not shares:
       return delta, weight, ctx.client_row
     if center == 'round_start':

@@ -279,7 +279,7 @@ def make(
       'weight': jnp.zeros((), jnp.float32),
     }
 
-  def client_final(ctx, end_variables):
+  def client_final(end_variables, ctx):
     delta = jax.tree.map(
       jnp.subtract, end_variables, ctx.server_state.variables
     )
@@ -314,7 +314,7 @@ def make(
   )
   if aggregation == 'avg':
     return base._replace(
-      client_final=lambda ctx, v: (
+      client_final=lambda v, ctx: (
         jax.tree.map(jnp.subtract, v, ctx.server_state.variables),
         client_weight(ctx),
         ctx.client_row,

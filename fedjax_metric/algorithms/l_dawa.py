@@ -148,7 +148,7 @@ def make(
     )
     return loss, (model_state, {'nt_xent': loss})
 
-  def client_final(ctx, end_variables):
+  def client_final(end_variables, ctx):
     global_variables = ctx.server_state.variables
     deltas = divergence_weights(end_variables, global_variables, scope=scope)
     scaled = jax.tree.map(

@@ -72,8 +72,8 @@ def make(
     model, server_optimizer=server_optimizer, weighting='uniform'
   )
 
-  def client_final(ctx, end_variables):
-    delta, weight, _ = base.client_final(ctx, end_variables)
+  def client_final(end_variables, ctx):
+    delta, weight, _ = base.client_final(end_variables, ctx)
     return delta, weight, delta
 
   def server_update(server_state, aggregate, client_table):

@@ -72,8 +72,8 @@ def make(
       {'ce': ce, 'metric': contrastive},
     )
 
-  def client_final(ctx, end_variables):
-    update, weight, _ = base.client_final(ctx, end_variables)
+  def client_final(end_variables, ctx):
+    update, weight, _ = base.client_final(end_variables, ctx)
     return update, weight, end_variables
 
   return base._replace(

@@ -338,7 +338,7 @@ def make(
     loss = ce + contrastive_weight * contrastive
     return loss, (model_state, {'ce': ce, 'metric': contrastive})
 
-  def client_step_end(ctx, params, model_state):
+  def client_step_end(params, model_state, ctx):
     local = dict(ctx.local_state)
     local['buffer'], local['head'], local['fill'] = push(
       local['buffer'], local['head'], local['fill'], local['current']
@@ -346,8 +346,8 @@ def make(
     local['current'] = merge_variables(params, model_state)
     return local
 
-  def client_final(ctx, end_variables):
-    delta, _, _ = base.client_final(ctx, end_variables)
+  def client_final(end_variables, ctx):
+    delta, _, _ = base.client_final(end_variables, ctx)
     local = ctx.local_state
     row = {
       'buffer': local['buffer'],

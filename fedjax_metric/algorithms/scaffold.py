@@ -91,8 +91,8 @@ def make(
     )
     return loss + _dot(jax.lax.stop_gradient(correction), params), aux
 
-  def client_final(ctx, end_variables):
-    delta, weight, _ = base.client_final(ctx, end_variables)
+  def client_final(end_variables, ctx):
+    delta, weight, _ = base.client_final(end_variables, ctx)
     global_params, _ = split_variables(ctx.server_state.variables)
     local_params, _ = split_variables(end_variables)
     new_control = control_variate_update(
