@@ -13,8 +13,12 @@ Running again on the same workdir resumes from the last checkpoint. Cohorts,
 batches and PRNG keys are functions of (seed, round, client), so a resumed run
 ends with the same model as an uninterrupted one (tests/test_train.py).
 
-Faults (tests/test_faults.py): the config is validated before anything is
-written; a workdir holding checkpoints or a finished run refuses another
+The pieces it calls: assemble.py builds the data, partition, model and
+algorithm; executors.plan decides how rounds are called; workdir.py reads and
+writes the workdir's files. This module is the order they run in.
+
+Faults (tests/test_faults.py, tests/test_validation.py): the config is
+validated before anything is written; a workdir holding checkpoints or a finished run refuses another
 config; no checkpoint is saved with non-finite values; an unreadable newest
 checkpoint is moved aside and the run resumes from the newest readable one;
 SIGTERM / SIGINT save a checkpoint after the round in progress and stop.
@@ -73,55 +77,6 @@ def run(
     contextlib.ExitStack() as cleanup,
   ):
     return _run(config, workdir, stop_after_round, stop, cleanup)
-
-
-def _train_row(train_sums, done, diverged):
-  """The training columns of an evaluation row from the rounds' sums.
-
-  ``train_sums``: dicts of per-round arrays since the last evaluation. The
-  loss and each named term are per real training example (train_loss,
-  train_ce, train_metric, ...). A non-finite loss raises ``diverged``.
-  """
-  sums = {
-    name: np.concatenate([np.ravel(s[name]) for s in train_sums])
-    for name in train_sums[0]
-  }
-  loss_sums, counts = sums['train_loss_sum'], sums['train_examples']
-  bad = np.flatnonzero(~np.isfinite(loss_sums))
-  if bad.size:
-    first_bad = done - len(loss_sums) + int(bad[0]) + 1
-    raise diverged(f'Training loss is {loss_sums[bad[0]]}', first_bad)
-  examples = max(float(counts.sum()), 1.0)
-  row = {
-    name[: -len('_sum')]: float(total.sum() / examples)
-    for name, total in sums.items()
-    if name.endswith('_sum') and name != 'train_loss_sum'
-  }
-  row['train_loss'] = float(loss_sums.sum() / examples)
-  return row, float(counts.sum()), len(counts)
-
-
-def _diverged_error(workdir, last_saved):
-  """``(what, round) -> FloatingPointError`` naming what was kept."""
-  if last_saved is None:
-    kept = (
-      'no checkpoint was saved, so the same --workdir may be rerun '
-      'with the change'
-    )
-  else:
-    kept = (
-      f'the last good checkpoint (round {last_saved}) in '
-      f'{workdir}/checkpoints is kept; rerun the change in a new '
-      '--workdir'
-    )
-
-  def error(what, done):
-    return FloatingPointError(
-      f'{what} at round {done}. Lower --config.local.learning_rate or set '
-      f'--config.local.grad_clip_norm; {kept}.'
-    )
-
-  return error
 
 
 def _run(config, workdir, stop_after_round, stop, cleanup):
@@ -239,7 +194,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   def save(round_idx):
     nonlocal last_saved
     if not faults.all_finite((server_state, client_table)):
-      raise _diverged_error(workdir, last_saved)(
+      raise workdir_lib.diverged_error(workdir, last_saved)(
         'The model holds NaN or infinite values', round_idx
       )
     checkpoints.save(
@@ -297,8 +252,8 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     done = first + rounds_per_call
     bar.update(rounds_per_call)
     if done % config.eval_every == 0 or done == end_round:
-      train_row, examples, rounds = _train_row(
-        train_sums, done, _diverged_error(workdir, last_saved)
+      train_row, examples, rounds = workdir_lib.train_row(
+        train_sums, done, workdir_lib.diverged_error(workdir, last_saved)
       )
       train_sums = []
       interval = time.time() - interval_start

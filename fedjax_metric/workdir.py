@@ -391,3 +391,52 @@ def append_metrics(metrics_path, writer, row):
       if name != 'round':
         writer.add_scalar(name, value, row['round'])
     writer.flush()
+
+
+def train_row(train_sums, done, diverged):
+  """The training columns of an evaluation row from the rounds' sums.
+
+  ``train_sums``: dicts of per-round arrays since the last evaluation. The
+  loss and each named term are per real training example (train_loss,
+  train_ce, train_metric, ...). A non-finite loss raises ``diverged``.
+  """
+  sums = {
+    name: np.concatenate([np.ravel(s[name]) for s in train_sums])
+    for name in train_sums[0]
+  }
+  loss_sums, counts = sums['train_loss_sum'], sums['train_examples']
+  bad = np.flatnonzero(~np.isfinite(loss_sums))
+  if bad.size:
+    first_bad = done - len(loss_sums) + int(bad[0]) + 1
+    raise diverged(f'Training loss is {loss_sums[bad[0]]}', first_bad)
+  examples = max(float(counts.sum()), 1.0)
+  row = {
+    name[: -len('_sum')]: float(total.sum() / examples)
+    for name, total in sums.items()
+    if name.endswith('_sum') and name != 'train_loss_sum'
+  }
+  row['train_loss'] = float(loss_sums.sum() / examples)
+  return row, float(counts.sum()), len(counts)
+
+
+def diverged_error(workdir, last_saved):
+  """``(what, round) -> FloatingPointError`` naming what was kept."""
+  if last_saved is None:
+    kept = (
+      'no checkpoint was saved, so the same --workdir may be rerun '
+      'with the change'
+    )
+  else:
+    kept = (
+      f'the last good checkpoint (round {last_saved}) in '
+      f'{workdir}/checkpoints is kept; rerun the change in a new '
+      '--workdir'
+    )
+
+  def error(what, done):
+    return FloatingPointError(
+      f'{what} at round {done}. Lower --config.local.learning_rate or set '
+      f'--config.local.grad_clip_norm; {kept}.'
+    )
+
+  return error
