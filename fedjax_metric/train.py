@@ -19,9 +19,10 @@ writes the workdir's files. This module is the order they run in.
 
 Faults (tests/test_faults.py, tests/test_validation.py): the config is
 validated before anything is written; a workdir holding checkpoints or a
-finished run refuses another config; no checkpoint is saved with non-finite values; an unreadable newest
-checkpoint is moved aside and the run resumes from the newest readable one;
-SIGTERM / SIGINT save a checkpoint after the round in progress and stop.
+finished run refuses another config; no checkpoint is saved with non-finite
+values; an unreadable newest checkpoint is moved aside and the run resumes
+from the newest readable one; SIGTERM / SIGINT save a checkpoint after the
+round in progress and stop.
 """
 
 import contextlib
