@@ -18,6 +18,7 @@ Multi-process runs (one process per host, one shared workdir): pass
 docs/multihost.md.
 """
 
+import difflib
 import signal
 import sys
 
@@ -101,6 +102,42 @@ def config_names_to_files(argv):
   return resolved
 
 
+def override_error(argv, error) -> str:
+  """One line for a ``--config.a.b=value`` that does not fit the config.
+
+  ml_collections reports a mistyped field as a chain of KeyError /
+  AttributeError and a field under a value (``local.optimizer.lr``) as a
+  TypeError; this names the override, the block it missed and the closest
+  field there. Other parse errors keep their own message.
+  """
+  config_arg = next((a for a in argv if a.startswith('--config=')), None)
+  if config_arg is None:
+    return one_line(error)
+  name, _, arg = config_arg[len('--config=') :].partition(':')
+  try:
+    config = api.get_config(name, arg or None)
+  except Exception:  # pylint: disable=broad-except
+    return one_line(error)  # The config itself fails: its own message.
+  for item in argv:
+    if not item.startswith('--config.'):
+      continue
+    path = item[len('--config.') :].split('=', 1)[0].split('.')
+    node = config
+    for depth, part in enumerate(path):
+      block = '.'.join(path[:depth]) or 'the config'
+      if not isinstance(node, ml_collections.ConfigDict):
+        return (
+          f'--config.{".".join(path)}: {block} is a value '
+          f'({node!r}), not a block of fields.'
+        )
+      if part not in node:
+        close = difflib.get_close_matches(part, list(node.keys()), n=1)
+        hint = f'; did you mean {close[0]!r}?' if close else '.'
+        return f'--config.{".".join(path)}: {block} has no field {part!r}{hint}'
+      node = node[part]
+  return one_line(error)
+
+
 def parse_flags(argv):
   """absl's parsing, with its errors as one line (and exit status 1)."""
   try:
@@ -109,10 +146,10 @@ def parse_flags(argv):
     sys.exit(f'error: {one_line(e)}')
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
     if '--verbose' in argv:
       raise
-    sys.exit(f'error: {one_line(e)}')
+    sys.exit(f'error: {override_error(argv, e)}')
 
 
 def distributed_args(coordinator_address, num_processes, process_id):
@@ -151,7 +188,10 @@ def distributed_args(coordinator_address, num_processes, process_id):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    sys.exit(
+      f'error: unexpected argument(s) {" ".join(argv[1:])}; every option is '
+      '--name=value (--helpfull lists them).'
+    )
   if not flags.FLAGS['verbosity'].present:
     # orbax logs every checkpoint step at INFO; --verbosity=0 brings it back.
     logging.set_verbosity(logging.WARNING)

@@ -324,13 +324,48 @@ def test_cli_overrides_and_locked_config(tmp_path):
     0.3,
   )
   assert saved['model']['conv_impl'] == 'patches'
+
+
+@pytest.mark.parametrize(
+  'mistake, expected',
+  [
+    # The README's own example of a mistyped field.
+    (
+      '--config.num_round=5',
+      "error: --config.num_round: the config has no field 'num_round'; "
+      "did you mean 'num_rounds'?",
+    ),
+    (
+      '--config.local.learning_rat=0.1',
+      'error: --config.local.learning_rat: local has no field '
+      "'learning_rat'; did you mean 'learning_rate'?",
+    ),
+    # An option the algorithm does not take (fedavg has no mu).
+    (
+      '--config.algorithm_kwargs.mu=1',
+      'error: --config.algorithm_kwargs.mu: algorithm_kwargs has no field '
+      "'mu'.",
+    ),
+    # A field under a value, not a block.
+    (
+      '--config.local.optimizer.lr=3',
+      'error: --config.local.optimizer.lr: local.optimizer is a value '
+      "('sgd'), not a block of fields.",
+    ),
+    (
+      'extra',
+      'error: unexpected argument(s) extra; every option is --name=value '
+      '(--helpfull lists them).',
+    ),
+  ],
+)
+def test_a_mistaken_override_is_one_line(mistake, expected, tmp_path):
   bad = run_cli(
-    '--config=configs/fedavg.py:runlocal',
-    '--config.num_round=1',
-    f'--workdir={tmp_path}/b',
+    '--config=configs/fedavg.py:runlocal', mistake, f'--workdir={tmp_path}/b'
   )
-  assert bad.returncode != 0
-  assert 'num_round' in bad.stderr
+  assert bad.returncode == 1
+  assert bad.stderr.strip().splitlines() == [expected], bad.stderr[-2000:]
+  assert not (tmp_path / 'b').exists()  # Nothing written.
 
 
 @pytest.mark.skipif(
