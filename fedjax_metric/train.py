@@ -85,14 +85,16 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   what it opens, on errors too."""
   # Before anything is written: a failed start must leave nothing behind.
   validation.validate(config)
-  workdir_lib.check_resume_config(workdir, config)
-  finished = workdir_lib.check_rounds(workdir, config)
-  if finished is not None:
-    return finished
   os.makedirs(workdir, exist_ok=True)
   # With several processes (one workdir on a shared file system) process 0
   # writes every file but the checkpoints, which all processes save together.
   chief = jax.process_index() == 0
+  if chief:  # One run per workdir, from here until this function returns.
+    cleanup.enter_context(workdir_lib.lock(workdir))
+  workdir_lib.check_resume_config(workdir, config)
+  finished = workdir_lib.check_rounds(workdir, config)
+  if finished is not None:
+    return finished
 
   # ----- Data, partition, model, algorithm; the executor. -----
   choice = executors.choose_executor(

@@ -21,7 +21,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
 
-from fedjax_metric import assemble, engine, faults, settings, validation
+from fedjax_metric import (
+  assemble,
+  engine,
+  faults,
+  settings,
+  validation,
+  workdir_lock,
+)
 from fedjax_metric.data import augment, participation, partition
 
 # Keys whose change between a run and its resumption is harmless.
@@ -440,3 +447,9 @@ def diverged_error(workdir, last_saved):
     )
 
   return error
+
+
+def lock(workdir):
+  """The workdir's exclusive lock (`workdir_lock.WorkdirLock`): one run
+  writes a workdir at a time; a stale lock is taken over with a note."""
+  return workdir_lock.WorkdirLock(workdir, report=say)

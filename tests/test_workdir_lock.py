@@ -1,0 +1,112 @@
+"""One writer per workdir (fedjax_metric/workdir_lock.py)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from test_train import ROOT, load_config, read_metrics
+
+from fedjax_metric import train
+from fedjax_metric.workdir_lock import LOCK_NAME, WorkdirInUseError, WorkdirLock
+
+
+def write_lock(workdir, pid, host=None):
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, LOCK_NAME), 'w') as f:
+    json.dump(
+      {'host': host or socket.gethostname(), 'pid': pid, 'started': 0.0}, f
+    )
+
+
+@pytest.fixture
+def live_pid():
+  proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+  yield proc.pid
+  proc.kill()
+  proc.wait()
+
+
+def dead_pid():
+  proc = subprocess.Popen([sys.executable, '-c', 'pass'])
+  proc.wait()
+  return proc.pid
+
+
+def test_a_live_holder_is_refused_in_one_line_naming_it(tmp_path, live_pid):
+  write_lock(tmp_path, live_pid)
+  with pytest.raises(WorkdirInUseError) as info:
+    with WorkdirLock(str(tmp_path)):
+      pass
+  message = str(info.value)
+  assert f'PID {live_pid} on {socket.gethostname()}' in message
+  assert '\n' not in message
+  # The holder's lock is left alone.
+  with open(tmp_path / LOCK_NAME) as f:
+    assert json.load(f)['pid'] == live_pid
+
+
+def test_a_stale_lock_is_taken_over_with_a_note_and_released(tmp_path):
+  pid = dead_pid()
+  write_lock(tmp_path, pid)
+  notes = []
+  with WorkdirLock(str(tmp_path), report=notes.append):
+    with open(tmp_path / LOCK_NAME) as f:
+      assert json.load(f)['pid'] == os.getpid()
+  assert len(notes) == 1 and f'PID {pid}' in notes[0]
+  assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_another_hosts_lock_is_not_guessed_stale(tmp_path):
+  write_lock(tmp_path, dead_pid(), host='elsewhere')
+  with pytest.raises(WorkdirInUseError, match='delete'):
+    with WorkdirLock(str(tmp_path)):
+      pass
+
+
+def test_train_run_refuses_a_held_workdir_and_writes_nothing(
+  tmp_path, live_pid
+):
+  write_lock(tmp_path, live_pid)
+  with pytest.raises(WorkdirInUseError, match=f'PID {live_pid}'):
+    train.run(load_config('fedavg'), str(tmp_path))
+  assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]
+  # Once the holder is gone the same workdir runs, and keeps no lock.
+  write_lock(tmp_path, dead_pid())
+  train.run(load_config('fedavg'), str(tmp_path))
+  assert not (tmp_path / LOCK_NAME).exists()
+  assert [r['round'] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_two_runs_started_together_have_one_writer(tmp_path):
+  """The fault trial's case: two runs 0.5 s apart on one workdir."""
+  command = [
+    sys.executable,
+    '-m',
+    'launch.main',
+    '--config=configs/fedavg.py:runlocal',
+    '--config.num_rounds=4',
+    f'--workdir={tmp_path}',
+  ]
+  first = subprocess.Popen(
+    command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
+  time.sleep(0.5)
+  second = subprocess.run(
+    command, cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
+  _, first_err = first.communicate(timeout=300)
+  codes = sorted([first.returncode, second.returncode])
+  refused_err = second.stderr if second.returncode else first_err
+  # The second either ran after the first finished (it found nothing to do)
+  # or was refused in one line; never two writers.
+  if codes == [0, 1]:
+    lines = refused_err.strip().splitlines()
+    assert len(lines) == 1 and 'is in use by PID' in lines[0], refused_err
+  else:
+    assert codes == [0, 0], (first_err, second.stderr)
+  rounds = [r['round'] for r in read_metrics(tmp_path)]
+  assert rounds == sorted(set(rounds)) and rounds[-1] == 4
