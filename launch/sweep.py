@@ -50,8 +50,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
@@ -340,44 +342,111 @@ def run_points(
   running = {}  # Popen -> (point, start time, log file)
   queue = collections.deque(todo)
   finished = 0
-  while queue or running:
-    while queue and len(running) < parallel:
-      point = queue.popleft()
-      write_point_file(point)
-      log = open(os.path.join(point.workdir, LOG_FILE), 'a')
-      process = subprocess.Popen(
-        command(point.workdir), stdout=log, stderr=subprocess.STDOUT
+  with _ForwardedStop(running) as stop:
+    while (queue or running) and not stop.signals:
+      finished = _poll_points(
+        running, queue, parallel, command, say, outcomes, finished, len(todo)
       )
-      running[process] = (point, time.time(), log)
-      say(f'start {point.workdir}')
-    for process in list(running):
-      if process.poll() is None:
-        continue
-      point, start, log = running.pop(process)
-      log.close()
-      finished += 1
-      seconds = time.time() - start
-      if process.returncode == 0:
-        outcomes[point.workdir] = 'done'
-        summary = _read_json(os.path.join(point.workdir, 'summary.json')) or {}
-        shown = {
-          k: round(v, 4)
-          for k, v in summary.items()
-          if k.startswith('test_') and 'accuracy' in k
-        }
-        say(
-          f'[{finished}/{len(todo)}] done in {seconds:.0f} s '
-          f'{point.workdir} {shown}'
-        )
-      else:
-        outcomes[point.workdir] = f'failed (rc={process.returncode})'
-        say(
-          f'[{finished}/{len(todo)}] FAILED rc={process.returncode} '
-          f'{point.workdir}; see {LOG_FILE} there.'
-        )
-    if running:
-      time.sleep(0.2)
+  if stop.signals:
+    name = signal.Signals(stop.signals[0]).name
+    say(
+      f'{name}: stopped; {len(todo) - finished} point(s) not finished (the '
+      'running ones saved a checkpoint after their round in progress). Run '
+      'the same command again to resume.'
+    )
+    sys.exit(128 + stop.signals[0])
   return outcomes
+
+
+class _ForwardedStop:
+  """SIGTERM / SIGINT to the sweep stop it and reach its running points.
+
+  The children share the sweep's process group, so a terminal's Ctrl-C
+  reaches them directly; a ``kill`` of the sweep's PID does not. Either
+  way each running point is sent SIGTERM (a point stops after its round in
+  progress with a checkpoint; one already stopping by Ctrl-C just stops), no
+  new point starts, and the sweep waits for them before it exits: no child
+  keeps training after its sweep is gone.
+  """
+
+  def __init__(self, running):
+    self.running = running
+    self.signals = []
+    self._signaled = set()
+    self._previous = {}
+
+  def _forward(self):
+    # Once per child: a second SIGTERM would stop it at once, mid-round.
+    for process in self.running:
+      if process.poll() is None and process not in self._signaled:
+        process.send_signal(signal.SIGTERM)
+        self._signaled.add(process)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signals.append(signum)
+    self._forward()
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc_info):
+    try:
+      if self.signals:  # Also a point started while the signal came.
+        self._forward()
+      for process, (_, _, log) in list(self.running.items()):
+        process.wait()
+        log.close()
+    finally:
+      for signum, previous in self._previous.items():
+        signal.signal(signum, previous)
+    return False
+
+
+def _poll_points(
+  running, queue, parallel, command, say, outcomes, finished, total
+):
+  """Starts points up to ``parallel`` and records the ones that ended;
+  returns the count of finished points."""
+  while queue and len(running) < parallel:
+    point = queue.popleft()
+    write_point_file(point)
+    log = open(os.path.join(point.workdir, LOG_FILE), 'a')
+    process = subprocess.Popen(
+      command(point.workdir), stdout=log, stderr=subprocess.STDOUT
+    )
+    running[process] = (point, time.time(), log)
+    say(f'start {point.workdir}')
+  for process in list(running):
+    if process.poll() is None:
+      continue
+    point, start, log = running.pop(process)
+    log.close()
+    finished += 1
+    seconds = time.time() - start
+    if process.returncode == 0:
+      outcomes[point.workdir] = 'done'
+      summary = _read_json(os.path.join(point.workdir, 'summary.json')) or {}
+      shown = {
+        k: round(v, 4)
+        for k, v in summary.items()
+        if k.startswith('test_') and 'accuracy' in k
+      }
+      say(
+        f'[{finished}/{total}] done in {seconds:.0f} s {point.workdir} {shown}'
+      )
+    else:
+      outcomes[point.workdir] = f'failed (rc={process.returncode})'
+      say(
+        f'[{finished}/{total}] FAILED rc={process.returncode} '
+        f'{point.workdir}; see {LOG_FILE} there.'
+      )
+  if running:
+    time.sleep(0.2)
+  return finished
 
 
 # ---------------------------------------------------------------------------

@@ -5,11 +5,14 @@ summary.json) and fake child processes, so they take milliseconds; one trains
 a real ``:runlocal`` point in-process and one calls the command line.
 """
 
+import glob
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -497,3 +500,66 @@ def test_table_command_line(fake_root, tmp_path):
   )
   assert result.stdout == out.read_text()
   assert result.stdout.strip().split('\n')[1].startswith('fedavg,0.3,')
+
+
+SWEEP_WITH_SLOW_POINTS = r"""
+import sys
+import time
+sys.path.insert(0, {root!r})
+from launch import sweep
+
+child = (
+  "import os, signal, sys, time; w = sys.argv[1]\n"
+  "open(os.path.join(w, 'pid'), 'w').write(str(os.getpid()))\n"
+  "def stop(signum, frame):\n"
+  "  time.sleep(0.5)  # The round in progress, then its checkpoint.\n"
+  "  open(os.path.join(w, 'stopped_by'), 'w').write(str(signum))\n"
+  "  sys.exit(128 + signum)\n"
+  "signal.signal(signal.SIGTERM, stop)\n"
+  "time.sleep(120)\n"
+)
+points = sweep.make_points(
+  {tmp!r}, [{config!r}], {{}}, sweep.parse_assignments('seed=0,1,2')
+)
+sweep.run_points(
+  points, parallel=2, command=lambda w: [sys.executable, '-c', child, w]
+)
+"""
+
+
+def test_sigterm_to_the_sweep_stops_its_points_and_leaves_none_behind(
+  tmp_path,
+):
+  """`kill <sweep pid>` reaches only the sweep: it must pass SIGTERM to its
+  running points, start no other, wait for them and exit 128 + 15."""
+  script = SWEEP_WITH_SLOW_POINTS.format(
+    root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    tmp=str(tmp_path),
+    config=FEDAVG,
+  )
+  parent = subprocess.Popen(
+    [sys.executable, '-c', script],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  deadline = time.time() + 60
+  while len(glob.glob(str(tmp_path / '**' / 'pid'), recursive=True)) < 2:
+    assert time.time() < deadline and parent.poll() is None, parent.stderr
+    time.sleep(0.1)
+  parent.send_signal(signal.SIGTERM)
+  out, err = parent.communicate(timeout=60)
+  assert parent.returncode == 128 + signal.SIGTERM, err
+  assert 'SIGTERM: stopped; 3 point(s) not finished' in out
+  assert 'Traceback' not in err
+  pids = [
+    int(open(p).read())
+    for p in glob.glob(str(tmp_path / '**' / 'pid'), recursive=True)
+  ]
+  assert len(pids) == 2  # The third point never started.
+  for pid in pids:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
+  stopped = glob.glob(str(tmp_path / '**' / 'stopped_by'), recursive=True)
+  assert len(stopped) == 2
+  assert {open(p).read() for p in stopped} == {str(int(signal.SIGTERM))}
