@@ -192,6 +192,7 @@ def check_resume_config(workdir, config):
       f'{" and more" if len(added) > 5 else ""}; resuming with their values '
       'from this config.'
     )
+  _check_extension(workdir, old, new)
   changed = sorted(
     k
     for k in old
@@ -220,6 +221,41 @@ def check_resume_config(workdir, config):
     f'{workdir} holds a run with a different config: {shown}{more}. Use a '
     'new --workdir, or delete this one to start over.'
   )
+
+
+def rounds_dependence(flat_config):
+  """Why a run's result up to any round depends on ``num_rounds``, or None.
+
+  A longer run is the shorter one continued only when nothing it computed
+  read T: a cosine learning-rate schedule decays over T, and PMFL's history
+  mixing psi (Eq. 11) is a function of T. The participation masks are drawn
+  so that a longer mask starts with the shorter one (tests/test_faults.py),
+  and cohorts, batches and keys depend on (seed, round, client) only.
+  """
+  schedule = flat_config.get('local.schedule')
+  if schedule in ('cosine', 'warmup_cosine'):
+    return f'local.schedule={schedule} decays the learning rate over num_rounds'
+  if flat_config.get('algorithm') == 'pmfl':
+    return "PMFL's history mixing psi (Eq. 11) is a function of num_rounds"
+  return None
+
+
+def _check_extension(workdir, old, new):
+  """Refuses a changed num_rounds on a workdir with progress when the
+  rounds already run depend on it (`rounds_dependence`)."""
+  if old.get('num_rounds') == new.get('num_rounds'):
+    return
+  if not saved_rounds(workdir) and not os.path.exists(
+    os.path.join(workdir, 'summary.json')
+  ):
+    return
+  why = rounds_dependence(new)
+  if why:
+    raise validation.ConfigError(
+      f'{workdir} holds a run of num_rounds={old.get("num_rounds")}; it '
+      f'cannot become num_rounds={new.get("num_rounds")}: {why}, so the '
+      "rounds already run differ from that run's. Use a new --workdir."
+    )
 
 
 def check_rounds(workdir, config):

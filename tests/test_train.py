@@ -13,7 +13,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from fedjax_metric import assemble, executors, train
+from fedjax_metric import assemble, executors, train, validation
+from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import sources
 
@@ -160,6 +161,62 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     read_metrics(straight)[-1]['test_loss']
     == read_metrics(resumed)[-1]['test_loss']
   )
+
+
+@pytest.mark.parametrize('pattern', ['uniform', 'bernoulli', 'markov'])
+def test_extending_num_rounds_equals_a_fresh_longer_run(tmp_path, pattern):
+  """A finished 2-round run extended to 4 rounds ends bit for bit where a
+  fresh 4-round run does: nothing the first rounds computed read T (the
+  participation masks of a longer run start with the shorter one's)."""
+  config = load_config('fedavg')
+  config.participation.pattern = pattern
+  config.num_rounds = 4
+  train.run(config, str(tmp_path / 'fresh'))
+  short = config.copy_and_resolve_references()
+  short.num_rounds = 2
+  train.run(short, str(tmp_path / 'extended'))
+  train.run(config, str(tmp_path / 'extended'))
+  a = final_params(tmp_path / 'fresh')
+  b = final_params(tmp_path / 'extended')
+  for x, y in zip(jax_leaves(a), jax_leaves(b)):
+    np.testing.assert_array_equal(x, y)
+  assert [r['round'] for r in read_metrics(tmp_path / 'extended')] == [
+    1,
+    2,
+    3,
+    4,
+  ]
+
+
+@pytest.mark.parametrize(
+  'change, field',
+  [
+    (dict(schedule='cosine'), 'local.schedule=cosine'),
+    (dict(schedule='warmup_cosine', warmup_rounds=1), 'warmup_cosine'),
+  ],
+)
+def test_extending_a_run_that_read_num_rounds_is_refused(
+  tmp_path, change, field
+):
+  """The fault trial's case: a 4-round cosine run extended to 6 gave another
+  model than a fresh 6-round run and a config.json claiming one."""
+  config = load_config('fedavg')
+  config.num_rounds = 4
+  for key, value in change.items():
+    config.local[key] = value
+  train.run(config, str(tmp_path))
+  config.num_rounds = 6
+  with pytest.raises(validation.ConfigError, match=field) as info:
+    train.run(config, str(tmp_path))
+  assert 'num_rounds=4' in str(info.value)
+  with open(tmp_path / 'config.json') as f:
+    assert json.load(f)['num_rounds'] == 4  # Still the run it holds.
+
+
+def test_extending_pmfl_is_refused():
+  flat = {'algorithm': 'pmfl', 'local.schedule': 'constant'}
+  assert 'psi' in workdir_lib.rounds_dependence(flat)
+  assert workdir_lib.rounds_dependence({'algorithm': 'fedau'}) is None
 
 
 @pytest.mark.parametrize('pattern', ['uniform', 'bernoulli'])
