@@ -45,6 +45,8 @@ from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import augment
 from fedjax_metric.evaluation import protocols
 
+from . import cli
+
 
 def _flat_arrays(tree, prefix=''):
   """``{'a/b/c': np.ndarray}`` of a nested dict of arrays."""
@@ -145,8 +147,12 @@ def evaluate(
   write=True,
   run_evaluation=True,
   export_model=True,
+  out_dir=None,
 ):
   """Re-evaluates checkpoint ``round_`` (default the latest) and exports it.
+
+  ``out_dir`` (default ``workdir``) receives eval.json and export/; it is
+  checked writable before anything is computed.
 
   Runs the evaluator's ``every`` and ``final`` on the saved state, under
   the run's matmul precision.
@@ -156,6 +162,9 @@ def evaluate(
     ``export_dir`` where the model was exported.
   """
   config = workdir_lib.load_config(workdir, overrides)
+  out_dir = out_dir or workdir
+  if (write and run_evaluation) or export_model:
+    _check_writable(out_dir)
   with executors.matmul_precision(config.precision):
     run = workdir_lib.restore(config, workdir, round_)
     metrics = {'round': run['round'], 'algorithm': config.algorithm}
@@ -179,7 +188,7 @@ def evaluate(
   if export_model and chief:
     mean, std = workdir_lib.input_scaling(config, run['train'].images)
     metrics['export_dir'] = export(
-      os.path.join(workdir, 'export', f'round_{run["round"]}'),
+      os.path.join(out_dir, 'export', f'round_{run["round"]}'),
       run['server_state'].variables,
       config,
       num_classes=run['train'].num_classes,
@@ -190,11 +199,27 @@ def evaluate(
     )
   if write and run_evaluation and chief:
     name = 'eval.json' if round_ is None else f'eval_{run["round"]}.json'
-    tmp = os.path.join(workdir, name + '.tmp')
+    tmp = os.path.join(out_dir, name + '.tmp')
     with open(tmp, 'w') as f:
       json.dump(metrics, f, indent=2, sort_keys=True)
-    os.replace(tmp, os.path.join(workdir, name))
+    os.replace(tmp, os.path.join(out_dir, name))
   return metrics
+
+
+def _check_writable(directory):
+  """Fails before the evaluation, not after it, on a directory the results
+  cannot be written to."""
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except OSError as e:
+    raise PermissionError(
+      f'cannot create {directory} ({e.strerror}); pass --out_dir=DIR.'
+    ) from e
+  if not os.access(directory, os.W_OK):
+    raise PermissionError(
+      f'{directory} is not writable; pass --out_dir=DIR for eval.json and '
+      'export/.'
+    )
 
 
 def define_flags():
@@ -219,12 +244,20 @@ def define_flags():
   flags.DEFINE_boolean(
     'export', True, 'Export the global model to <workdir>/export/round_<N>/.'
   )
+  flags.DEFINE_string(
+    'out_dir',
+    None,
+    'Where eval.json and export/ go (default: the workdir; for a workdir '
+    'you cannot write to).',
+  )
+  cli.define_verbose()
   flags.mark_flags_as_required(['workdir'])
 
 
+@cli.one_line_errors
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    raise app.UsageError(f'unexpected arguments {" ".join(argv[1:])}')
   f = flags.FLAGS
   if not f['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
@@ -234,6 +267,7 @@ def main(argv):
     overrides=f.set,
     run_evaluation=f.evaluate,
     export_model=f.export,
+    out_dir=f.out_dir,
   )
   for name in sorted(metrics):
     print(f'{name}: {metrics[name]}')

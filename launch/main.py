@@ -27,7 +27,9 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from fedjax_metric import api, faults, train
+from fedjax_metric import api, train
+
+from . import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -66,28 +68,7 @@ _VERBOSE = flags.DEFINE_bool(
 )
 flags.mark_flags_as_required(['config', 'workdir'])
 
-# Errors that come from the command (values, files, the workdir), reported
-# as one line. Anything else is a bug and keeps its traceback.
-USER_ERRORS = (
-  ValueError,
-  OSError,
-  ArithmeticError,
-  MemoryError,
-  ImportError,
-  faults.CheckpointError,
-)
-
-
-def one_line(message) -> str:
-  """``message`` without the traceback ml_collections puts in a config
-  file's error (its last line is the error itself), on one line."""
-  text = str(message)
-  marker = ': Error whilst parsing config file'
-  if marker in text:
-    head = text.split(marker, 1)[0].replace('flag ', '', 1)
-    error = [line.strip() for line in text.splitlines() if line.strip()][-1]
-    text = f'{head}: {error.split(": ", 1)[-1]}'
-  return ' '.join(text.split())
+USER_ERRORS, one_line = cli.user_errors(), cli.one_line
 
 
 def config_names_to_files(argv):

@@ -43,6 +43,7 @@ show the mean over seeds with a shaded band of one standard deviation.
 import ast
 import collections
 import csv
+import difflib
 import hashlib
 import io
 import itertools
@@ -59,6 +60,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags, logging
 import numpy as np
+
+from . import cli
 
 POINT_FILE = 'sweep_point.json'
 LOG_FILE = 'sweep.log'
@@ -640,6 +643,20 @@ def group_runs(
 ) -> Dict[tuple, List[Run]]:
   """``{(row label, col label): runs}``; a group's runs may differ in seed
   (and execution keys) only, and no seed may repeat."""
+  known = set().union(*(run.config for run in runs)) if runs else set()
+  unknown = [k for k in (*rows, *cols) if runs and k not in known]
+  if unknown:
+    close = {
+      k: difflib.get_close_matches(k, sorted(known), n=1) for k in unknown
+    }
+    hints = '; '.join(
+      f'{k!r}: did you mean {c[0]!r}?' for k, c in close.items() if c
+    )
+    raise ValueError(
+      f'--rows/--cols {unknown}: no run has these config keys'
+      + (f' ({hints})' if hints else '')
+      + ' (keys are dotted paths: local.learning_rate, algorithm_kwargs.mu).'
+    )
   groups = collections.defaultdict(list)
   for run in runs:
     groups[(label(run, rows), label(run, cols))].append(run)
@@ -934,6 +951,7 @@ def define_flags():
     'table/plot: also runs without a final summary.json.',
   )
   flags.DEFINE_string('title', '', 'plot: figure title.')
+  cli.define_verbose()
 
 
 def _rename_map(text: str) -> Dict[str, str]:
@@ -960,6 +978,7 @@ def _selected_runs() -> List[Run]:
   return runs
 
 
+@cli.one_line_errors
 def main(argv):
   if len(argv) != 2 or argv[1] not in ('run', 'point', 'table', 'plot'):
     raise app.UsageError(

@@ -563,3 +563,36 @@ def test_sigterm_to_the_sweep_stops_its_points_and_leaves_none_behind(
   stopped = glob.glob(str(tmp_path / '**' / 'stopped_by'), recursive=True)
   assert len(stopped) == 2
   assert {open(p).read() for p in stopped} == {str(int(signal.SIGTERM))}
+
+
+@pytest.mark.parametrize(
+  'args, expected',
+  [
+    (
+      ['table', '--root={root}', '--cols=partition.alpha', '--at=round:7'],
+      'No evaluation at round 7',
+    ),
+    (['table', '--root=/missing'], "--root '/missing' is not a directory."),
+    (
+      ['table', '--root={root}', '--cols=partition.alph'],
+      "did you mean 'partition.alpha'?",
+    ),
+    (
+      ['run', '--root={root}/new', f'--config={FEDAVG}', '--grid=sed=0,1'],
+      "Config has no field 'sed'.",
+    ),
+    (['bogus'], 'Usage: python -m launch.sweep run|point|table|plot'),
+  ],
+)
+def test_sweep_mistakes_are_one_line(fake_root, args, expected):
+  result = subprocess.run(
+    [sys.executable, '-m', 'launch.sweep']
+    + [a.format(root=fake_root) for a in args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
+  assert expected in lines[0]
