@@ -83,18 +83,17 @@ def run(
 def _run(config, workdir, stop_after_round, stop, cleanup):
   """`run`'s body, inside the config's matmul precision; ``cleanup`` closes
   what it opens, on errors too."""
-  # Before anything is written: a failed start must leave nothing behind.
+  # Nothing is written until every check that can fail before training has
+  # passed (data, partition, model, algorithm, devices, memory): a failed
+  # start leaves nothing behind.
   validation.validate(config)
-  os.makedirs(workdir, exist_ok=True)
-  # With several processes (one workdir on a shared file system) process 0
-  # writes every file but the checkpoints, which all processes save together.
-  chief = jax.process_index() == 0
-  if chief:  # One run per workdir, from here until this function returns.
-    cleanup.enter_context(workdir_lib.lock(workdir))
   workdir_lib.check_resume_config(workdir, config)
   finished = workdir_lib.check_rounds(workdir, config)
   if finished is not None:
     return finished
+  # With several processes (one workdir on a shared file system) process 0
+  # writes every file but the checkpoints, which all processes save together.
+  chief = jax.process_index() == 0
 
   # ----- Data, partition, model, algorithm; the executor. -----
   choice = executors.choose_executor(
@@ -103,8 +102,6 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   experiment = assemble.build(
     config, one_program=executors.round_is_one_program(choice)
   )
-  if chief:
-    workdir_lib.write_partition_files(workdir, config, experiment)
   spec = assemble.build_round_spec(
     config, experiment.algorithm, experiment.train_preprocess
   )
@@ -138,6 +135,13 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       config, experiment, choice, num_devices, num_slots, num_steps
     )
   )
+  largest = max(len(c) for c in experiment.clients)
+  if lc.batch_size > largest:
+    say(
+      f"Note: batch_size={lc.batch_size} is larger than any client's data "
+      f'(the largest holds {largest}): every local step uses all of a '
+      "client's examples (full-batch steps)."
+    )
 
   # ----- State: fresh or restored. -----
   memory_budget = (
@@ -151,7 +155,13 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     memory_budget,
   )
   state = assemble.initial_state(config, experiment)
-  if chief:  # Only now: every check that can fail before training is done.
+
+  # ----- Only now the workdir is written. -----
+  os.makedirs(workdir, exist_ok=True)
+  if chief:
+    # One run per workdir, from here until this function returns.
+    cleanup.enter_context(workdir_lib.lock(workdir))
+    workdir_lib.write_partition_files(workdir, config, experiment)
     workdir_lib.write_json(
       os.path.join(workdir, 'config.json'),
       json.loads(config.to_json_best_effort()),
@@ -197,7 +207,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   def save(round_idx):
     nonlocal last_saved
     if not faults.all_finite((server_state, client_table)):
-      raise workdir_lib.diverged_error(workdir, last_saved)(
+      raise workdir_lib.diverged_error(workdir, last_saved, config)(
         'The model holds NaN or infinite values', round_idx
       )
     checkpoints.save(
@@ -256,7 +266,9 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     bar.update(rounds_per_call)
     if done % config.eval_every == 0 or done == end_round:
       train_row, examples, rounds = workdir_lib.train_row(
-        train_sums, done, workdir_lib.diverged_error(workdir, last_saved)
+        train_sums,
+        done,
+        workdir_lib.diverged_error(workdir, last_saved, config),
       )
       train_sums = []
       interval = time.time() - interval_start

@@ -462,8 +462,14 @@ def train_row(train_sums, done, diverged):
   return row, float(counts.sum()), len(counts)
 
 
-def diverged_error(workdir, last_saved):
-  """``(what, round) -> FloatingPointError`` naming what was kept."""
+def diverged_error(workdir, last_saved, config):
+  """``(what, round) -> FloatingPointError`` naming the settings that can
+  have caused it and what was kept.
+
+  The clients' step can always diverge; the server's only when it is more
+  than FedAvg's plain average (an optimizer other than SGD at learning rate
+  1 without momentum), and then it is named too.
+  """
   if last_saved is None:
     kept = (
       'no checkpoint was saved, so the same --workdir may be rerun '
@@ -475,12 +481,25 @@ def diverged_error(workdir, last_saved):
       f'{workdir}/checkpoints is kept; rerun the change in a new '
       '--workdir'
     )
+  causes = (
+    'lower --config.local.learning_rate (now '
+    f'{config.local.learning_rate}) or set --config.local.grad_clip_norm'
+  )
+  server = config.server
+  if (server.optimizer, server.learning_rate, server.momentum) != (
+    'sgd',
+    1.0,
+    0.0,
+  ):
+    causes += (
+      '; the server step can too: lower --config.server.learning_rate (now '
+      f'{server.learning_rate}, optimizer {server.optimizer})'
+    )
+
+  causes = causes[0].upper() + causes[1:]
 
   def error(what, done):
-    return FloatingPointError(
-      f'{what} at round {done}. Lower --config.local.learning_rate or set '
-      f'--config.local.grad_clip_norm; {kept}.'
-    )
+    return FloatingPointError(f'{what} at round {done}. {causes}; {kept}.')
 
   return error
 

@@ -24,6 +24,7 @@ import test_train
 from test_train import final_params, jax_leaves, read_metrics
 
 from fedjax_metric import event_log, faults, train, validation
+from fedjax_metric import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # No partition plot: matplotlib would add a second to every run.
@@ -251,7 +252,9 @@ def test_nan_is_never_checkpointed_and_the_error_is_one_line(
   lines = [line for line in err.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith('error: '), err
   assert 'NaN or infinite values at round 2' in err
-  assert 'last good checkpoint (round 1)' in err and 'learning_rate' in err
+  assert 'last good checkpoint (round 1)' in err
+  # The server's step diverged here, and the message names it.
+  assert 'lower --config.server.learning_rate (now 1e+38, optimizer sgd)' in err
   # Round 1's save was in flight when round 2 failed: it completed cleanly
   # (no temporary directory, no orbax traceback after the error).
   assert checkpoint_dirs(workdir) == ['1']
@@ -499,3 +502,15 @@ def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(
   assert not os.path.exists(workdir)
   code, _, err = run_cli(typo, '--verbose', workdir=workdir, cache=jax_cache)
   assert code == 1 and 'Traceback' in err and 'check_available' in err
+
+
+def test_the_divergence_message_names_the_server_only_when_it_can_diverge():
+  config = load_config('fedavg')
+  plain = str(workdir_lib.diverged_error('w', None, config)('NaN', 3))
+  assert plain.startswith('NaN at round 3. Lower --config.local.learning_rate')
+  assert 'server' not in plain and 'may be rerun' in plain
+  config.server.optimizer = 'adam'
+  config.server.learning_rate = 0.01
+  with_server = str(workdir_lib.diverged_error('w', 2, config)('NaN', 3))
+  assert 'server.learning_rate (now 0.01, optimizer adam)' in with_server
+  assert 'last good checkpoint (round 2)' in with_server

@@ -522,3 +522,17 @@ def test_the_loss_terms_and_throughput_are_logged(tmp_path):
     interval = rounds_per_row / row['rounds_per_second']
     assert row['round_seconds'] > 0 and row['cohort_wait_seconds'] >= 0
     assert row['round_seconds'] + row['cohort_wait_seconds'] <= interval
+
+
+def test_a_batch_larger_than_any_client_is_said(tmp_path, capsys):
+  config = load_config('fedavg')
+  config.num_rounds = 1
+  config.local.batch_size = 100000
+  train.run(config, str(tmp_path))
+  out = capsys.readouterr().out
+  with open(tmp_path / 'partition.json') as f:
+    largest = json.load(f)['max_size']
+  assert (
+    f"batch_size=100000 is larger than any client's data (the largest "
+    f'holds {largest})'
+  ) in out

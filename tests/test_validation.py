@@ -3,6 +3,7 @@ anything, and a bad one is named in a one-line error."""
 
 import os
 
+import ml_collections
 import pytest
 from test_faults import (
   _config_names,
@@ -46,6 +47,21 @@ def test_failed_starts_write_nothing(tmp_path):
     lambda c: setattr(c, 'clients_per_round', 9),
     validation.ConfigError,
     'clients_per_round=9',
+  )
+  # Checks that need the data, the model or the devices: still before any
+  # file (they used to fail after partition.json / .png were written).
+  attempt(
+    lambda c: (
+      setattr(c, 'algorithm', 'fedprox'),
+      setattr(c, 'algorithm_kwargs', ml_collections.ConfigDict({'mu': -1.0})),
+    ),
+    ValueError,
+    'mu',
+  )
+  attempt(
+    lambda c: (setattr(c, 'executor', 'vmap'), setattr(c, 'num_devices', 8)),
+    ValueError,
+    '8',
   )
   assert not os.path.exists(workdir)  # Refused before anything was written.
 
