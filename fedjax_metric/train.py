@@ -321,6 +321,10 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   rounds_completed = (
     done if stopped_by is not None else max(end_round, start_round)
   )
+  if not last and start_round == rounds_completed:
+    # Resumed at the very end (killed after the last checkpoint, before
+    # summary.json): that round's evaluation row is already written.
+    last = workdir_lib.metrics_row(metrics_path, rounds_completed)
   summary = {
     'rounds_completed': rounds_completed,
     'workdir': workdir,

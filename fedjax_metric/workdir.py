@@ -423,6 +423,15 @@ def open_checkpoints(config, workdir, state, chief, cleanup):
   return checkpoints, restored_round, state
 
 
+def metrics_row(metrics_path, round_):
+  """The metrics.jsonl row of ``round_``, or {} if it has none."""
+  if not os.path.exists(metrics_path):
+    return {}
+  with open(metrics_path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return next((r for r in rows if r.get('round') == round_), {})
+
+
 def append_metrics(metrics_path, writer, row):
   """One evaluation row: a line of metrics.jsonl and, with a TensorBoard
   ``writer``, its scalars at step ``row['round']``, flushed so that a run

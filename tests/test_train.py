@@ -536,3 +536,19 @@ def test_a_batch_larger_than_any_client_is_said(tmp_path, capsys):
     f"batch_size=100000 is larger than any client's data (the largest "
     f'holds {largest})'
   ) in out
+
+
+def test_a_run_killed_before_its_summary_completes_it_in_full(tmp_path):
+  """Killed after the last checkpoint, before summary.json: the rerun writes
+  the summary a straight run writes (the last row's round, train_loss,
+  eval_seconds ... from metrics.jsonl), not a shorter one."""
+  config = load_config('fedavg')
+  train.run(config, str(tmp_path))
+  with open(tmp_path / 'summary.json') as f:
+    straight = json.load(f)
+  os.remove(tmp_path / 'summary.json')
+  resumed = train.run(config, str(tmp_path))
+  for key in ('round', 'train_loss', 'eval_seconds', 'test_accuracy'):
+    assert resumed[key] == straight[key], key
+  with open(tmp_path / 'summary.json') as f:
+    assert json.load(f)['train_loss'] == straight['train_loss']
