@@ -9,6 +9,8 @@ checkpoints and non-finite state (train.run uses each).
 * `all_finite`: checked before every save, so no checkpoint holds NaN.
 """
 
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -129,6 +131,36 @@ def _reason(error: BaseException) -> str:
   return f'{type(error).__name__}: {line}' if line else type(error).__name__
 
 
+def state_digest(tree) -> Optional[str]:
+  """SHA-256 over the arrays of ``tree`` (each one's dtype, shape and bytes),
+  saved with each checkpoint so that a restore detects a damaged file
+  instead of loading changed numbers. The per-array digests are sorted
+  before they are combined: a checkpoint restored without a template comes
+  back in other containers (a NamedTuple as a dict), in another leaf order.
+  None with several processes, whose arrays are not all addressable here."""
+  if jax.process_count() > 1:
+    return None
+  digests = []
+  for leaf in jax.tree.leaves(tree):
+    dtype = getattr(leaf, 'dtype', None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+      leaf = jax.random.key_data(leaf)
+    array = np.ascontiguousarray(np.asarray(jax.device_get(leaf)))
+    one = hashlib.sha256(f'{array.dtype}{array.shape}'.encode())
+    one.update(array.tobytes())
+    digests.append(one.hexdigest())
+  return hashlib.sha256(''.join(sorted(digests)).encode()).hexdigest()
+
+
+def _saved_digest(step_dir) -> Optional[str]:
+  """The digest saved in a step's orbax metadata, if any."""
+  try:
+    with open(os.path.join(step_dir, '_CHECKPOINT_METADATA')) as f:
+      return (json.load(f).get('custom_metadata') or {}).get('sha256')
+  except (OSError, ValueError):
+    return None
+
+
 def restore_newest_readable(
   directory: str,
   template: Any,
@@ -142,7 +174,8 @@ def restore_newest_readable(
   None)`` when there is none.
 
   A checkpoint is usable when orbax restores it into ``template``'s
-  structure and every value is finite. Newer unusable ones are moved to
+  structure, every value is finite and the arrays match the checksum saved
+  with them (`state_digest`; a flipped bit is caught, not loaded). Newer unusable ones are moved to
   ``workdir/checkpoints_unreadable/`` (so that their rounds can be saved
   again) and ``report`` says which and why. Call it before the directory's
   `CheckpointManager` is made: the manager reads the newest step to decide
@@ -166,6 +199,12 @@ def restore_newest_readable(
         )
       if not all_finite(restored):
         raise FloatingPointError('it holds NaN or infinite values')
+      saved = _saved_digest(os.path.join(directory, str(step)))
+      if saved is not None and saved != state_digest(restored):
+        raise ValueError(
+          'its arrays do not match the checksum saved with them (the '
+          'files changed on disk)'
+        )
     except Exception as e:  # pylint: disable=broad-except
       # orbax and TensorStore raise many types for a damaged checkpoint.
       failures.append((step, _reason(e)))

@@ -215,7 +215,13 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       args=ocp.args.StandardSave(
         {'server_state': server_state, 'client_table': client_table}
       ),
-      custom_metadata={'total_wall_time': total_time()},
+      custom_metadata={
+        'total_wall_time': total_time(),
+        # Of the item exactly as saved (restore_newest_readable checks it).
+        'sha256': faults.state_digest(
+          {'server_state': server_state, 'client_table': client_table}
+        ),
+      },
     )
     last_saved = round_idx
 

@@ -514,3 +514,56 @@ def test_the_divergence_message_names_the_server_only_when_it_can_diverge():
   with_server = str(workdir_lib.diverged_error('w', 2, config)('NaN', 3))
   assert 'server.learning_rate (now 0.01, optimizer adam)' in with_server
   assert 'last good checkpoint (round 2)' in with_server
+
+
+def _flip_metadata_digest(step_dir):
+  path = os.path.join(step_dir, '_CHECKPOINT_METADATA')
+  with open(path) as f:
+    meta = json.load(f)
+  digest = meta['custom_metadata']['sha256']
+  meta['custom_metadata']['sha256'] = ('0' if digest[0] != '0' else '1') + (
+    digest[1:]
+  )
+  with open(path, 'w') as f:
+    json.dump(meta, f)
+
+
+def test_a_checkpoint_that_fails_its_checksum_falls_back(tmp_path, capsys):
+  """Arrays that differ from the checksum saved with them (a flipped bit on
+  disk) are not loaded: the checkpoint is moved aside and the run resumes
+  from the previous one, ending where a straight run ends."""
+  config = load_config('fedavg')
+  config.num_rounds = 3
+  config.checkpoint_every = 1
+  config.keep_checkpoints = 3
+  straight = tmp_path / 'straight'
+  train.run(config, str(straight))
+  damaged = tmp_path / 'damaged'
+  train.run(config, str(damaged), stop_after_round=2)
+  # The digest is of the arrays as saved: an untouched checkpoint passes.
+  step, _ = faults.restore_newest_readable(
+    str(damaged / 'checkpoints'),
+    faults_template(config),
+    workdir=str(damaged),
+    chief=True,
+    report=print,
+  )
+  assert step == 2
+  _flip_metadata_digest(str(damaged / 'checkpoints' / '2'))
+  train.run(config, str(damaged))
+  out = capsys.readouterr().out
+  assert 'round 2: ValueError: its arrays do not match the checksum' in out
+  assert 'Resuming from the newest readable one, round 1' in out
+  assert os.listdir(damaged / faults.UNREADABLE_DIR)
+  for u, v in zip(
+    jax_leaves(final_params(straight)), jax_leaves(final_params(damaged))
+  ):
+    np.testing.assert_array_equal(u, v)
+
+
+def faults_template(config):
+  from fedjax_metric import assemble  # pylint: disable=g-import-not-at-top
+
+  experiment = assemble.build(config)
+  server_state, client_table = assemble.initial_state(config, experiment)
+  return {'server_state': server_state, 'client_table': client_table}
