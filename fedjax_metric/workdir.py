@@ -420,6 +420,12 @@ def open_checkpoints(config, workdir, state, chief, cleanup):
       restored['client_table'],
     )
     say(f'Resuming {workdir} from round {restored_round}.')
+    # orbax prunes old checkpoints after a save; a run killed just after one
+    # can leave more than keep_checkpoints, and a resume with no round left
+    # saves nothing: prune here too.
+    if chief:
+      for step in sorted(checkpoints.all_steps())[: -config.keep_checkpoints]:
+        checkpoints.delete(step)
   return checkpoints, restored_round, state
 
 

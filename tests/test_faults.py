@@ -567,3 +567,25 @@ def faults_template(config):
   experiment = assemble.build(config)
   server_state, client_table = assemble.initial_state(config, experiment)
   return {'server_state': server_state, 'client_table': client_table}
+
+
+def test_a_resume_at_the_very_end_keeps_only_keep_checkpoints(tmp_path):
+  """A run killed right after a save, before orbax pruned the oldest
+  checkpoint and before summary.json: the rerun has no round left to save,
+  and still leaves keep_checkpoints checkpoints."""
+  config = load_config('fedavg')
+  config.num_rounds = 3
+  config.checkpoint_every = 1
+  config.keep_checkpoints = 2
+  workdir = str(tmp_path / 'run')
+  train.run(config, workdir)
+  assert checkpoint_dirs(workdir) == ['2', '3']
+  # What the kill left: round 1's checkpoint not yet pruned, no summary.
+  shutil.copytree(
+    os.path.join(workdir, 'checkpoints', '2'),
+    os.path.join(workdir, 'checkpoints', '1'),
+  )
+  os.remove(os.path.join(workdir, 'summary.json'))
+  summary = train.run(config, workdir)
+  assert summary['rounds_completed'] == 3
+  assert checkpoint_dirs(workdir) == ['2', '3']
