@@ -149,3 +149,31 @@ def test_every_config_takes_central_model_and_dataset(name):
   explicit = module.get_config('runlocal,dataset=fashion_mnist')
   assert explicit.dataset.name == 'fashion_mnist'
   assert module.get_config('runlocal').dataset.name == 'digits'
+
+
+def test_a_failed_start_on_a_used_workdir_adds_no_file(tmp_path):
+  """A refused config adds no file to a finished workdir (no TensorBoard event
+  file, no lock left behind); a start that fails while building (an algorithm
+  option out of range) on a workdir left by a failed attempt adds none."""
+  workdir = tmp_path / 'run'
+  config = load_config('fedavg')
+  config.num_rounds = 1
+  train.run(config, str(workdir))
+  before = sorted(str(p) for p in workdir.rglob('*'))
+  changed = load_config('fedavg')
+  changed.num_rounds = 1
+  changed.local.learning_rate = 0.5
+  with pytest.raises(validation.ConfigError, match='local.learning_rate'):
+    train.run(changed, str(workdir))
+  assert sorted(str(p) for p in workdir.rglob('*')) == before
+  # A workdir where an earlier attempt failed before any checkpoint.
+  attempt = tmp_path / 'attempt'
+  attempt.mkdir()
+  (attempt / 'config.json').write_text(config.to_json_best_effort())
+  bad = load_config('fedavg')
+  bad.num_rounds = 1
+  bad.algorithm = 'fedprox'
+  bad.algorithm_kwargs = ml_collections.ConfigDict({'mu': -1.0})
+  with pytest.raises(ValueError, match='mu'):
+    train.run(bad, str(attempt))
+  assert sorted(os.listdir(attempt)) == ['config.json']
