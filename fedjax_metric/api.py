@@ -101,17 +101,10 @@ def get_config(
   return module.get_config(arg) if arg else module.get_config()
 
 
-def _read_jsonl(path):
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def load_run(workdir: str) -> RunResult:
   """A finished (or stopped) run read back from ``workdir``."""
   config = workdir_lib.load_config(workdir)
-  history = _read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  history = workdir_lib.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
   summary_path = os.path.join(workdir, 'summary.json')
   summary = {}
   if os.path.exists(summary_path):

@@ -315,11 +315,7 @@ def previous_wall_time(checkpoints, start_round, metrics_path):
       return float(custom['total_wall_time'])
   except Exception:  # pylint: disable=broad-except
     pass  # No step metadata: an older checkpoint.
-  if not os.path.exists(metrics_path):
-    return 0.0
-  with open(metrics_path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  rows = [r for r in rows if r['round'] <= start_round]
+  rows = [r for r in read_metrics(metrics_path) if r['round'] <= start_round]
   return float(
     rows[-1].get('total_wall_time', rows[-1]['wall_time']) if rows else 0.0
   )
@@ -429,12 +425,17 @@ def open_checkpoints(config, workdir, state, chief, cleanup):
   return checkpoints, restored_round, state
 
 
+def read_metrics(metrics_path):
+  """metrics.jsonl's rows (dicts), [] when it does not exist."""
+  if not os.path.exists(metrics_path):
+    return []
+  with open(metrics_path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
 def metrics_row(metrics_path, round_):
   """The metrics.jsonl row of ``round_``, or {} if it has none."""
-  if not os.path.exists(metrics_path):
-    return {}
-  with open(metrics_path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = read_metrics(metrics_path)
   return next((r for r in rows if r.get('round') == round_), {})
 
 

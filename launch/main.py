@@ -63,12 +63,8 @@ _CPU_COLLECTIVES = flags.DEFINE_enum(
   ['gloo', 'mpi'],
   'Cross-process collectives of the CPU backend in multi-process runs.',
 )
-_VERBOSE = flags.DEFINE_bool(
-  'verbose', False, 'On an error, print the full traceback too.'
-)
+cli.define_verbose()
 flags.mark_flags_as_required(['config', 'workdir'])
-
-USER_ERRORS, one_line = cli.user_errors(), cli.one_line
 
 
 def config_names_to_files(argv):
@@ -93,12 +89,12 @@ def override_error(argv, error) -> str:
   """
   config_arg = next((a for a in argv if a.startswith('--config=')), None)
   if config_arg is None:
-    return one_line(error)
+    return cli.one_line(error)
   name, _, arg = config_arg[len('--config=') :].partition(':')
   try:
     config = api.get_config(name, arg or None)
   except Exception:  # pylint: disable=broad-except
-    return one_line(error)  # The config itself fails: its own message.
+    return cli.one_line(error)  # The config itself fails: its own message.
   for item in argv:
     if not item.startswith('--config.'):
       continue
@@ -116,7 +112,7 @@ def override_error(argv, error) -> str:
         hint = f'; did you mean {close[0]!r}?' if close else '.'
         return f'--config.{".".join(path)}: {block} has no field {part!r}{hint}'
       node = node[part]
-  return one_line(error)
+  return cli.one_line(error)
 
 
 def parse_flags(argv):
@@ -124,7 +120,7 @@ def parse_flags(argv):
   try:
     argv = config_names_to_files(argv)
   except ValueError as e:
-    sys.exit(f'error: {one_line(e)}')
+    sys.exit(f'error: {cli.one_line(e)}')
   try:
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
@@ -187,7 +183,7 @@ def main(argv):
     )
     jax.distributed.initialize(**(kwargs or {}))
   config = _CONFIG.value
-  if not isinstance(config, ml_collections.ConfigDict) and not _VERBOSE.value:
+  if not isinstance(config, ml_collections.ConfigDict) and not cli.verbose():
     try:
       config.keys()  # A config file that failed to load raises its error.
     except OSError as e:
@@ -197,7 +193,7 @@ def main(argv):
     summary = train.run(config, _WORKDIR.value)
   except KeyboardInterrupt:
     # A second Ctrl-C: the round in progress was not finished.
-    if _VERBOSE.value:
+    if cli.verbose():
       raise
     print(
       f'Interrupted; the last checkpoint in {_WORKDIR.value} is kept. '
@@ -205,10 +201,10 @@ def main(argv):
       file=sys.stderr,
     )
     sys.exit(128 + signal.SIGINT)
-  except USER_ERRORS as e:
-    if _VERBOSE.value:
+  except cli.user_errors() as e:
+    if cli.verbose():
       raise
-    sys.exit(f'error: {one_line(e)}')
+    sys.exit(f'error: {cli.one_line(e)}')
   if 'stopped_by' in summary:  # SIGTERM / SIGINT: a checkpoint was saved.
     sys.exit(128 + signal.Signals[summary['stopped_by']])
   if jax.process_index() == 0:
