@@ -210,17 +210,14 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       raise workdir_lib.diverged_error(workdir, last_saved, config)(
         'The model holds NaN or infinite values', round_idx
       )
+    item = {'server_state': server_state, 'client_table': client_table}
     checkpoints.save(
       round_idx,
-      args=ocp.args.StandardSave(
-        {'server_state': server_state, 'client_table': client_table}
-      ),
+      args=ocp.args.StandardSave(item),
       custom_metadata={
         'total_wall_time': total_time(),
-        # Of the item exactly as saved (restore_newest_readable checks it).
-        'sha256': faults.state_digest(
-          {'server_state': server_state, 'client_table': client_table}
-        ),
+        # Of the item as saved (restore_newest_readable checks it).
+        'sha256': faults.state_digest(item),
       },
     )
     last_saved = round_idx
