@@ -17,13 +17,19 @@ def test_small_cnn_output_shapes(shape, pool, norm):
     'small_cnn', 10, width=4, embedding_dim=16, pool=pool, norm=norm
   )
   x = jnp.ones((3,) + shape)
-  variables = model.init(jax.random.key(0), x)
+
+  def init_and_apply(x):
+    variables = model.init(jax.random.key(0), x)
+    params, state = models.split_variables(variables)
+    out, new_state = model.apply(
+      params, state, x, train=True, mask=jnp.ones(3, bool)
+    )
+    return variables, state, out, new_state
+
+  # Shapes only: traced by jax.eval_shape, neither compiled nor run.
+  variables, state, out, new_state = jax.eval_shape(init_and_apply, x)
   assert set(variables) == (
     {'params', 'batch_stats'} if norm == 'batch' else {'params'}
-  )
-  params, state = models.split_variables(variables)
-  out, new_state = model.apply(
-    params, state, x, train=True, mask=jnp.ones(3, bool)
   )
   assert out['logits'].shape == (3, 10)
   assert out['embedding'].shape == (3, 16)

@@ -21,6 +21,20 @@ def _init(model, x, seed=0):
   return models.split_variables(model.init(jax.random.key(seed), x))
 
 
+def _shapes_of_a_training_pass(model, x):
+  """(params, model state, outputs, new state) as shapes only
+  (jax.eval_shape: traced, neither compiled nor run)."""
+
+  def init_and_apply(x):
+    params, state = _init(model, x)
+    out, new_state = model.apply(
+      params, state, x, train=True, mask=jnp.ones(len(x), bool)
+    )
+    return params, state, out, new_state
+
+  return jax.eval_shape(init_and_apply, x)
+
+
 def _abstract_counts(model, shape):
   """{collection: #scalars} of the model's variables, without running it."""
   variables = jax.eval_shape(
@@ -50,11 +64,8 @@ def test_fedquad_cnn_output_shapes(shape, norm):
     'fedquad_cnn', 10, widths=(4, 8, 16), embedding_dim=8, norm=norm
   )
   x = jnp.ones((3,) + shape)
-  params, state = _init(model, x)
+  _, state, out, new_state = _shapes_of_a_training_pass(model, x)
   assert set(state) == ({'batch_stats'} if norm == 'batch' else set())
-  out, new_state = model.apply(
-    params, state, x, train=True, mask=jnp.ones(3, bool)
-  )
   assert out['logits'].shape == (3, 10)
   assert out['embedding'].shape == (3, 8)
   assert [f.shape for f in out['features']] == [(3, 4), (3, 8), (3, 16)]
@@ -72,9 +83,8 @@ def test_fedquad_cnn_output_shapes(shape, norm):
 def test_moon_cnn_output_shapes_and_flatten_size(shape, flat):
   model = models.build('moon_cnn', 10)
   x = jnp.ones((2,) + shape)
-  params, state = _init(model, x)
+  params, state, out, _ = _shapes_of_a_training_pass(model, x)
   assert state == {}
-  out, _ = model.apply(params, state, x, train=True, mask=None)
   assert out['logits'].shape == (2, 10)
   assert out['embedding'].shape == (2, 256)
   assert [f.shape for f in out['features']] == [(2, 84)]
@@ -88,11 +98,8 @@ def test_resnet18_output_shapes(shape, norm):
   w = 4
   model = models.build('resnet18', 10, width=w, norm=norm)
   x = jax.random.normal(jax.random.key(1), (2,) + shape)
-  params, state = _init(model, x)
+  _, state, out, new_state = _shapes_of_a_training_pass(model, x)
   assert set(state) == ({'batch_stats'} if norm == 'batch' else set())
-  out, new_state = model.apply(
-    params, state, x, train=True, mask=jnp.ones(2, bool)
-  )
   assert out['logits'].shape == (2, 10)
   assert out['embedding'].shape == (2, 8 * w)
   assert [f.shape for f in out['features']] == [

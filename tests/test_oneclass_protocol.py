@@ -121,6 +121,47 @@ def test_client_models_score_uses_each_clients_own_model_and_data():
   check_metrics(metrics, [np.mean(a) for a in expected])
 
 
+def _lowerings_of_first_evaluation(clients):
+  """How many programs the first 'client_models' evaluation lowers (JAX
+  records one event per lowering, whether or not a compilation cache then
+  supplies the executable)."""
+  train_set, test_set, _, model = setup()
+  per_client = [model.init(jax.random.key(j)) for j in range(len(clients))]
+  table = {'variables': jax.tree.map(lambda *x: np.stack(x), *per_client)}
+  evaluate = oneclass.make_one_class_evaluator(
+    model,
+    fx.identity_preprocess(),
+    train_set,
+    test_set,
+    clients,
+    score='client_models',
+  )
+  events = []
+
+  def count(event, duration, **kwargs):
+    del duration, kwargs
+    if event == '/jax/core/compile/jaxpr_to_mlir_module_duration':
+      events.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(count)
+  try:
+    evaluate(state_with(per_client[0]), table)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count)
+  return len(events)
+
+
+def test_clients_of_different_sizes_share_one_compiled_forward_pass():
+  labels = split(24, 0).labels
+  one_each = [np.flatnonzero(labels == c)[:1] for c in range(NUM_CLASSES)]
+  # Sizes 1, 2, 3 (classes 0-3 have 3 training examples here, 4-9 have 2).
+  mixed = [np.flatnonzero(labels == c)[: 1 + c % 3] for c in range(NUM_CLASSES)]
+  assert len({len(c) for c in mixed}) == 3
+  assert _lowerings_of_first_evaluation(mixed) == (
+    _lowerings_of_first_evaluation(one_each)
+  )
+
+
 @pytest.mark.parametrize(
   'score,key',
   [('class_embeddings', 'class_embeddings'), ('codewords', 'codewords')],

@@ -1,14 +1,12 @@
-"""Every registered algorithm, automatically: one test per REGISTRY entry.
+"""Every registered algorithm, automatically: tests parametrised over REGISTRY.
 
 A newly registered algorithm is picked up here with its default keyword
-arguments and run for two rounds on a tiny federation, on a model that
-returns every output any algorithm reads (logits, embedding, projection,
-feature levels; BatchNorm included). It must train (some state moves), keep
-every number finite, give the same state under the vmap and host executors,
-and compile its single program once.
-"""
-
-import functools
+arguments (and with `NON_DEFAULT_OPTIONS`) and run for two rounds on a tiny
+federation, on a model that returns every output any algorithm reads
+(logits, embedding, projection, feature levels; BatchNorm included). It must
+train (some state moves), keep every number finite, give the same state
+under the vmap, chunked and host executors, and compile its single program
+once."""
 
 import fl_fixtures as fx
 import jax
@@ -19,51 +17,6 @@ import pytest
 from fedjax_metric import algorithms, engine, executors, optimizers
 
 SERVER = optimizers.make_server_optimizer('sgd')
-
-
-def run(alg, variables, parts, data, round_cohorts, executor):
-  state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(
-    fx.make_spec(alg, lr=0.05), data, executor=executor, steps_per_call=100
-  )
-  losses = []
-  for c in round_cohorts:
-    state, table, metrics = round_fn(state, table, c)
-    losses.append(float(metrics['train_loss_sum']))
-  return state, table, losses, round_fn
-
-
-@pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
-def test_registered_algorithm_trains_and_executors_agree(name):
-  images, labels, parts, data = fx.dirichlet_federation()
-  model = fx.all_outputs()
-  alg = algorithms.REGISTRY[name](model, server_optimizer=SERVER)
-  variables = fx.init_variables(model, images)
-  # Cohort sizes differ between rounds: the program must not recompile.
-  round_cohorts = fx.round_cohorts(alg, parts, labels, [[0, 1, 3], [1, 2]])
-  initial = engine.init_state(alg, variables, len(parts))
-  results = {}
-  for executor in ('vmap', 'host'):
-    state, table, losses, round_fn = run(
-      alg, variables, parts, data, round_cohorts, executor
-    )
-    assert all(np.isfinite(losses)), (executor, losses)
-    leaves = jax.tree.leaves((state, table))
-    assert all(
-      np.all(np.isfinite(np.asarray(x)))
-      for x in leaves
-      if jnp.issubdtype(x.dtype, jnp.floating)
-    ), executor
-    results[executor] = (state, table)
-    if executor == 'vmap':
-      assert round_fn.jitted._cache_size() == 1
-  assert fx.max_abs_diff(results['vmap'], initial) > 1e-4  # It trained.
-  # Uniformity / decorrelation losses (exponentials of pairwise distances,
-  # normalised covariances) amplify float32 rounding: round-1 losses of the
-  # two executors agree to ~1e-7 relative, round-2 parameters to ~3.4e-4.
-  amplifying = {'fedalignuniform', 'feddecorr', 'fedu2'}
-  tolerance = max(fx.executor_tolerance(), 1e-3 if name in amplifying else 0)
-  assert fx.max_abs_diff(results['vmap'], results['host']) < tolerance
 
 
 @pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
@@ -163,30 +116,40 @@ NON_DEFAULT_OPTIONS = {
 UNIFORM_ONLY = ('deepsvdd', 'fedau', 'fedvarp', 'mifa', 'pmfl')
 
 
-@pytest.mark.parametrize('weighting', ['uniform', 'num_examples'])
+def test_an_option_an_algorithm_does_not_use_is_refused():
+  """Algorithms whose aggregation weights are their own refuse example-count
+  weighting in one line instead of ignoring it."""
+  model = fx.all_outputs()
+  for name in UNIFORM_ONLY:
+    with pytest.raises(ValueError, match=f'{name} does not use server.weight'):
+      algorithms.REGISTRY[name](
+        model, server_optimizer=SERVER, weighting='num_examples'
+      )
+
+
+@pytest.mark.parametrize('options', ['default', 'non_default'])
 @pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
-def test_padding_slots_are_inert_under_both_weightings(name, weighting):
-  """A cohort with padding slots (3 and 2 clients in 4 slots; chunks of 3,
-  so the last chunk is mostly padding) gives finite state and the same
-  update under the vmap, chunked and host executors (the host loop never
-  trains a padding slot, so it is the reference), for every algorithm with
-  non-default options and both weightings. Before padding was masked by
-  selection, SCAFFOLD with example-count weighting divided its control
-  delta by a padding slot's zero weight and ended in NaN."""
+def test_executors_agree_with_padding_slots_and_train(name, options):
+  """Two rounds of a cohort with padding slots (3 and 2 clients in 4 slots;
+  chunks of 3, so the last chunk is mostly padding) give finite state and
+  the same update under the vmap, chunked and host executors (the host loop
+  never trains a padding slot, so it is the reference); the state moves
+  (it trained) and the vmap program compiles once for both cohorts.
+
+  Run twice per algorithm: with its defaults under example-count weighting
+  (uniform for the algorithms that refuse it) and with non-default options
+  (`NON_DEFAULT_OPTIONS`) under uniform weighting, so every registered
+  algorithm's default and non-default code paths and both weightings are
+  covered. Before padding was masked by selection, SCAFFOLD with
+  example-count weighting divided its control delta by a padding slot's
+  zero weight and ended in NaN."""
+  if options == 'default':
+    kwargs = {} if name in UNIFORM_ONLY else dict(weighting='num_examples')
+  else:
+    kwargs = dict(NON_DEFAULT_OPTIONS.get(name, {}), weighting='uniform')
   images, labels, parts, data = fx.dirichlet_federation()
   model = fx.all_outputs()
-  make = functools.partial(
-    algorithms.REGISTRY[name],
-    model,
-    server_optimizer=SERVER,
-    **NON_DEFAULT_OPTIONS.get(name, {}),
-  )
-  if weighting != 'uniform' and name in UNIFORM_ONLY:
-    # Their weights come from elsewhere: the option is refused, not ignored.
-    with pytest.raises(ValueError, match=f'{name} does not use server.weight'):
-      make(weighting=weighting)
-    return
-  alg = make(weighting=weighting)
+  alg = algorithms.REGISTRY[name](model, server_optimizer=SERVER, **kwargs)
   variables = fx.init_variables(model, images)
   cohorts = fx.round_cohorts(alg, parts, labels, [[0, 1, 3], [1, 2]])
   assert not cohorts[1].slot_mask.all()  # the test needs a padding slot
@@ -197,8 +160,13 @@ def test_padding_slots_are_inert_under_both_weightings(name, weighting):
     round_fn = executors.make_round_fn(
       spec, data, executor=executor, chunk_size=3, steps_per_call=100
     )
+    losses = []
     for cohort in cohorts:
-      state, table, _ = round_fn(state, table, cohort)
+      state, table, metrics = round_fn(state, table, cohort)
+      losses.append(float(metrics['train_loss_sum']))
+    assert all(np.isfinite(losses)), (name, executor, losses)
+    if executor == 'vmap':
+      assert round_fn.jitted._cache_size() == 1
     floats = [
       np.asarray(x)
       for x in jax.tree.leaves((state, table))
@@ -206,6 +174,11 @@ def test_padding_slots_are_inert_under_both_weightings(name, weighting):
     ]
     assert all(np.isfinite(x).all() for x in floats), (name, executor)
     results[executor] = (state, table)
+  initial = engine.init_state(alg, variables, len(parts))
+  assert fx.max_abs_diff(results['vmap'], initial) > 1e-4  # It trained.
+  # Uniformity / decorrelation losses (exponentials of pairwise distances,
+  # normalised covariances) amplify float32 rounding: round-1 losses of the
+  # executors agree to ~1e-7 relative, round-2 parameters to ~3.4e-4.
   amplifying = {'fedalignuniform', 'feddecorr', 'fedu2', 'ssd'}
   tolerance = max(fx.executor_tolerance(), 1e-3 if name in amplifying else 0)
   for executor in ('vmap', 'chunked'):

@@ -208,11 +208,22 @@ def unflatten(vec, like):
   return out
 
 
+def sampled_coordinates(size, count=40, seed=0):
+  """A fixed random choice of ``count`` of ``size`` flat coordinates (all of
+  them when there are fewer): finite differences of a NumPy loss cost two
+  evaluations a coordinate, and a sample catches a wrong gradient as surely
+  as the full sweep unless the error sits in a few entries only."""
+  if size <= count:
+    return np.arange(size)
+  return np.sort(np.random.default_rng(seed).choice(size, count, replace=False))
+
+
 def fd_grad(fn, theta, eps=1e-6):
-  """Central differences of fn(theta) over every parameter (float64)."""
+  """Central differences of fn(theta) (float64) at `sampled_coordinates`
+  of the flattened parameters; NaN at the others."""
   flat = flatten(theta)
-  grad = np.zeros_like(flat)
-  for i in range(flat.size):
+  grad = np.full_like(flat, np.nan)
+  for i in sampled_coordinates(flat.size):
     up, down = flat.copy(), flat.copy()
     up[i] += eps
     down[i] -= eps
@@ -235,11 +246,19 @@ def jax_value_and_grad(alg, variables, batch, ctx):
 
 
 def assert_grads_close(got, want, atol=2e-4):
+  """``got`` matches ``want`` wherever ``want`` was computed (not NaN)."""
+  checked = 0
   for k in want:
     for n in want[k]:
+      known = np.isfinite(want[k][n])
+      checked += known.sum()
       np.testing.assert_allclose(
-        got[k][n], want[k][n], atol=atol, err_msg=f'{k}/{n}'
+        np.asarray(got[k][n])[known],
+        want[k][n][known],
+        atol=atol,
+        err_msg=f'{k}/{n}',
       )
+  assert checked > 0
 
 
 def views_np(raw, key, order='ssd'):
@@ -435,8 +454,10 @@ def test_fedx_loss_matches_numpy():
       leaf, path = leaf['kernel'], (key, name, 'kernel')
     else:
       path = (key, name)
-    want = np.zeros_like(leaf)
-    for idx in np.ndindex(leaf.shape):
+    want = np.full_like(leaf, np.nan)
+    for flat_idx in sampled_coordinates(leaf.size, count=12):
+      idx = np.unravel_index(flat_idx, leaf.shape)
+      want[idx] = 0.0
       for sign in (1, -1):
         theta = jax.tree.map(np.copy, theta_local)
         target = theta
@@ -447,8 +468,9 @@ def test_fedx_loss_matches_numpy():
     got_leaf = grads
     for part in path:
       got_leaf = got_leaf[part]
+    known = np.isfinite(want)
     np.testing.assert_allclose(
-      np.asarray(got_leaf), want, atol=2e-4, err_msg=str(path)
+      np.asarray(got_leaf)[known], want[known], atol=2e-4, err_msg=str(path)
     )
 
 

@@ -209,10 +209,14 @@ def _embedding_pass(model, preprocess, batch_size):
     out = [embed(variables, b) for b in batches]
     return np.concatenate([np.asarray(o, np.float32) for o in out])[:n]
 
-  def put(images):
-    """Pads ``images`` to whole batches and puts them on the device once."""
+  def put(images, size=None):
+    """Pads ``images`` to whole batches and puts them on the device once.
+
+    ``size``: the batch size (default ``min(batch_size, n)``). Sets of
+    images given one size share one compiled forward pass.
+    """
     n = len(images)
-    size = min(batch_size, max(n, 1))
+    size = size or min(batch_size, max(n, 1))
     pad = -n % size
     padded = np.concatenate(
       [images, np.zeros((pad,) + images.shape[1:], images.dtype)]
@@ -334,8 +338,11 @@ def make_one_class_evaluator(
 
   if score == 'client_models':
     client_labels = partition.one_class_labels(clients, train.labels)
+    # One batch shape for every client (the largest client's, capped), so
+    # the forward pass compiles once rather than once per client size.
+    size = min(batch_size, max(len(idx) for idx in clients))
     client_batches = [
-      put(train.images[np.asarray(idx, np.int64)]) for idx in clients
+      put(train.images[np.asarray(idx, np.int64)], size) for idx in clients
     ]
 
     def evaluate(server_state, client_table):
