@@ -33,9 +33,9 @@ _CACHE_DIR = os.environ.setdefault(
 )
 os.environ['JAX_COMPILATION_CACHE_DIR'] = _CACHE_DIR
 # Most of the suite's programs compile in well under 0.2 s: not worth a file.
-os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0.2'
+os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0.05'
 jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.2)
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.05)
 
 
 # XLA CPU's older loop emitters compile the suite's programs about a third
