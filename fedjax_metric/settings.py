@@ -164,6 +164,12 @@ def base_config():
   # fedjax_metric/evaluation/protocols.py.
   c.eval_protocol = 'classification'
   c.eval_batch_size = 1000
+  # Every evaluation row also logs <headline>_ema, the debiased exponential
+  # moving average of the headline metric over the evaluations so far (the
+  # statistic of FedRCL's tables at weight 0.9), and <headline>_top<k>_mean,
+  # the mean of its k best evaluations (PMFL's tables: k = 5).
+  c.eval_ema_weight = 0.9
+  c.eval_top_k = 5
   # one_class: training examples per class behind each class center of the
   # 'center' score (a fixed random subset; 0 = all of them).
   c.one_class_center_examples = 0

@@ -49,6 +49,7 @@ from fedjax_metric import (
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.evaluation import protocols
+from fedjax_metric.evaluation import statistics as eval_statistics
 
 say = workdir_lib.say
 
@@ -192,6 +193,10 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     report=say,
   )
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  # The headline's evaluations so far, for the statistics papers report.
+  headline_history = workdir_lib.evaluations_of(
+    metrics_path, evaluator.headline, start_round
+  )
   writer = None
   if chief:
     workdir_lib.truncate_metrics(metrics_path, start_round)
@@ -297,6 +302,15 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
         'cohort_wait_seconds': cohort_wait,
         **evaluation,
       }
+      headline_history.append(last[evaluator.headline])
+      last.update(
+        eval_statistics.headline_statistics(
+          headline_history,
+          evaluator.headline,
+          ema_weight=config.eval_ema_weight,
+          top_k=config.eval_top_k,
+        )
+      )
       cohort_wait, in_rounds, clients = 0.0, 0.0, 0
       interval_start = time.time()
       if chief:

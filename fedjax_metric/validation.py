@@ -190,6 +190,8 @@ RULES: Dict[str, Check] = {
   'eval_every': _integer(1),
   'eval_protocol': _one_of(protocols.PROTOCOLS),
   'eval_batch_size': _integer(1),
+  'eval_ema_weight': _number(0.0, 1.0, high_open=True),
+  'eval_top_k': _integer(1),
   'representation_examples': _integer(0),
   'checkpoint_every': _integer(1),
   'keep_checkpoints': _integer(1),

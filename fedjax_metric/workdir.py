@@ -433,6 +433,16 @@ def read_metrics(metrics_path):
     return [json.loads(line) for line in f if line.strip()]
 
 
+def evaluations_of(metrics_path, name, up_to_round):
+  """``name``'s value in every metrics.jsonl row of a round <= ``up_to_round``
+  (a resumed run's history), in order."""
+  return [
+    row[name]
+    for row in read_metrics(metrics_path)
+    if row.get('round', 0) <= up_to_round and name in row
+  ]
+
+
 def metrics_row(metrics_path, round_):
   """The metrics.jsonl row of ``round_``, or {} if it has none."""
   rows = read_metrics(metrics_path)

@@ -162,6 +162,19 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     read_metrics(straight)[-1]['test_loss']
     == read_metrics(resumed)[-1]['test_loss']
   )
+  # The reported statistics of the evaluations so far: a debiased EMA with
+  # weight 0.9 and the mean of the 5 best, recomputed here; the resumed run
+  # (which reads its first three evaluations back) logs the same.
+  rows = read_metrics(straight)
+  accuracy = [r['test_accuracy'] for r in rows]
+  moment = 0.0
+  for t, row in enumerate(rows, start=1):
+    moment = 0.9 * moment + 0.1 * accuracy[t - 1]
+    assert row['test_accuracy_ema'] == pytest.approx(moment / (1 - 0.9**t))
+    best = sorted(accuracy[:t], reverse=True)[:5]
+    assert row['test_accuracy_top5_mean'] == pytest.approx(np.mean(best))
+  for key in ('test_accuracy_ema', 'test_accuracy_top5_mean'):
+    assert [r[key] for r in read_metrics(resumed)] == [r[key] for r in rows]
 
 
 @pytest.mark.parametrize('pattern', ['uniform', 'bernoulli', 'markov'])
