@@ -3,12 +3,14 @@ checkpoints and non-finite state (train.run uses each).
 
 * `StopSignals`: SIGTERM (a scheduler preempting the job) and SIGINT
   (Ctrl-C) ask the round loop to stop after the round in progress; it saves
-  a checkpoint and returns. A second signal acts at once.
+  a checkpoint and returns. A second signal acts at once, except while that
+  checkpoint is being written: the save finishes first (a third kills).
 * `restore_newest_readable`: restores the newest checkpoint that can be read
   and holds finite values; newer ones that cannot are moved aside.
 * `all_finite`: checked before every save, so no checkpoint holds NaN.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -81,6 +83,33 @@ class StopSignals:
     )
     got = [int(g) for g in np.ravel(got) if g]
     return signal.Signals(got[0]).name if got else None
+
+  @contextlib.contextmanager
+  def finishing_save(self):
+    """While the stop's checkpoint is written and waited for, a further
+    SIGTERM / SIGINT does not interrupt the save (orbax would log a
+    traceback, and its writer thread finishes before the process can exit
+    anyway): it is acknowledged, the stop goes on once the checkpoint is on
+    disk, and the next signal after it acts with the default action (kills).
+    """
+    if threading.current_thread() is not threading.main_thread():
+      yield
+      return
+
+    def acknowledge(signum, frame):
+      del frame
+      signal.signal(signum, signal.SIG_DFL)
+      sys.stderr.write(
+        f'{signal.Signals(signum).name}: the checkpoint is being written; '
+        'stopping once it is on disk (again: kill at once).\n'
+      )
+
+    previous = {s: signal.signal(s, acknowledge) for s in self.SIGNALS}
+    try:
+      yield
+    finally:
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():

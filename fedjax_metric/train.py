@@ -321,10 +321,11 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     faults.pause_if_asked(workdir, done, stop, checkpoints)
   stopped_by = stop.agreed() if done < end_round else None
   if stopped_by is not None:
-    if last_saved != done and done > start_round:
-      save(done)
-    # Said once the save is on disk, not while it is still being written.
-    checkpoints.wait_until_finished()
+    with stop.finishing_save():
+      if last_saved != done and done > start_round:
+        save(done)
+      # Said once the save is on disk, not while it is still being written.
+      checkpoints.wait_until_finished()
     say(
       f'Stopped by {stopped_by} after round {done}; the checkpoint of '
       f'round {last_saved} is in {workdir}/checkpoints. Run the same '
