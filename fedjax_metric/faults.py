@@ -160,20 +160,27 @@ def _reason(error: BaseException) -> str:
   return f'{type(error).__name__}: {line}' if line else type(error).__name__
 
 
-def state_digest(tree) -> Optional[str]:
+def state_digest(tree) -> str:
   """SHA-256 over the arrays of ``tree`` (each one's dtype, shape and bytes),
   saved with each checkpoint so that a restore detects a damaged file
   instead of loading changed numbers. The per-array digests are sorted
   before they are combined: a checkpoint restored without a template comes
   back in other containers (a NamedTuple as a dict), in another leaf order.
-  None with several processes, whose arrays are not all addressable here."""
-  if jax.process_count() > 1:
-    return None
+
+  With several processes every process calls it (saves and restores are
+  collective) and gets the digest of the global arrays: a replicated array
+  is read from a local copy, any other is gathered from all processes."""
   digests = []
   for leaf in jax.tree.leaves(tree):
     dtype = getattr(leaf, 'dtype', None)
     if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
       leaf = jax.random.key_data(leaf)
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      leaf = (
+        leaf.addressable_data(0)
+        if leaf.is_fully_replicated
+        else multihost_utils.process_allgather(leaf, tiled=True)
+      )
     array = np.ascontiguousarray(np.asarray(jax.device_get(leaf)))
     one = hashlib.sha256(f'{array.dtype}{array.shape}'.encode())
     one.update(array.tobytes())

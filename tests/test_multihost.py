@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from fedjax_metric import executors
+from fedjax_metric import executors, faults
 from launch import main as launch_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,13 +85,18 @@ def finish(procs):
 
 def final_server_state(workdir):
   """The last checkpoint's server state as NumPy, whatever devices wrote it."""
+  return whole_checkpoint(workdir)['server_state']
+
+
+def whole_checkpoint(workdir):
+  """The last checkpoint's whole item as NumPy arrays."""
   path = os.path.join(workdir, 'checkpoints', '2', 'default')
   checkpointer = ocp.PyTreeCheckpointer()
   tree = checkpointer.metadata(path).item_metadata.tree
   numpy_args = jax.tree.map(
     lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree
   )
-  return checkpointer.restore(path, restore_args=numpy_args)['server_state']
+  return checkpointer.restore(path, restore_args=numpy_args)
 
 
 def read(workdir, name):
@@ -134,6 +139,10 @@ def test_two_processes_equal_one(tmp_path):
   for x, y in zip(*leaves):
     np.testing.assert_allclose(x, y, atol=1e-5)
   assert int(states[0]['round']) == 2
+  # The two processes saved the checksum of the global arrays: the digest
+  # of the checkpoint as read back here in one process.
+  saved = faults._saved_digest(os.path.join(multi, 'checkpoints', '2'))
+  assert saved == faults.state_digest(whole_checkpoint(multi))
 
 
 @pytest.mark.parametrize(
