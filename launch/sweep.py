@@ -532,7 +532,10 @@ def ema(values: Sequence[float], decay: float) -> np.ndarray:
 
   ``s_t = decay * s_{t-1} + (1 - decay) * x_t``, ``s_0 = 0``, reported as
   ``s_t / (1 - decay**t)`` (t = 1, 2, ...): a weighted mean of x_1..x_t with
-  weights ``decay**(t - i)``, so the first value is x_1 itself.
+  weights ``decay**(t - i)``, so the first value is x_1 itself. The same
+  statistic as the ``<headline>_ema`` runs log (fedjax_metric.evaluation.
+  statistics, not imported here: the sweep's parent process stays free of
+  JAX).
   """
   if not 0 <= decay < 1:
     raise ValueError(f'ema decay must be in [0, 1), got {decay}.')

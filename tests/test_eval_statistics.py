@@ -49,3 +49,10 @@ def test_headline_statistics_names():
     'test_accuracy_ema': pytest.approx(0.115 / 0.19),
     'test_accuracy_top5_mean': pytest.approx(0.6),
   }
+
+
+def test_ema_series_repeats_its_point_over_a_skipped_value():
+  series = statistics.debiased_ema_series([math.nan, 0.5, math.nan, 0.7], 0.9)
+  assert math.isnan(series[0])
+  assert series[1:3].tolist() == pytest.approx([0.5, 0.5])
+  assert series[3] == pytest.approx(0.115 / 0.19)

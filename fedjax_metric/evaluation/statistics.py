@@ -23,31 +23,42 @@ same values as an uninterrupted one.
 import math
 from typing import Dict, Sequence
 
+import numpy as np
 
-def debiased_ema(values: Sequence[float], weight: float) -> float:
-  """The last point of TensorBoard's smoothed curve of ``values``::
 
-    m_0 = 0,  m_t = w m_{t-1} + (1 - w) v_t,  EMA_t = m_t / (1 - w^t)
+def debiased_ema_series(values: Sequence[float], weight: float) -> np.ndarray:
+  """TensorBoard's smoothed curve of ``values``, one point per value::
 
-  (w = 0 gives the last value; the debiasing makes EMA_1 = v_1, so that
-  early points are not pulled towards 0). Non-finite values are skipped,
-  as TensorBoard does; NaN when none is finite.
+    m_0 = 0,  m_t = w m_{t-1} + (1 - w) v_t,  EMA_t = m_t / (1 - w^n_t)
+
+  with n_t the number of finite values among v_1..v_t: a weighted mean of
+  them with weights w^(t - i), so EMA_1 = v_1 (not pulled towards 0), and
+  w = 0 gives the values themselves. A non-finite value is skipped, as
+  TensorBoard does (its point repeats the previous one; NaN before any
+  finite value).
 
   Args:
     values: the evaluations in order, [T].
     weight: w in [0, 1).
+
+  Returns:
+    [T] float64.
   """
   if not 0.0 <= weight < 1.0:
     raise ValueError(f'The EMA weight must lie in [0, 1), got {weight}.')
-  moment, count = 0.0, 0
+  moment, count, out = 0.0, 0, []
   for value in values:
-    if not math.isfinite(value):
-      continue
-    moment = weight * moment + (1.0 - weight) * value
-    count += 1
-  if not count:
-    return math.nan
-  return moment / (1.0 - weight**count)
+    if math.isfinite(value):
+      moment = weight * moment + (1.0 - weight) * value
+      count += 1
+    out.append(moment / (1.0 - weight**count) if count else math.nan)
+  return np.asarray(out, np.float64)
+
+
+def debiased_ema(values: Sequence[float], weight: float) -> float:
+  """The last point of `debiased_ema_series` (NaN for no values)."""
+  series = debiased_ema_series(values, weight)
+  return float(series[-1]) if len(series) else math.nan
 
 
 def best_mean(values: Sequence[float], k: int) -> float:
