@@ -51,6 +51,7 @@ NON_DEFAULT_OPTIONS = {
   'fedaws': dict(spreadout_steps_per_round=2),
   'feddecorr': dict(decorr_form='paper'),
   'fedmetric': dict(negatives='true', rescale=True),
+  'fedntd': dict(beta=0.5, temperature=3.0),
   'fedprox': dict(mu=0.1),
   'fedquad': dict(squared=True),
   'fedrcl': dict(beta=0.5),

@@ -16,6 +16,7 @@ from fedjax_metric.algorithms import (
   fedaws,
   feddecorr,
   fedmetric,
+  fedntd,
   fedprox,
   fedquad,
   fedrcl,
@@ -39,6 +40,7 @@ REGISTRY = {
   'tripletfl': fedquad.make_tripletfl,
   'supconfl': fedquad.make_supconfl,
   'moon': moon.make,
+  'fedntd': fedntd.make,
   'fedrcl': fedrcl.make_fedrcl,
   'fedscl': fedrcl.make_fedscl,
   'scaffold': scaffold.make,
@@ -69,6 +71,8 @@ DESCRIPTIONS = {
   'tripletfl': 'TripletFL: triplet loss + cross-entropy.',
   'supconfl': 'SupConFL: supervised contrastive loss + cross-entropy.',
   'moon': 'MOON (Li et al., 2021): model-contrastive loss.',
+  'fedntd': "FedNTD (Lee et al., 2022): distillation of the global model's "
+  'not-true class predictions.',
   'fedrcl': 'FedRCL (Seo et al., 2024): relaxed supervised contrastive loss.',
   'fedscl': 'FedSCL: supervised contrastive loss on multi-level features.',
   'fedmetric': 'FedMetric (Park et al., 2021): one class per client, proxy '

@@ -4,7 +4,11 @@ The caller reduces with `masked_mean`; that is the one place padded examples
 are dropped, so every loss is padding-invariant by construction.
 """
 
-from fedjax_metric.losses.basic import masked_mean, softmax_cross_entropy  # noqa: F401
+from fedjax_metric.losses.basic import (  # noqa: F401
+  masked_mean,
+  not_true_distillation,
+  softmax_cross_entropy,
+)
 from fedjax_metric.losses.metric import (  # noqa: F401
   SCL_FORMS,
   fedquad_loss,

@@ -1,5 +1,6 @@
 """Cross-entropy and the masked reduction every loss uses."""
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -25,3 +26,51 @@ def masked_mean(values, mask):
   """
   mask = mask.astype(values.dtype)
   return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def not_true_logits(logits, labels):
+  """Each row's logits without its true class, in class order.
+
+  Args:
+    logits: [B, K].
+    labels: [B] int in [0, K).
+
+  Returns:
+    [B, K - 1]: row b holds the logits of classes 0..K-1 except labels[b].
+  """
+  num_classes = logits.shape[-1]
+  others = jnp.arange(num_classes - 1)[None, :]
+  # Class j for j < y, j + 1 from y on: every class but y, in order.
+  index = others + (others >= labels[:, None])
+  return jnp.take_along_axis(logits, index, axis=-1)
+
+
+def not_true_distillation(local_logits, global_logits, labels, temperature):
+  """FedNTD's not-true distillation, per example.
+
+  Lee, Jeong, Shin, Bae and Yun, 'Preservation of the Global Knowledge by
+  Not-True Distillation in Federated Learning', NeurIPS 2022, the loss
+  L_NTD of its method section: with q~ the softmax at temperature tau over
+  the not-true classes only (the true class's logit left out),
+
+    L_NTD = sum_{c != y} q~_g(c) log(q~_g(c) / q~_l(c)),
+
+  the KL divergence from the global model's not-true distribution to the
+  local one's (the authors' code: KLDivLoss of log_softmax(l / tau) against
+  softmax(g / tau) after removing the true class; no tau^2 factor). The
+  global logits are a constant: no gradient flows into them.
+
+  Args:
+    local_logits, global_logits: [B, K].
+    labels: [B] int.
+    temperature: tau > 0.
+
+  Returns:
+    [B] float.
+  """
+  local = not_true_logits(local_logits, labels) / temperature
+  teacher = not_true_logits(global_logits, labels) / temperature
+  teacher = jax.lax.stop_gradient(teacher)
+  log_q_local = jax.nn.log_softmax(local, axis=-1)
+  log_q_global = jax.nn.log_softmax(teacher, axis=-1)
+  return jnp.sum(jnp.exp(log_q_global) * (log_q_global - log_q_local), -1)

@@ -1,0 +1,81 @@
+"""FedNTD: cross-entropy plus not-true distillation from the global model.
+
+Lee, Jeong, Shin, Bae and Yun, 'Preservation of the Global Knowledge by
+Not-True Distillation in Federated Learning', NeurIPS 2022. The client
+objective is
+
+  L = CE(f_l(x), y) + beta L_NTD(f_l(x), f_g(x), y)
+
+with f_g the received global model, frozen, and L_NTD the KL divergence
+between the two models' temperature-tau softmaxes over the not-true classes
+(`losses.not_true_distillation`). The authors' configuration
+(github.com/Lee-Gihun/FedNTD, config/fedntd.json) uses tau = 1, beta = 1:
+the defaults here. Aggregation is FedAvg's.
+
+The global model's logits come from a forward pass in evaluation mode
+(BatchNorm's running statistics), as for MOON's frozen global model here;
+the authors' code calls the copied global model without switching modes,
+which matters only for models with BatchNorm (their CNNs have none).
+"""
+
+import jax
+
+from fedjax_metric import losses
+from fedjax_metric.algorithms import fedavg
+from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.models import split_variables
+
+
+def make(
+  model,
+  *,
+  server_optimizer,
+  run: RunFacts = NO_RUN_FACTS,
+  weighting='num_examples',
+  beta=1.0,
+  temperature=1.0,
+):
+  """FedNTD as an `engine.Algorithm`.
+
+  Args:
+    model: `ModelFns` with 'logits'.
+    server_optimizer: optax transformation of the pseudo-gradient.
+    weighting: 'num_examples' or 'uniform'.
+    beta: weight of the not-true distillation term (>= 0; 0 is FedAvg).
+    temperature: tau > 0 of both not-true softmaxes.
+
+  Raises:
+    ValueError: beta < 0 or temperature <= 0.
+  """
+  del run
+  if not beta >= 0:
+    raise ValueError(
+      f'FedNTD beta must be >= 0, got {beta} (--config.algorithm_kwargs.beta).'
+    )
+  if not temperature > 0:
+    raise ValueError(
+      f'FedNTD temperature must be > 0, got {temperature} '
+      '(--config.algorithm_kwargs.temperature).'
+    )
+
+  def global_logits(variables, images):
+    params, model_state = split_variables(variables)
+    outputs, _ = model.apply(params, model_state, images, train=False)
+    return jax.lax.stop_gradient(outputs['logits'])
+
+  def client_loss(params, model_state, batch, ctx):
+    outputs, ce, model_state = fedavg.forward_and_cross_entropy(
+      model, params, model_state, batch
+    )
+    teacher = global_logits(ctx.server_state.variables, batch.images)
+    ntd = losses.masked_mean(
+      losses.not_true_distillation(
+        outputs['logits'], teacher, batch.labels, temperature
+      ),
+      batch.mask,
+    )
+    return ce + beta * ntd, (model_state, {'ce': ce, 'ntd': ntd})
+
+  return fedavg.make(
+    model, server_optimizer=server_optimizer, weighting=weighting
+  )._replace(client_loss=client_loss)
