@@ -50,6 +50,7 @@ NON_DEFAULT_OPTIONS = {
   'fedau': dict(cutoff=5),
   'fedaws': dict(spreadout_steps_per_round=2),
   'feddecorr': dict(decorr_form='paper'),
+  'feddecorr_supervised': dict(decorr_form='paper', decorr_weight=0.5),
   'fedmetric': dict(negatives='true', rescale=True),
   'fedntd': dict(beta=0.5, temperature=3.0),
   'fedprox': dict(mu=0.1),

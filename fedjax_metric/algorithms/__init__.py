@@ -55,6 +55,7 @@ REGISTRY = {
   'fedalignuniform': fedalignuniform.make,
   'ssd': ssd.make,
   'feddecorr': feddecorr.make,
+  'feddecorr_supervised': feddecorr.make_supervised,
   'fedu2': fedu2.make,
   'fedx': fedx.make,
   'l_dawa': l_dawa.make,
@@ -71,6 +72,8 @@ DESCRIPTIONS = {
   'tripletfl': 'TripletFL: triplet loss + cross-entropy.',
   'supconfl': 'SupConFL: supervised contrastive loss + cross-entropy.',
   'moon': 'MOON (Li et al., 2021): model-contrastive loss.',
+  'feddecorr_supervised': 'FedDecorr (Shi et al., 2023) as proposed: '
+  'cross-entropy + decorrelation of the representations.',
   'fedntd': "FedNTD (Lee et al., 2022): distillation of the global model's "
   'not-true class predictions.',
   'fedrcl': 'FedRCL (Seo et al., 2024): relaxed supervised contrastive loss.',

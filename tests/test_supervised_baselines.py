@@ -1,7 +1,10 @@
-"""FedNTD against a NumPy re-derivation of its not-true distillation.
+"""Baselines of FedRCL's Table 1 against NumPy re-derivations.
 
-Lee, Jeong, Shin, Bae and Yun, NeurIPS 2022: L = CE + beta KL(q~_g || q~_l),
-q~ the temperature softmax over the classes other than the true one.
+FedNTD (Lee, Jeong, Shin, Bae and Yun, NeurIPS 2022): L = CE + beta
+KL(q~_g || q~_l), q~ the temperature softmax over the classes other than the
+true one. FedDecorr (Shi et al., ICLR 2023), supervised: L = CE + lambda
+R(z), R the mean squared off-diagonal entry of the batch's standardised
+correlation matrix over n (the authors' code).
 """
 
 import fl_fixtures as fx
@@ -109,3 +112,47 @@ def test_bad_options_are_named(kwargs, match):
       server_optimizer=optimizers.make_server_optimizer('sgd'),
       **kwargs,
     )
+
+
+def ref_decorrelation_code(z):
+  """FedDecorr's released regulariser, by hand: standardise each feature
+  over the rows (unbiased variance, eps 1e-8), C = Z^T Z, mean of the
+  squared off-diagonal entries, divided by n."""
+  n, d = z.shape
+  zs = (z - z.mean(0)) / np.sqrt(1e-8 + z.var(0, ddof=1))
+  c = zs.T @ zs
+  off = c[~np.eye(d, dtype=bool)]
+  return np.sum(off**2) / (d * (d - 1)) / n
+
+
+def test_feddecorr_supervised_is_ce_plus_lambda_decorrelation():
+  images, labels = fx.make_data(8)
+  model = fx.linear()  # 'embedding' is the flattened image
+  variables = fx.init_variables(model, images, seed=1)
+  alg = algorithms.REGISTRY['feddecorr_supervised'](
+    model,
+    server_optimizer=optimizers.make_server_optimizer('sgd'),
+    decorr_weight=0.3,
+  )
+  params, state = split_variables(variables)
+  mask = np.arange(8) < 6
+  x = images.reshape(8, -1).astype(np.float64)
+  x = x + np.random.default_rng(0).normal(size=x.shape)  # no constant column
+  batch = engine.Batch(
+    jnp.asarray(x.reshape(images.shape), jnp.float32),
+    jnp.asarray(labels),
+    jnp.asarray(mask),
+    jnp.asarray(images),
+  )
+  ctx = fx.client_context(engine.ServerState(variables, (), jnp.int32(0)))
+  with jax.default_matmul_precision('highest'):
+    loss, (_, aux) = alg.client_loss(params, state, batch, ctx)
+  dense = variables['params']['Dense_0']
+  logits = x @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
+  shifted = logits - logits.max(1, keepdims=True)
+  log_p = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+  ce = -log_p[np.arange(8), labels][mask].mean()
+  decorr = ref_decorrelation_code(x[mask])
+  assert float(aux['ce']) == pytest.approx(ce, rel=1e-5)
+  assert float(aux['decorrelation']) == pytest.approx(decorr, rel=1e-4)
+  assert float(loss) == pytest.approx(ce + 0.3 * decorr, rel=1e-5)
