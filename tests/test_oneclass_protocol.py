@@ -97,8 +97,9 @@ def test_center_score_matches_sklearn():
   check_metrics(metrics, sklearn_aurocs(scores, test_set.labels))
 
 
-def test_client_models_score_uses_each_clients_own_model_and_data():
-  train_set, test_set, clients, model = setup(num_clients_per_class=2)
+def client_models_evaluation(model, train_set, test_set, clients):
+  """(evaluate, per-client variables, client table) for the
+  'client_models' score, each client with its own initialisation."""
   per_client = [model.init(jax.random.key(j)) for j in range(len(clients))]
   table = {'variables': jax.tree.map(lambda *x: np.stack(x), *per_client)}
   evaluate = oneclass.make_one_class_evaluator(
@@ -108,6 +109,14 @@ def test_client_models_score_uses_each_clients_own_model_and_data():
     test_set,
     clients,
     score='client_models',
+  )
+  return evaluate, per_client, table
+
+
+def test_client_models_score_uses_each_clients_own_model_and_data():
+  train_set, test_set, clients, model = setup(num_clients_per_class=2)
+  evaluate, per_client, table = client_models_evaluation(
+    model, train_set, test_set, clients
   )
   with jax.default_matmul_precision('highest'):
     metrics = evaluate(state_with(per_client[0]), table)
@@ -126,15 +135,8 @@ def _lowerings_of_first_evaluation(clients):
   records one event per lowering, whether or not a compilation cache then
   supplies the executable)."""
   train_set, test_set, _, model = setup()
-  per_client = [model.init(jax.random.key(j)) for j in range(len(clients))]
-  table = {'variables': jax.tree.map(lambda *x: np.stack(x), *per_client)}
-  evaluate = oneclass.make_one_class_evaluator(
-    model,
-    fx.identity_preprocess(),
-    train_set,
-    test_set,
-    clients,
-    score='client_models',
+  evaluate, per_client, table = client_models_evaluation(
+    model, train_set, test_set, clients
   )
   events = []
 
