@@ -9,6 +9,7 @@ function a notebook can call on its own (`make_partition`, `build_model`,
 """
 
 import math
+import os
 from typing import Any, NamedTuple, Optional
 
 from absl import logging
@@ -400,6 +401,25 @@ def cohort_fn(config, experiment, num_slots, num_steps):
   return cohort_for
 
 
+# Device files the NVIDIA driver creates: a GPU the system can use.
+NVIDIA_DEVICE_FILES = ('/dev/nvidiactl', '/dev/nvidia0')
+
+
+def unused_gpu_note(backend, *, exists=os.path.exists, environ=os.environ):
+  """A sentence for the start line when the machine has an NVIDIA GPU that
+  JAX does not use (a CPU-only jaxlib), else ''. Nothing when the user
+  chose the platform (JAX_PLATFORMS set)."""
+  if backend != 'cpu' or environ.get('JAX_PLATFORMS', '').strip():
+    return ''
+  if not any(exists(path) for path in NVIDIA_DEVICE_FILES):
+    return ''
+  return (
+    ' Note: an NVIDIA GPU is visible to the system but JAX runs on the '
+    "CPU; install JAX's CUDA build (pip install -U 'jax[cuda12]') to use "
+    'it, or set JAX_PLATFORMS=cpu to run on the CPU without this note.'
+  )
+
+
 def describe(config, experiment, choice, num_devices, num_slots, num_steps):
   """The one line a run starts with: what trains, where and how."""
   lc = config.local
@@ -417,4 +437,5 @@ def describe(config, experiment, choice, num_devices, num_slots, num_steps):
     f'{num_devices} {jax.default_backend()} device(s)'
     + (f', convolutions: {conv_impl}' if conv_impl else '')
     + f'; {models.count_params(experiment.variables["params"]):,} params.'
+    + unused_gpu_note(jax.default_backend())
   )

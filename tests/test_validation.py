@@ -12,7 +12,7 @@ from test_faults import (
   load_config,
 )
 
-from fedjax_metric import train, validation
+from fedjax_metric import assemble, train, validation
 from fedjax_metric.data import sources
 
 
@@ -177,3 +177,16 @@ def test_a_failed_start_on_a_used_workdir_adds_no_file(tmp_path):
   with pytest.raises(ValueError, match='mu'):
     train.run(bad, str(attempt))
   assert sorted(os.listdir(attempt)) == ['config.json']
+
+
+def test_the_start_line_notes_a_gpu_jax_does_not_use():
+  gpu = lambda path: path == '/dev/nvidiactl'
+  none = lambda path: False
+  note = assemble.unused_gpu_note('cpu', exists=gpu, environ={})
+  assert "pip install -U 'jax[cuda12]'" in note
+  assert 'JAX_PLATFORMS=cpu' in note
+  # No GPU, a GPU in use, or a platform the user chose: nothing to say.
+  assert assemble.unused_gpu_note('cpu', exists=none, environ={}) == ''
+  assert assemble.unused_gpu_note('gpu', exists=gpu, environ={}) == ''
+  chosen = {'JAX_PLATFORMS': 'cpu'}
+  assert assemble.unused_gpu_note('cpu', exists=gpu, environ=chosen) == ''

@@ -84,6 +84,15 @@ def forward_and_cross_entropy(model, params, model_state, batch, *, rows=None):
   return outputs, ce, model_state
 
 
+def frozen_outputs(model, variables, images):
+  """The model's evaluation-mode outputs under ``variables`` (BatchNorm's
+  running statistics), as constants: no gradient flows into them. The
+  frozen global or previous models of MOON and FedNTD."""
+  params, model_state = split_variables(variables)
+  outputs, _ = model.apply(params, model_state, images, train=False)
+  return jax.lax.stop_gradient(outputs)
+
+
 def make_cross_entropy_loss(model):
   """client_loss: masked mean softmax cross-entropy of the model's logits."""
 

@@ -18,12 +18,9 @@ the authors' code calls the copied global model without switching modes,
 which matters only for models with BatchNorm (their CNNs have none).
 """
 
-import jax
-
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
-from fedjax_metric.models import split_variables
 
 
 def make(
@@ -58,16 +55,13 @@ def make(
       '(--config.algorithm_kwargs.temperature).'
     )
 
-  def global_logits(variables, images):
-    params, model_state = split_variables(variables)
-    outputs, _ = model.apply(params, model_state, images, train=False)
-    return jax.lax.stop_gradient(outputs['logits'])
-
   def client_loss(params, model_state, batch, ctx):
     outputs, ce, model_state = fedavg.forward_and_cross_entropy(
       model, params, model_state, batch
     )
-    teacher = global_logits(ctx.server_state.variables, batch.images)
+    teacher = fedavg.frozen_outputs(
+      model, ctx.server_state.variables, batch.images
+    )['logits']
     ntd = losses.masked_mean(
       losses.not_true_distillation(
         outputs['logits'], teacher, batch.labels, temperature

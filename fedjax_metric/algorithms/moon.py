@@ -17,13 +17,11 @@ Slots replaced relative to FedAvg:
   * ``client_final``: stores the new local model in the row.
 """
 
-import jax
 import jax.numpy as jnp
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
-from fedjax_metric.models import split_variables
 
 
 def make(
@@ -50,9 +48,7 @@ def make(
     return model.init(key)
 
   def frozen_embedding(variables, images):
-    params, model_state = split_variables(variables)
-    outputs, _ = model.apply(params, model_state, images, train=False)
-    return jax.lax.stop_gradient(outputs['embedding'])
+    return fedavg.frozen_outputs(model, variables, images)['embedding']
 
   def client_loss(params, model_state, batch, ctx):
     outputs, ce, model_state = fedavg.forward_and_cross_entropy(
