@@ -61,6 +61,10 @@ HEADLINE = {
 @pytest.mark.parametrize('name', CONFIGS)
 def test_every_config_runs_locally(name, tmp_path):
   config = load_config(name)
+  # One evaluation, after round 2: a second one would only repeat the
+  # first's code path (and the one-class protocols' evaluations are most of
+  # their run time with the suite's XLA optimisations off).
+  config.eval_every = 2
   headline = HEADLINE[config.eval_protocol]
   summary = train.run(config, str(tmp_path))
   assert summary['rounds_completed'] == 2
@@ -75,7 +79,7 @@ def test_every_config_runs_locally(name, tmp_path):
     assert os.path.exists(tmp_path / f), f
   assert glob.glob(str(tmp_path / 'events.out.tfevents.*'))
   rows = read_metrics(tmp_path)
-  assert [r['round'] for r in rows] == [1, 2]
+  assert [r['round'] for r in rows] == [2]
   assert {'round', 'wall_time', headline, 'train_loss'} <= set(rows[0])
   if headline == 'auroc_mean':  # One-class: every class's AUROC too.
     assert {f'auroc_class_{c}' for c in range(10)} <= set(summary)
