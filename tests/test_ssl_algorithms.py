@@ -13,6 +13,7 @@ released MGDA solver and a brute-force minimum; L-DAWA against a NumPy loop
 over layers; batch schedules and aggregation weights against hand counts.
 """
 
+import importlib
 import math
 
 import fl_fixtures as fx
@@ -853,3 +854,47 @@ def test_l_dawa_zero_global_layer_keeps_weight_one():
   glob['a'] = jnp.asarray([2.0, -1.0])
   got = l_dawa.divergence_weights(local, glob)
   assert float(got['a']) == pytest.approx(0.0)
+
+
+def test_ssd_without_the_projector_trains_the_encoder_alone():
+  """loss_on='embedding' (SSD's Table 4 "without the projector"): the loss
+  reads the representation, so the projector gets exactly zero gradient
+  and the encoder a non-zero one; projector distillation is refused."""
+  model = two_linear()
+  variables = init(model)
+  alg = ssd.make(
+    model, server_optimizer=SERVER, loss_on='embedding', distill_weight=0.0
+  )
+  state = alg.init_server(variables, 3, jax.random.key(1))
+  raw, mask = raw_batch()
+  _, grads = jax_value_and_grad(
+    alg, variables, batch_of(raw, mask), make_ctx(state, client_id=1)
+  )
+  assert all(np.all(g == 0.0) for g in grads['proj'].values())
+  assert any(np.any(g != 0.0) for g in grads['enc'].values())
+  with pytest.raises(ValueError, match='distill_weight=0'):
+    ssd.make(model, server_optimizer=SERVER, loss_on='embedding')
+  with pytest.raises(ValueError, match='loss_on'):
+    ssd.make(model, server_optimizer=SERVER, loss_on='logits')
+
+
+def test_ssd_config_ablations_are_the_papers_rows():
+  config_module = importlib.import_module('configs.ssd')
+
+  def kwargs(ablation):
+    arg = 'clients=50' + (f',ablation={ablation}' if ablation else '')
+    config = config_module.get_config(arg)
+    assert config.num_clients == 50  # the other arguments still apply
+    return config.algorithm_kwargs
+
+  ssd_kwargs = kwargs('')
+  assert (ssd_kwargs.dsr_weight, ssd_kwargs.distill_weight) == (1.0, 0.1)
+  assert (kwargs('pd').dsr_weight, kwargs('pd').distill_weight) == (0.0, 0.1)
+  assert (kwargs('dsr').dsr_weight, kwargs('dsr').distill_weight) == (1.0, 0.0)
+  assert kwargs('mse').distill_method == 'mse'
+  no_projector = kwargs('no_projector_dsr')
+  assert no_projector.loss_on == 'embedding'
+  assert (no_projector.dsr_weight, no_projector.distill_weight) == (1.0, 0.0)
+  assert kwargs('no_projector').dsr_weight == 0.0
+  with pytest.raises(ValueError, match='ablation must be one of'):
+    kwargs('nope')

@@ -171,6 +171,7 @@ def make(
   scaling_seed=None,
   view_order='ssd',
   drop_last=False,
+  loss_on='projection',
 ):
   """SSD as an `engine.Algorithm`.
 
@@ -204,6 +205,11 @@ def make(
       `init_server` receives (the run's seed).
     view_order: 'ssd' or 'fedu2' augmentation order.
     drop_last: drop partial batches (the released code does when K <= 10).
+    loss_on: the output the alignment, uniformity and DSR terms read:
+      'projection' (the method) or 'embedding', the representation itself,
+      Table 4's "without the projector" (the projector then gets no
+      gradient and stays as initialised; projector distillation has nothing
+      to distil, so it needs distill_weight=0).
   """
   for name, value in (
     ('uniform_weight', uniform_weight),
@@ -224,10 +230,21 @@ def make(
     raise ValueError(
       f"distill_method must be 'kl' or 'mse', got {distill_method!r}."
     )
+  if loss_on not in ('projection', 'embedding'):
+    raise ValueError(
+      f"loss_on must be 'projection' or 'embedding', got {loss_on!r} "
+      '(--config.algorithm_kwargs.loss_on).'
+    )
+  if loss_on == 'embedding' and distill_weight > 0:
+    raise ValueError(
+      "loss_on='embedding' trains without the projector, so projector "
+      'distillation has nothing to distil; set '
+      '--config.algorithm_kwargs.distill_weight=0.'
+    )
   views = fau.make_views(view_order)
 
   def init_extra(variables, num_clients, key):
-    dim = fau.output_width(model, variables, 'projection')
+    dim = fau.output_width(model, variables, loss_on)
     if (
       distill_weight > 0
       and fau.output_width(model, variables, 'embedding') != dim
@@ -268,7 +285,7 @@ def make(
     out1, out2, model_state = fau.two_view_forward(
       model, params, model_state, batch.raw_images, mask, ctx.key, views
     )
-    p1, p2 = out1['projection'], out2['projection']
+    p1, p2 = out1[loss_on], out2[loss_on]
     loss, align, uniform = fau.align_uniform_loss(
       p1, p2, mask, uniform_weight=uniform_weight, t=uniformity_t
     )
