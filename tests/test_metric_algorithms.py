@@ -201,3 +201,45 @@ def test_fedrcl_contrasts_each_models_pre_relu_stage_taps(name, monkeypatch):
     assert feature.shape == (6, width), module
     np.testing.assert_allclose(feature, tapped.mean(axis=(1, 2)), atol=1e-6)
     assert (tapped < 0).any(), f'{module}: a ReLU output has no negatives'
+
+
+@pytest.mark.parametrize('server', ['adam', 'momentum'])
+def test_fedrcl_composes_with_a_server_optimizer(server):
+  """A client-side method with any server-side one (FedRCL's Table 5:
+  FedAvgM / FedAdam + FedRCL), from the server optimizer alone. One round
+  from the same start: FedAvg's new model gives the mean client delta d;
+  FedAdam's first step (bias-corrected, m = g, v = g^2 with g = -d) must then
+  be lr d / (|d| + eps), and FedAvgM's first step (no momentum yet) d."""
+  images, labels, parts, data = fx.dirichlet_federation()
+  model = fx.all_outputs()
+  variables = fx.init_variables(model, images)
+  lr, eps = 0.01, 1e-3
+
+  def one_round(server_optimizer):
+    alg = algorithms.REGISTRY['fedrcl'](
+      model, server_optimizer=server_optimizer
+    )
+    (cohort,) = fx.round_cohorts(alg, parts, labels, [[0, 1, 3]])
+    state, table = engine.init_state(alg, variables, len(parts))
+    round_fn = executors.make_round_fn(
+      fx.make_spec(alg, lr=0.05), data, executor='vmap'
+    )
+    state, _, _ = round_fn(state, table, cohort)
+    return state.variables['params']
+
+  start = variables['params']
+  averaged = one_round(optimizers.make_server_optimizer('sgd'))
+  if server == 'adam':
+    got = one_round(
+      optimizers.make_server_optimizer('adam', learning_rate=lr, eps=eps)
+    )
+  else:
+    got = one_round(optimizers.make_server_optimizer('sgd', momentum=0.9))
+  for p0, pa, pg in zip(
+    jax.tree.leaves(start), jax.tree.leaves(averaged), jax.tree.leaves(got)
+  ):
+    d = np.asarray(pa, np.float64) - np.asarray(p0, np.float64)
+    want = lr * d / (np.abs(d) + eps) if server == 'adam' else d
+    np.testing.assert_allclose(
+      np.asarray(pg) - np.asarray(p0), want, atol=2e-5, rtol=1e-3
+    )
