@@ -92,9 +92,6 @@ class StopSignals:
     anyway): it is acknowledged, the stop goes on once the checkpoint is on
     disk, and the next signal after it acts with the default action (kills).
     """
-    if threading.current_thread() is not threading.main_thread():
-      yield
-      return
 
     def acknowledge(signum, frame):
       del frame
@@ -104,23 +101,34 @@ class StopSignals:
         'stopping once it is on disk (again: kill at once).\n'
       )
 
-    previous = {s: signal.signal(s, acknowledge) for s in self.SIGNALS}
+    previous = _set_handlers(self.SIGNALS, acknowledge)
     try:
       yield
     finally:
-      for signum, handler in previous.items():
-        signal.signal(signum, handler)
+      _restore_handlers(previous)
 
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for signum in self.SIGNALS:
-        self._previous[signum] = signal.signal(signum, self._handle)
+    self._previous = _set_handlers(self.SIGNALS, self._handle)
     return self
 
   def __exit__(self, *exc_info):
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
+    _restore_handlers(self._previous)
     return False
+
+
+def _set_handlers(signums, handler):
+  """Installs ``handler`` for each signal; returns the handlers it replaced.
+  Outside the main thread, where Python delivers no signals, it does
+  nothing and returns {}."""
+  if threading.current_thread() is not threading.main_thread():
+    return {}
+  return {signum: signal.signal(signum, handler) for signum in signums}
+
+
+def _restore_handlers(previous):
+  """Puts back the handlers `_set_handlers` replaced."""
+  for signum, handler in previous.items():
+    signal.signal(signum, handler)
 
 
 def pause_if_asked(

@@ -17,6 +17,29 @@ from fedjax_metric import algorithms, engine, losses, optimizers
 from fedjax_metric.models import split_variables
 
 
+def linear_client_loss(alg, local_vars, global_vars, x, images, labels, mask):
+  """(loss, aux) of ``alg``'s client loss for the linear model ``local_vars``
+  on the flat inputs x [B, 36] (reshaped as ``images``), the server holding
+  ``global_vars``, at full matmul precision."""
+  params, state = split_variables(local_vars)
+  batch = engine.Batch(
+    jnp.asarray(x.reshape(images.shape), jnp.float32),
+    jnp.asarray(labels),
+    jnp.asarray(mask),
+    jnp.asarray(images),
+  )
+  ctx = fx.client_context(engine.ServerState(global_vars, (), jnp.int32(0)))
+  with jax.default_matmul_precision('highest'):
+    loss, (_, aux) = alg.client_loss(params, state, batch, ctx)
+  return loss, aux
+
+
+def linear_logits(variables, x):
+  """The linear model's logits in float64."""
+  dense = variables['params']['Dense_0']
+  return x @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
+
+
 def ref_cross_entropy(logits, labels, mask):
   """Mean softmax cross-entropy over the real (mask) rows, float64."""
   shifted = logits - logits.max(1, keepdims=True)
@@ -82,24 +105,12 @@ def test_client_loss_is_ce_plus_beta_ntd_against_the_global_model():
     beta=0.7,
     temperature=2.0,
   )
-  params, state = split_variables(local_vars)
   mask = np.arange(8) < 6  # two padded examples
-  batch = engine.Batch(
-    jnp.asarray(images, jnp.float32),
-    jnp.asarray(labels),
-    jnp.asarray(mask),
-    jnp.asarray(images),
+  x = images.reshape(8, -1).astype(np.float64)
+  loss, aux = linear_client_loss(
+    alg, local_vars, global_vars, x, images, labels, mask
   )
-  ctx = fx.client_context(engine.ServerState(global_vars, (), jnp.int32(0)))
-  with jax.default_matmul_precision('highest'):
-    loss, (_, aux) = alg.client_loss(params, state, batch, ctx)
-
-  def logits(variables):
-    dense = variables['params']['Dense_0']
-    x = images.reshape(len(images), -1).astype(np.float64)
-    return x @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
-
-  local, teacher = logits(local_vars), logits(global_vars)
+  local, teacher = linear_logits(local_vars, x), linear_logits(global_vars, x)
   ce = ref_cross_entropy(local, labels, mask)
   ntd = ref_ntd(local, teacher, labels, 2.0)[mask].mean()
   assert float(aux['ce']) == pytest.approx(ce, rel=1e-5)
@@ -139,22 +150,13 @@ def test_feddecorr_supervised_is_ce_plus_lambda_decorrelation():
     server_optimizer=optimizers.make_server_optimizer('sgd'),
     decorr_weight=0.3,
   )
-  params, state = split_variables(variables)
   mask = np.arange(8) < 6
   x = images.reshape(8, -1).astype(np.float64)
   x = x + np.random.default_rng(0).normal(size=x.shape)  # no constant column
-  batch = engine.Batch(
-    jnp.asarray(x.reshape(images.shape), jnp.float32),
-    jnp.asarray(labels),
-    jnp.asarray(mask),
-    jnp.asarray(images),
+  loss, aux = linear_client_loss(
+    alg, variables, variables, x, images, labels, mask
   )
-  ctx = fx.client_context(engine.ServerState(variables, (), jnp.int32(0)))
-  with jax.default_matmul_precision('highest'):
-    loss, (_, aux) = alg.client_loss(params, state, batch, ctx)
-  dense = variables['params']['Dense_0']
-  logits = x @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
-  ce = ref_cross_entropy(logits, labels, mask)
+  ce = ref_cross_entropy(linear_logits(variables, x), labels, mask)
   decorr = ref_decorrelation_code(x[mask])
   assert float(aux['ce']) == pytest.approx(ce, rel=1e-5)
   assert float(aux['decorrelation']) == pytest.approx(decorr, rel=1e-4)
