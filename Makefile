@@ -5,9 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs-check lint bench install clean
+.PHONY: demo test test-min docs-check lint bench install clean
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -24,6 +24,16 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist worksteal tests
+
+# The suite's core on the lowest supported versions (.ci/min_versions.txt,
+# pyproject.toml's lower bounds), in its own environment.
+MIN_VENV := .venv-min
+MIN_TESTS ?= tests
+test-min:
+	test -x $(MIN_VENV)/bin/python || $(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MIN_VENV)/bin/python -m pip install --quiet -c .ci/min_versions.txt -e '.[test]'
+	$(MIN_VENV)/bin/python -m pytest -q -n auto --dist worksteal $(MIN_TESTS)
 
 docs-check: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist worksteal tests/docs

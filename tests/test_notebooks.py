@@ -1,7 +1,7 @@
 """Every notebook but scaling.ipynb (tested in test_scaling.py) runs.
 
-A notebook's code cells, in order, are joined into one script and run by a
-fresh Python process (test_scaling's `run_cells`), with QUICKSTART_TINY=1,
+A notebook's code cells run in order in a fresh Jupyter kernel (nbclient;
+test_scaling's `run_cells`), with QUICKSTART_TINY=1,
 which every notebook's parameter cell reads to shrink the runs, and its output
 directory (QUICKSTART_OUTPUT_DIR) in the test's tmp_path. A broken cell fails
 the script (checked once, on the quickstart).
@@ -39,7 +39,7 @@ def code_cells(path):
 
 @pytest.fixture
 def tiny_env(monkeypatch, tmp_path):
-  """`run_cells` passes os.environ on: the quickstart's tiny settings, its
+  """The kernel inherits os.environ: the quickstart's tiny settings, its
   output directory, and the test suite's JAX settings (faster compiles)."""
   monkeypatch.setenv('QUICKSTART_TINY', '1')
   monkeypatch.setenv('QUICKSTART_OUTPUT_DIR', str(tmp_path / 'out'))

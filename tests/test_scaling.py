@@ -1,22 +1,19 @@
 """benchmarks/scaling.py: its pure pieces, a tiny grid point, and the notebook.
 
-The notebook test executes notebooks/scaling.ipynb without Jupyter: the code
-cells, in order, joined into one script and run by a fresh Python process with
-SCALING_TINY=1 (which the parameter cell reads to shrink the grid) and
-MPLBACKEND=Agg. That is the chosen way to execute it: it needs no
-jupyter / nbclient dependency, and a broken cell fails the run (which
-`test_broken_notebook_cell_fails` checks).
+The notebook test executes notebooks/scaling.ipynb's code cells in a Jupyter
+kernel (nbclient, tests/notebook_runner.py) with SCALING_TINY=1 (which the
+parameter cell reads to shrink the grid) and MPLBACKEND=Agg; a broken cell
+fails the run (which `test_broken_notebook_cell_fails` checks).
 """
 
 import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 
 from absl import flags
 import jax
+import notebook_runner
 import numpy as np
 import pytest
 
@@ -280,23 +277,16 @@ def notebook_code_cells():
 
 
 def run_cells(cells, tmp_path):
-  """Runs code cells as one script in a fresh process, as a kernel would."""
-  script = tmp_path / 'notebook.py'
-  script.write_text('\n\n'.join(cells) + '\n')
-  env = dict(
-    os.environ,
-    SCALING_TINY='1',
-    MPLBACKEND='Agg',
-    SCALING_OUTPUT_DIR=str(tmp_path / 'out'),
-  )
-  return subprocess.run(
-    [sys.executable, str(script)],
+  """Runs code cells in a fresh Jupyter kernel (`notebook_runner.execute`)
+  in the notebooks' directory, with the tiny-grid settings."""
+  return notebook_runner.execute(
+    cells,
     cwd=os.path.dirname(NOTEBOOK),
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
+    env=dict(
+      SCALING_TINY='1',
+      MPLBACKEND='Agg',
+      SCALING_OUTPUT_DIR=str(tmp_path / 'out'),
+    ),
   )
 
 

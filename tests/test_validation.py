@@ -183,7 +183,7 @@ def test_the_start_line_notes_a_gpu_jax_does_not_use():
   gpu = lambda path: path == '/dev/nvidiactl'
   none = lambda path: False
   note = assemble.unused_gpu_note('cpu', exists=gpu, environ={})
-  assert "pip install -U 'jax[cuda12]'" in note
+  assert "pip install 'fedjax_metric[cuda]'" in note
   assert 'JAX_PLATFORMS=cpu' in note
   # No GPU, a GPU in use, or a platform the user chose: nothing to say.
   assert assemble.unused_gpu_note('cpu', exists=none, environ={}) == ''

@@ -13,6 +13,7 @@ that fits, random otherwise (the paper's analysis also covers random codes).
 
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
@@ -27,11 +28,9 @@ def _is_power_of_two(n):
 
 
 def _sylvester_hadamard(dim):
-  """[dim, dim] Sylvester Hadamard matrix H_{2n} = [[H, H], [H, -H]]."""
-  h = np.ones((1, 1), np.int64)
-  while h.shape[0] < dim:
-    h = np.block([[h, h], [h, -h]])
-  return h
+  """[dim, dim] Sylvester Hadamard matrix H_{2n} = [[H, H], [H, -H]]
+  (`scipy.linalg.hadamard`; dim a power of 2)."""
+  return scipy.linalg.hadamard(dim, dtype=np.int64)
 
 
 def min_hamming_distance(codes):

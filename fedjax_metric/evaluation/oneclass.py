@@ -2,8 +2,8 @@
 
 For class c the positives are the test examples of class c and the negatives
 all other test examples; a score s_c(x) says how strongly x belongs to c
-(higher = more likely). AUROC_c is the Mann-Whitney rank statistic with ties
-counted 1/2, the same number as ``sklearn.metrics.roc_auc_score``; the
+(higher = more likely). AUROC_c is scikit-learn's ``roc_auc_score`` (the
+Mann-Whitney statistic, ties counted 1/2); the
 one-class papers (Park, Hosseini and Yun, 'Federated Learning with Metric
 Loss', FL-ICML workshop 2021, Table 2) report its mean over classes.
 
@@ -17,32 +17,19 @@ scores, so -d and -d^2 give the same AUROC.
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn import metrics
 
 from fedjax_metric.data import partition
 from fedjax_metric.losses.metric import _cosine, _distance
 
 
-def _average_ranks(values):
-  """1-based ranks of ``values`` [N], tied values sharing their mean rank."""
-  _, inverse, counts = np.unique(
-    values, return_inverse=True, return_counts=True
-  )
-  # A run of t ties starting after `below` smaller values occupies ranks
-  # below + 1 .. below + t, whose mean is below + (t + 1) / 2.
-  below = np.cumsum(counts) - counts
-  return (below + (counts + 1) / 2.0)[inverse.reshape(-1)]
-
-
 def auroc(scores, is_positive):
-  """Area under the ROC curve by the Mann-Whitney U statistic.
+  """Area under the ROC curve: ``sklearn.metrics.roc_auc_score``.
 
-  Hanley and McNeil, 'The Meaning and Use of the Area under a Receiver
-  Operating Characteristic (ROC) Curve', Radiology 1982::
-
-    AUROC = (sum_{i positive} rank_i - P (P + 1) / 2) / (P N)
-
-  with average ranks for ties, i.e. the probability that a random positive
-  scores above a random negative, ties counted 1/2.
+  The probability that a random positive scores above a random negative,
+  ties counted 1/2 (the Mann-Whitney U statistic; Hanley and McNeil,
+  Radiology 1982); tests/test_oneclass_eval.py checks it against that pair
+  count on heavily tied scores. This wrapper adds the one-line errors.
 
   Args:
     scores: [N] float, higher = more likely positive.
@@ -71,8 +58,7 @@ def auroc(scores, is_positive):
       f'auroc needs positives and negatives, got {num_pos} '
       f'positives and {num_neg} negatives.'
     )
-  rank_sum = _average_ranks(scores)[is_positive].sum()
-  return float((rank_sum - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+  return float(metrics.roc_auc_score(is_positive, scores))
 
 
 def one_class_auroc(scores, labels):
