@@ -22,7 +22,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 
 import ml_collections
 
-from fedjax_metric import train
+from fedjax_metric import metrics_log, train
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import sources
 
@@ -104,7 +104,7 @@ def get_config(
 def load_run(workdir: str) -> RunResult:
   """A finished (or stopped) run read back from ``workdir``."""
   config = workdir_lib.load_config(workdir)
-  history = workdir_lib.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+  history = metrics_log.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
   summary_path = os.path.join(workdir, 'summary.json')
   summary = {}
   if os.path.exists(summary_path):

@@ -55,6 +55,18 @@ def client_table_bytes(
   return num_clients * tree_bytes(row)
 
 
+def run_budget(config, algorithm: engine.Algorithm, variables) -> int:
+  """A run's memory budget per device in bytes (``config.memory_budget_gb``,
+  or `default_memory_budget`), once its client table is known to fit."""
+  budget = int(config.memory_budget_gb * 1024**3) or default_memory_budget()
+  check_client_table_fits(
+    client_table_bytes(algorithm, variables, config.num_clients),
+    config.num_clients,
+    budget,
+  )
+  return budget
+
+
 def check_client_table_fits(
   table_bytes: int, num_clients: int, budget_bytes: int
 ):

@@ -43,13 +43,13 @@ from fedjax_metric import (
   executors,
   faults,
   memory,
+  metrics_log,
   sharding,
   validation,
 )
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.evaluation import protocols
-from fedjax_metric.evaluation import statistics as eval_statistics
 
 say = workdir_lib.say
 
@@ -106,11 +106,10 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   spec = assemble.build_round_spec(
     config, experiment.algorithm, experiment.train_preprocess
   )
-  mesh = None
-  num_devices = 1
+  mesh = None  # The host executor places nothing on a mesh.
   if choice.name != 'host':
     mesh = sharding.make_mesh(config.num_devices or None)
-    num_devices = mesh.size
+  num_devices = mesh.size if mesh else 1
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
   train = experiment.train
   data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
@@ -123,37 +122,17 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     clients=experiment.clients,
     validation=experiment.validation,
   )
-  lc = config.local
-  num_steps = cohort_lib.num_local_steps(
-    [len(c) for c in experiment.clients],
-    batch_size=lc.batch_size,
-    local_epochs=lc.epochs,
-    local_steps=lc.steps,
-  )
+  num_steps = assemble.num_local_steps(config, experiment.clients)
   num_slots = assemble.num_cohort_slots(config, num_devices, experiment.active)
   say(
     assemble.describe(
       config, experiment, choice, num_devices, num_slots, num_steps
     )
   )
-  largest = max(len(c) for c in experiment.clients)
-  if lc.batch_size > largest:
-    say(
-      f"Note: batch_size={lc.batch_size} is larger than any client's data "
-      f'(the largest holds {largest}): every local step uses all of a '
-      "client's examples (full-batch steps)."
-    )
 
   # ----- State: fresh or restored. -----
-  memory_budget = (
-    int(config.memory_budget_gb * 1024**3) or memory.default_memory_budget()
-  )
-  memory.check_client_table_fits(
-    memory.client_table_bytes(
-      experiment.algorithm, experiment.variables, config.num_clients
-    ),
-    config.num_clients,
-    memory_budget,
+  memory_budget = memory.run_budget(
+    config, experiment.algorithm, experiment.variables
   )
   state = assemble.initial_state(config, experiment)
 
@@ -192,20 +171,13 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     mesh=mesh,
     report=say,
   )
-  metrics_path = os.path.join(workdir, 'metrics.jsonl')
-  # The headline's evaluations so far, for the statistics papers report.
-  headline_history = workdir_lib.evaluations_of(
-    metrics_path, evaluator.headline, start_round
+  log = metrics_log.MetricsLog(
+    workdir, start_round, evaluator.headline, config, chief
   )
-  writer = None
-  if chief:
-    workdir_lib.truncate_metrics(metrics_path, start_round)
-    writer = workdir_lib.make_summary_writer(workdir, start_round)
-    if writer:
-      cleanup.callback(writer.close)
+  cleanup.callback(log.close)
   # Seconds spent in the round loop by earlier sessions of this run.
   time_before = workdir_lib.previous_wall_time(
-    checkpoints, start_round, metrics_path
+    checkpoints, start_round, log.path
   )
   last_saved = restored_round  # The newest checkpoint on disk, if any.
 
@@ -232,7 +204,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
 
   # ----- Rounds: R per call (one program), the host acts between calls. -----
   start_time = time.time()
-  interval_start = start_time  # When the last evaluation ended.
+  throughput = metrics_log.Throughput()
   train_sums = []  # Dicts of device arrays [R]; read only at evaluation.
   last = {}
   bar = tqdm.tqdm(
@@ -251,11 +223,6 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     ],
     calls,
   )
-  # Since the last evaluation: seconds waiting for the host's cohorts (what
-  # the prefetch thread did not hide), seconds in the round calls until their
-  # results are ready (the programs; the host executor's loop is inside),
-  # and clients trained.
-  cohort_wait, in_rounds, clients = 0.0, 0.0, 0
   for first in calls:
     if stop.agreed():
       break
@@ -266,20 +233,23 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       server_state, client_table, cohorts
     )
     round_metrics = jax.block_until_ready(round_metrics)
-    cohort_wait += call_start - wait_start
-    in_rounds += time.perf_counter() - call_start
-    clients += sum(int(np.count_nonzero(c.slot_mask)) for c in cohorts)
+    throughput.add_call(
+      call_start - wait_start,
+      time.perf_counter() - call_start,
+      sum(int(np.count_nonzero(c.slot_mask)) for c in cohorts),
+    )
     train_sums.append(sharding.local_copy(round_metrics))
     done = first + rounds_per_call
     bar.update(rounds_per_call)
     if done % config.eval_every == 0 or done == end_round:
-      train_row, examples, rounds = workdir_lib.train_row(
+      train_row, examples, rounds = metrics_log.train_row(
         train_sums,
         done,
         workdir_lib.diverged_error(workdir, last_saved, config),
       )
       train_sums = []
-      interval = time.time() - interval_start
+      # Since the last evaluation (the first interval includes compiling).
+      speed = throughput.columns(examples, rounds)
       # Stamped after the evaluation, so that a row's wall_time covers its
       # own evaluation (the first one compiles the evaluation programs) and
       # the next row's difference is that row's training and evaluation.
@@ -287,34 +257,18 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       evaluation = evaluator.every(
         *sharding.local_copy((server_state, client_table))
       )
-      last = {
-        'round': done,
-        'wall_time': time.time() - start_time,
-        'total_wall_time': total_time(),
-        'eval_seconds': time.time() - eval_start,
-        **train_row,
-        # Training throughput since the last evaluation (evaluation and
-        # the first call's compilation included in the first interval).
-        'examples_per_second': examples / max(interval, 1e-9),
-        'rounds_per_second': rounds / max(interval, 1e-9),
-        'clients_per_second': clients / max(interval, 1e-9),
-        'round_seconds': in_rounds,
-        'cohort_wait_seconds': cohort_wait,
-        **evaluation,
-      }
-      headline_history.append(last[evaluator.headline])
-      last.update(
-        eval_statistics.headline_statistics(
-          headline_history,
-          evaluator.headline,
-          ema_weight=config.eval_ema_weight,
-          top_k=config.eval_top_k,
-        )
+      last = log.append(
+        {
+          'round': done,
+          'wall_time': time.time() - start_time,
+          'total_wall_time': total_time(),
+          'eval_seconds': time.time() - eval_start,
+          **train_row,
+          **speed,
+          **evaluation,
+        }
       )
-      cohort_wait, in_rounds, clients = 0.0, 0.0, 0
-      interval_start = time.time()
-      if chief:
-        workdir_lib.append_metrics(metrics_path, writer, last)
+      throughput.restart()
       bar.set_postfix({evaluator.headline: f'{last[evaluator.headline]:.4f}'})
     if done % config.checkpoint_every == 0 or done == end_round:
       save(done)
@@ -326,17 +280,10 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
         save(done)
       # Said once the save is on disk, not while it is still being written.
       checkpoints.wait_until_finished()
-    say(
-      f'Stopped by {stopped_by} after round {done}; the checkpoint of '
-      f'round {last_saved} is in {workdir}/checkpoints. Run the same '
-      'command again to resume.'
-      if last_saved
-      else f'Stopped by {stopped_by} before any round; nothing to save.'
-    )
+    say(workdir_lib.stopped_note(stopped_by, done, last_saved, workdir))
   checkpoints.wait_until_finished()
   checkpoints.close()
-  if writer:
-    writer.close()
+  log.close()
 
   rounds_completed = (
     done if stopped_by is not None else max(end_round, start_round)
@@ -344,7 +291,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   if not last and start_round == rounds_completed:
     # Resumed at the very end (killed after the last checkpoint, before
     # summary.json): that round's evaluation row is already written.
-    last = workdir_lib.metrics_row(metrics_path, rounds_completed)
+    last = metrics_log.metrics_row(log.path, rounds_completed)
   summary = {
     'rounds_completed': rounds_completed,
     'workdir': workdir,

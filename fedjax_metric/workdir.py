@@ -1,8 +1,9 @@
 """A run's workdir: what `train.run` writes there and how it is read back.
 
 Writing (`train.run`): `write_json` (atomic), the resume checks
-(`check_resume_config`, `check_rounds`), metrics truncation on resume, the
-TensorBoard writer, the partition / participation files.
+(`check_resume_config`, `check_rounds`), checkpoints with fallback
+(`open_checkpoints`), the partition / participation files. The evaluation
+rows (metrics.jsonl, TensorBoard) are `metrics_log`'s.
 Reading: `load_config` rebuilds the locked config from ``config.json``
 (fields added to the library since keep their defaults, so older workdirs
 load too); `restore` rebuilds the run with `assemble.build`, as `train.run`
@@ -25,6 +26,7 @@ from fedjax_metric import (
   assemble,
   engine,
   faults,
+  metrics_log,
   settings,
   validation,
   workdir_lock,
@@ -237,6 +239,8 @@ def rounds_dependence(flat_config):
     return f'local.schedule={schedule} decays the learning rate over num_rounds'
   if flat_config.get('algorithm') == 'pmfl':
     return "PMFL's history mixing psi (Eq. 11) is a function of num_rounds"
+  if flat_config.get('algorithm') == 'fedproc':
+    return "FedProc's loss weight alpha_t = t / T is a function of num_rounds"
   return None
 
 
@@ -315,33 +319,14 @@ def previous_wall_time(checkpoints, start_round, metrics_path):
       return float(custom['total_wall_time'])
   except Exception:  # pylint: disable=broad-except
     pass  # No step metadata: an older checkpoint.
-  rows = [r for r in read_metrics(metrics_path) if r['round'] <= start_round]
+  rows = [
+    r
+    for r in metrics_log.read_metrics(metrics_path)
+    if r['round'] <= start_round
+  ]
   return float(
     rows[-1].get('total_wall_time', rows[-1]['wall_time']) if rows else 0.0
   )
-
-
-def truncate_metrics(path, last_round):
-  """Drops metric lines past the restored checkpoint (they will be redone)."""
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
-  kept = [line for line in lines if json.loads(line)['round'] <= last_round]
-  with open(path, 'w') as f:
-    f.writelines(kept)
-
-
-def make_summary_writer(workdir, start_round=0):
-  """TensorBoard scalars from ``start_round`` on (earlier events are kept,
-  later ones of a previous session dropped), or None without tensorboardX."""
-  try:
-    from fedjax_metric import event_log  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    logging.warning('tensorboardX not installed: no TensorBoard events.')
-    return None
-  event_log.prune(workdir, start_round)
-  return event_log.ScalarWriter(workdir, f'.{os.getpid()}.{start_round}')
 
 
 def write_partition_files(workdir, config, experiment):
@@ -425,69 +410,6 @@ def open_checkpoints(config, workdir, state, chief, cleanup):
   return checkpoints, restored_round, state
 
 
-def read_metrics(metrics_path):
-  """metrics.jsonl's rows (dicts), [] when it does not exist."""
-  if not os.path.exists(metrics_path):
-    return []
-  with open(metrics_path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def evaluations_of(metrics_path, name, up_to_round):
-  """``name``'s value in every metrics.jsonl row of a round <= ``up_to_round``
-  (a resumed run's history), in order."""
-  return [
-    row[name]
-    for row in read_metrics(metrics_path)
-    if row.get('round', 0) <= up_to_round and name in row
-  ]
-
-
-def metrics_row(metrics_path, round_):
-  """The metrics.jsonl row of ``round_``, or {} if it has none."""
-  rows = read_metrics(metrics_path)
-  return next((r for r in rows if r.get('round') == round_), {})
-
-
-def append_metrics(metrics_path, writer, row):
-  """One evaluation row: a line of metrics.jsonl and, with a TensorBoard
-  ``writer``, its scalars at step ``row['round']``, flushed so that a run
-  killed later keeps this evaluation."""
-  with open(metrics_path, 'a') as f:
-    f.write(json.dumps(row) + '\n')
-  if writer:
-    for name, value in row.items():
-      if name != 'round':
-        writer.add_scalar(name, value, row['round'])
-    writer.flush()
-
-
-def train_row(train_sums, done, diverged):
-  """The training columns of an evaluation row from the rounds' sums.
-
-  ``train_sums``: dicts of per-round arrays since the last evaluation. The
-  loss and each named term are per real training example (train_loss,
-  train_ce, train_metric, ...). A non-finite loss raises ``diverged``.
-  """
-  sums = {
-    name: np.concatenate([np.ravel(s[name]) for s in train_sums])
-    for name in train_sums[0]
-  }
-  loss_sums, counts = sums['train_loss_sum'], sums['train_examples']
-  bad = np.flatnonzero(~np.isfinite(loss_sums))
-  if bad.size:
-    first_bad = done - len(loss_sums) + int(bad[0]) + 1
-    raise diverged(f'Training loss is {loss_sums[bad[0]]}', first_bad)
-  examples = max(float(counts.sum()), 1.0)
-  row = {
-    name[: -len('_sum')]: float(total.sum() / examples)
-    for name, total in sums.items()
-    if name.endswith('_sum') and name != 'train_loss_sum'
-  }
-  row['train_loss'] = float(loss_sums.sum() / examples)
-  return row, float(counts.sum()), len(counts)
-
-
 def diverged_error(workdir, last_saved, config):
   """``(what, round) -> FloatingPointError`` naming the settings that can
   have caused it and what was kept.
@@ -528,6 +450,17 @@ def diverged_error(workdir, last_saved, config):
     return FloatingPointError(f'{what} at round {done}. {causes}; {kept}.')
 
   return error
+
+
+def stopped_note(stopped_by, done, last_saved, workdir):
+  """What a run stopped by a signal tells the user."""
+  if not last_saved:
+    return f'Stopped by {stopped_by} before any round; nothing to save.'
+  return (
+    f'Stopped by {stopped_by} after round {done}; the checkpoint of round '
+    f'{last_saved} is in {workdir}/checkpoints. Run the same command again '
+    'to resume.'
+  )
 
 
 def lock(workdir):

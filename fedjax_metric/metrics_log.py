@@ -1,0 +1,180 @@
+"""A run's evaluation rows: metrics.jsonl, TensorBoard, and what each row says.
+
+``metrics.jsonl`` holds one JSON object per evaluation (README.md, "The
+workdir"): the round, times, the training columns (`train_row`), the
+throughput since the previous evaluation (`Throughput`), the evaluation's
+metrics and the headline's statistics the papers report (its debiased EMA and
+the mean of its best evaluations, `evaluation.statistics`). `MetricsLog`
+writes them; a resumed run first drops the rows past its checkpoint, so every
+row is written by the session that computed it.
+"""
+
+import json
+import os
+import time
+
+from absl import logging
+import numpy as np
+
+from fedjax_metric.evaluation import statistics as eval_statistics
+
+
+def read_metrics(metrics_path):
+  """metrics.jsonl's rows (dicts), [] when it does not exist."""
+  if not os.path.exists(metrics_path):
+    return []
+  with open(metrics_path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def evaluations_of(metrics_path, name, up_to_round):
+  """``name``'s value in every metrics.jsonl row of a round <= ``up_to_round``
+  (a resumed run's history), in order."""
+  return [
+    row[name]
+    for row in read_metrics(metrics_path)
+    if row.get('round', 0) <= up_to_round and name in row
+  ]
+
+
+def metrics_row(metrics_path, round_):
+  """The metrics.jsonl row of ``round_``, or {} if it has none."""
+  rows = read_metrics(metrics_path)
+  return next((r for r in rows if r.get('round') == round_), {})
+
+
+def truncate_metrics(path, last_round):
+  """Drops metric lines past the restored checkpoint (they will be redone)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = [line for line in lines if json.loads(line)['round'] <= last_round]
+  with open(path, 'w') as f:
+    f.writelines(kept)
+
+
+def make_summary_writer(workdir, start_round=0):
+  """TensorBoard scalars from ``start_round`` on (earlier events are kept,
+  later ones of a previous session dropped), or None without tensorboardX."""
+  try:
+    from fedjax_metric import event_log  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.warning('tensorboardX not installed: no TensorBoard events.')
+    return None
+  event_log.prune(workdir, start_round)
+  return event_log.ScalarWriter(workdir, f'.{os.getpid()}.{start_round}')
+
+
+def append_metrics(metrics_path, writer, row):
+  """One evaluation row: a line of metrics.jsonl and, with a TensorBoard
+  ``writer``, its scalars at step ``row['round']``, flushed so that a run
+  killed later keeps this evaluation."""
+  with open(metrics_path, 'a') as f:
+    f.write(json.dumps(row) + '\n')
+  if writer:
+    for name, value in row.items():
+      if name != 'round':
+        writer.add_scalar(name, value, row['round'])
+    writer.flush()
+
+
+def train_row(train_sums, done, diverged):
+  """The training columns of an evaluation row from the rounds' sums.
+
+  ``train_sums``: dicts of per-round arrays since the last evaluation. The
+  loss and each named term are per real training example (train_loss,
+  train_ce, train_metric, ...). A non-finite loss raises ``diverged``.
+
+  Returns:
+    ``(columns, examples trained, rounds)`` since the last evaluation.
+  """
+  sums = {
+    name: np.concatenate([np.ravel(s[name]) for s in train_sums])
+    for name in train_sums[0]
+  }
+  loss_sums, counts = sums['train_loss_sum'], sums['train_examples']
+  bad = np.flatnonzero(~np.isfinite(loss_sums))
+  if bad.size:
+    first_bad = done - len(loss_sums) + int(bad[0]) + 1
+    raise diverged(f'Training loss is {loss_sums[bad[0]]}', first_bad)
+  examples = max(float(counts.sum()), 1.0)
+  row = {
+    name[: -len('_sum')]: float(total.sum() / examples)
+    for name, total in sums.items()
+    if name.endswith('_sum') and name != 'train_loss_sum'
+  }
+  row['train_loss'] = float(loss_sums.sum() / examples)
+  return row, float(counts.sum()), len(counts)
+
+
+class Throughput:
+  """Training throughput between two evaluations.
+
+  The interval runs from the end of one evaluation to the start of the next,
+  so the first one includes the first call's compilation. ``cohort_wait`` is
+  the time spent waiting for the host's cohorts (what the prefetch thread
+  did not hide), ``in_rounds`` the time in the round calls until their
+  results were ready (the programs; the host executor's loop is inside).
+  """
+
+  def __init__(self):
+    self.restart()
+
+  def restart(self):
+    self.start = time.time()
+    self.cohort_wait, self.in_rounds, self.clients = 0.0, 0.0, 0
+
+  def add_call(self, cohort_wait, in_rounds, clients):
+    self.cohort_wait += cohort_wait
+    self.in_rounds += in_rounds
+    self.clients += clients
+
+  def columns(self, examples, rounds):
+    interval = max(time.time() - self.start, 1e-9)
+    return {
+      'examples_per_second': examples / interval,
+      'rounds_per_second': rounds / interval,
+      'clients_per_second': self.clients / interval,
+      'round_seconds': self.in_rounds,
+      'cohort_wait_seconds': self.cohort_wait,
+    }
+
+
+class MetricsLog:
+  """The evaluation rows of one session of a run, from ``start_round`` on.
+
+  Rows past ``start_round`` left by an earlier session are dropped (they will
+  be computed again); the headline's history of the earlier sessions is kept
+  for its statistics. Only the chief process (``chief``) writes.
+  """
+
+  def __init__(self, workdir, start_round, headline, config, chief):
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.headline = headline
+    self._history = evaluations_of(self.path, headline, start_round)
+    self._statistics = dict(
+      ema_weight=config.eval_ema_weight, top_k=config.eval_top_k
+    )
+    self._chief = chief
+    self.writer = None
+    if chief:
+      truncate_metrics(self.path, start_round)
+      self.writer = make_summary_writer(workdir, start_round)
+
+  def append(self, row):
+    """Adds the headline's statistics to ``row``, writes it, returns it."""
+    self._history.append(row[self.headline])
+    row = {
+      **row,
+      **eval_statistics.headline_statistics(
+        self._history, self.headline, **self._statistics
+      ),
+    }
+    if self._chief:
+      append_metrics(self.path, self.writer, row)
+    return row
+
+  def close(self):
+    if self.writer:
+      self.writer.close()
