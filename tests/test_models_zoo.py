@@ -317,9 +317,13 @@ def test_masked_batchnorm_ignores_padded_examples(name, kwargs):
   out_b, state_b = model.apply(params, state, junk_b, train=True, mask=mask)
   # Reference: the real examples alone, no padding at all.
   out_r, state_r = model.apply(params, state, x[:2], train=True, mask=None)
-  # A GPU picks convolution algorithms by batch size, so the 2- and 4-example
-  # batches differ at ~5e-4 relative in ResNet-18's deeper features (an H100);
-  # leaked padding (values of 100) would move them by O(1).
+  # The 2- and 4-example batches round differently (a GPU picks convolution
+  # algorithms by batch size; XLA's CPU kernels block by it), and BatchNorm
+  # over two examples at ResNet-18's 1x1 deepest stage amplifies that: up to
+  # 5e-4 relative on an H100, 2.4e-3 absolute in one feature on an AVX2-only
+  # EPYC (and 1.5e-4 in the running statistics). Leaked padding (values of
+  # 100) moves the features by ~5 and the logits by ~3 there.
+  deep = dict(atol=1e-2, rtol=1e-2)
   tol = (
     dict(atol=1e-4, rtol=1e-4)
     if jax.default_backend() == 'cpu'
@@ -328,10 +332,10 @@ def test_masked_batchnorm_ignores_padded_examples(name, kwargs):
   for out in (out_a, out_b):
     np.testing.assert_allclose(out['logits'][:2], out_r['logits'], **tol)
     for f, f_r in zip(out['features'], out_r['features']):
-      np.testing.assert_allclose(f[:2], f_r, **tol)
+      np.testing.assert_allclose(f[:2], f_r, **deep)
   for s in (state_a, state_b):
     for a, r in zip(jax.tree.leaves(s), jax.tree.leaves(state_r)):
-      np.testing.assert_allclose(a, r, **tol)
+      np.testing.assert_allclose(a, r, **deep)
   # And the statistics did move (train mode really used the batch).
   assert not all(
     np.allclose(a, b)

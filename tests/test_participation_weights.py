@@ -212,7 +212,8 @@ def np_cos(a, b):
 
 
 def ref_pmfl_loss(z, z_global, z_buffer, buffer_mask, mu, tau):
-  """Eq. 4 with explicit Z+ / Z- sets, float64."""
+  """Eq. 4 with explicit Z+ / Z- sets, float64; a similarity within 1e-6
+  of mu is a tie, hence positive (the documented float32 tie rule)."""
   out = np.zeros(len(z))
   for i in range(len(z)):
     pos = np.exp(np_cos(z[i], z_global[i]) / tau)
@@ -221,7 +222,7 @@ def ref_pmfl_loss(z, z_global, z_buffer, buffer_mask, mu, tau):
       if not buffer_mask[j]:
         continue
       s = np_cos(z[i], z_buffer[j, i])
-      if s >= mu[i]:
+      if s >= mu[i] - 1e-6:
         pos += np.exp(s / tau)
       else:
         neg += np.exp(s / tau)
@@ -358,7 +359,7 @@ def test_pmfl_loss_ties_are_positives():
     ]
   )  # sims -1, 1
   buffer_mask = np.ones(3, bool)
-  for mu in ([0.0, 0.0], [1.0, 1.0], [1e-6, -1.0], [-1.0, 1e-6]):
+  for mu in ([0.0, 0.0], [1.0, 1.0], [1e-5, -1.0], [-1.0, 1e-5], [5e-7, 0.0]):
     mu = np.array(mu, np.float32)
     np.testing.assert_allclose(
       jax_loss(z, z_global, z_buffer, buffer_mask, mu, 0.5),
@@ -366,15 +367,17 @@ def test_pmfl_loss_ties_are_positives():
       rtol=1e-6,
       atol=1e-6,
     )
-  # A tie (mu = 0 on a similarity of exactly 0) changes the loss compared
-  # with a threshold just above it.
-  at = jax_loss(
-    z, z_global, z_buffer, buffer_mask, np.zeros(2, np.float32), 0.5
-  )
+  # A tie (mu = 0 on a similarity of exactly 0), or a near-tie within
+  # float32 rounding (mu = 5e-7), changes the loss compared with a threshold
+  # above it (1e-5).
   above = jax_loss(
-    z, z_global, z_buffer, buffer_mask, np.full(2, 1e-6, np.float32), 0.5
+    z, z_global, z_buffer, buffer_mask, np.full(2, 1e-5, np.float32), 0.5
   )
-  assert np.all(at < above - 1e-3)
+  for tied in (0.0, 5e-7):
+    at = jax_loss(
+      z, z_global, z_buffer, buffer_mask, np.full(2, tied, np.float32), 0.5
+    )
+    assert np.all(at < above - 1e-3), tied
 
 
 def test_pmfl_loss_padding_mask():

@@ -11,6 +11,10 @@ import jax.numpy as jnp
 # masked logsumexp for every contrastive loss in the package.
 from fedjax_metric.losses.metric import _cosine, _masked_logsumexp
 
+# Cosines this close to mu count as ties (float32 rounding of two forward
+# passes of the same model differs by ~1e-7 relative; 1e-6 leaves a margin).
+TIE_TOLERANCE = 1e-6
+
 
 def pmfl_contrastive_loss(
   z, z_global, z_buffer, buffer_mask, mu, *, temperature=0.5, mask=None
@@ -31,7 +35,9 @@ def pmfl_contrastive_loss(
     l_con = -log(pos / (pos + neg))                                (Eq. 4)
 
   computed as logsumexp over all valid logits minus logsumexp over the
-  positive ones. Ties (s = mu) are positives, as in the paper's '>='. The
+  positive ones. Ties (s = mu) are positives, as in the paper's '>='; so are
+  near-ties within float32 rounding (`TIE_TOLERANCE`), which a buffered
+  copy of the global model produces. The
   paper defines mu = Sim(z_k^{tE}, Z^t), the similarity between the
   representation of the node's model at the start of the round's local
   training and the global representation, per sample and fixed for the
@@ -85,9 +91,14 @@ def pmfl_contrastive_loss(
   slot = jnp.broadcast_to(
     jnp.asarray(buffer_mask, bool)[None, :], sim_buffer.shape
   )
-  # The sets are chosen by a comparison, not learned through it.
+  # The sets are chosen by a comparison, not learned through it. Exact ties
+  # are not rare: a node's first local step buffers the global model itself,
+  # whose similarity equals mu under 'current'. Its representation comes from
+  # another forward pass than Z^t's, so float32 rounding (and the platform)
+  # would decide the tie; within TIE_TOLERANCE it is a tie, hence positive.
   positive = slot & (
-    jax.lax.stop_gradient(sim_buffer) >= jax.lax.stop_gradient(mu)[:, None]
+    jax.lax.stop_gradient(sim_buffer)
+    >= jax.lax.stop_gradient(mu)[:, None] - TIE_TOLERANCE
   )
   always = jnp.ones_like(sim_global, bool)[:, None]  # the global positive
   log_all = _masked_logsumexp(logits, jnp.concatenate([always, slot], axis=1))
