@@ -25,6 +25,7 @@ from fedjax_metric import (
   models,
   optimizers,
 )
+from fedjax_metric.algorithms import fedagm
 from fedjax_metric.data import (
   augment,
   participation,
@@ -154,11 +155,14 @@ def build_model(
     ) from e
 
 
-def build_algorithm(config, model, participation_probabilities=None):
+def build_algorithm(
+  config, model, participation_probabilities=None, class_counts=None
+):
   """The config's `engine.Algorithm`, with its server optimizer inside.
 
   Every factory receives the run's facts as ``run`` (`contract.RunFacts`:
-  T, N and the [N] true participation probabilities or None) and the
+  T, N, the [N] true participation probabilities or None, the [N, K]
+  clients' class counts or None) and the
   config's ``algorithm_kwargs`` as keywords; a fact set in algorithm_kwargs
   is an error.
   """
@@ -176,6 +180,11 @@ def build_algorithm(config, model, participation_probabilities=None):
     b2=s.b2,
     eps=s.eps,
   )
+  if s.optimizer == 'fedagm' and not s.momentum > 0:
+    raise ValueError(
+      'server.optimizer=fedagm needs --config.server.momentum > 0 (its '
+      'lambda; the authors use 0.85).'
+    )
   kwargs = dict(config.algorithm_kwargs)
   for name in ('run',) + contract.RunFacts._fields:
     if name in kwargs:
@@ -187,9 +196,10 @@ def build_algorithm(config, model, participation_probabilities=None):
     num_rounds=config.num_rounds,
     num_clients=config.num_clients,
     participation_probabilities=participation_probabilities,
+    class_counts=class_counts,
   )
   try:
-    return algorithms.REGISTRY[config.algorithm](
+    algorithm = algorithms.REGISTRY[config.algorithm](
       model,
       server_optimizer=server_optimizer,
       run=run,
@@ -201,6 +211,11 @@ def build_algorithm(config, model, participation_probabilities=None):
       f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
       f'{config.algorithm!r}: {e}'
     ) from e
+  if s.optimizer == 'fedagm':
+    algorithm = fedagm.accelerate(
+      algorithm, server_optimizer, beta=s.fedagm_beta
+    )
+  return algorithm
 
 
 def build_round_spec(config, algorithm, preprocess):
@@ -356,7 +371,7 @@ def build(config, *, one_program=False) -> Experiment:
     model=model,
     eval_model=eval_model,
     variables=variables,
-    algorithm=build_algorithm(config, model, probs),
+    algorithm=build_algorithm(config, model, probs, counts),
   )
 
 
@@ -415,13 +430,24 @@ def unused_gpu_note(backend, *, exists=os.path.exists, environ=os.environ):
     return ''
   return (
     ' Note: an NVIDIA GPU is visible to the system but JAX runs on the '
-    "CPU; install JAX's CUDA build (pip install -U 'jax[cuda12]') to use "
+    "CPU; install the CUDA build (pip install 'fedjax_metric[cuda]') to use "
     'it, or set JAX_PLATFORMS=cpu to run on the CPU without this note.'
   )
 
 
+def num_local_steps(config, clients) -> int:
+  """Local steps a round runs on every client (`cohort.num_local_steps`)."""
+  return cohort_lib.num_local_steps(
+    [len(c) for c in clients],
+    batch_size=config.local.batch_size,
+    local_epochs=config.local.epochs,
+    local_steps=config.local.steps,
+  )
+
+
 def describe(config, experiment, choice, num_devices, num_slots, num_steps):
-  """The one line a run starts with: what trains, where and how."""
+  """The line a run starts with: what trains, where and how (and a note
+  when no client holds a whole batch)."""
   lc = config.local
   per_round = (
     config.clients_per_round
@@ -438,4 +464,17 @@ def describe(config, experiment, choice, num_devices, num_slots, num_steps):
     + (f', convolutions: {conv_impl}' if conv_impl else '')
     + f'; {models.count_params(experiment.variables["params"]):,} params.'
     + unused_gpu_note(jax.default_backend())
+    + _full_batch_note(lc.batch_size, experiment.clients)
+  )
+
+
+def _full_batch_note(batch_size, clients):
+  """A second start line when no client holds a whole batch, else ''."""
+  largest = max(len(c) for c in clients)
+  if batch_size <= largest:
+    return ''
+  return (
+    f"\nNote: batch_size={batch_size} is larger than any client's data "
+    f'(the largest holds {largest}): every local step uses all of a '
+    "client's examples (full-batch steps)."
   )

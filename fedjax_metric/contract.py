@@ -207,11 +207,14 @@ class RunFacts(NamedTuple):
     num_clients: N, the client population.
     participation_probabilities: [N] each client's true participation
       probability (FedAU's ``known_prob`` aggregation), or None.
+    class_counts: [N, K] each client's examples per class (FedLC's
+      calibration), or None.
   """
 
   num_rounds: Optional[int] = None
   num_clients: Optional[int] = None
   participation_probabilities: Optional[Any] = None
+  class_counts: Optional[Any] = None
 
 
 # The default ``run`` of a factory called directly (no facts known).

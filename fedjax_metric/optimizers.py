@@ -104,9 +104,11 @@ def make_server_optimizer(
   'sgd' with lr 1 is FedAvg; with momentum it is FedAvgM (Hsu et al. 2019);
   'adam' is FedAdam and 'yogi' FedYogi (tau = eps, default 1e-3 as in the
   paper). optax's adam/yogi apply bias correction, which the paper omits; the
-  difference vanishes after the first rounds.
+  difference vanishes after the first rounds. 'fedagm' is SGD with momentum
+  whose clients start from the lookahead model (algorithms/fedagm.py wraps
+  the client method; momentum > 0 is required there).
   """
-  if name == 'sgd':
+  if name in ('sgd', 'fedagm'):
     return optax.sgd(learning_rate, momentum=momentum or None)
   if name == 'adam':
     return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
@@ -114,5 +116,5 @@ def make_server_optimizer(
     return optax.yogi(learning_rate, b1=b1, b2=b2, eps=eps)
   raise ValueError(
     f"Unknown server optimizer {name!r}; use 'sgd' (FedAvg, "
-    "FedAvgM), 'adam' (FedAdam) or 'yogi' (FedYogi)."
+    "FedAvgM), 'adam' (FedAdam), 'yogi' (FedYogi) or 'fedagm' (FedAGM)."
   )

@@ -87,6 +87,7 @@ FEDQUAD_ARGS = dict(
   iid=False,
   central=False,
   model='fedquad_cnn',
+  server='',
 )
 
 
@@ -140,7 +141,12 @@ def fedrcl_setting(arg):
 
 
 FEDRCL_ARGS = dict(
-  runlocal=False, dataset='', alpha=0.3, central=False, model='resnet18'
+  runlocal=False,
+  dataset='',
+  alpha=0.3,
+  central=False,
+  model='resnet18',
+  server='',
 )
 
 

@@ -110,9 +110,13 @@ def base_config():
   )
   c.server = ml_collections.ConfigDict(
     dict(
-      optimizer='sgd',  # sgd (FedAvg / FedAvgM) | adam (FedAdam) | yogi (FedYogi)
+      # sgd (FedAvg / FedAvgM) | adam (FedAdam) | yogi (FedYogi) | fedagm
+      # (FedAGM: SGD with momentum, clients start from the lookahead model
+      # and add fedagm_beta/2 ||w - lookahead||^2 to their loss).
+      optimizer='sgd',
       learning_rate=1.0,
       momentum=0.0,
+      fedagm_beta=0.002,
       b1=0.9,
       b2=0.99,
       eps=1e-3,
@@ -201,6 +205,11 @@ def base_config():
       finetune_seed=17,
       quality_examples=0,
       erank_matrix='features',  # features (SSD App. A.2) | covariance
+      # Out-of-distribution evaluation: '' evaluates on the run's dataset;
+      # a dataset name puts every SSL metric on that dataset's splits,
+      # resized to the training images' shape (evaluation/ssl.py).
+      target_dataset='',
+      target_data_dir='',
     )
   )
   c.checkpoint_every = 5
@@ -240,8 +249,32 @@ def shrink_for_runlocal(c):
   return c
 
 
+# ``:server=<name>`` of the supervised settings: the server methods of
+# FedRCL's Table 5 at the values of the authors' framework
+# (github.com/geehokim/FedACG, configs/server/*.yaml), over any client method.
+SERVER_METHODS = {
+  'fedavg': dict(optimizer='sgd', learning_rate=1.0, momentum=0.0),
+  'fedavgm': dict(optimizer='sgd', learning_rate=1.0, momentum=0.4),
+  'fedagm': dict(
+    optimizer='fedagm', learning_rate=1.0, momentum=0.85, fedagm_beta=0.002
+  ),
+}
+
+
+def apply_server_method(c, name):
+  """Sets ``c.server`` to the server method ``name`` (`SERVER_METHODS`)."""
+  if name not in SERVER_METHODS:
+    raise ValueError(
+      f'Unknown server method {name!r} (:server=...); use one of '
+      f'{sorted(SERVER_METHODS)}, or set --config.server.* directly.'
+    )
+  c.server.update(SERVER_METHODS[name])
+
+
 def finalize(c, arg):
   """Applies the shared ``:arg`` options and locks the config."""
+  if arg.get('server'):
+    apply_server_method(c, arg.server)
   if arg.runlocal:
     shrink_for_runlocal(c)
   if arg.dataset:  # After runlocal: a dataset named explicitly wins.
@@ -281,7 +314,9 @@ def model_block(name, *, norm):
 # ``:arg`` fields of the configs built on base_config (FedAvg's own setting,
 # FedProx, SCAFFOLD): the same central / model / dataset / runlocal as the
 # paper settings below.
-BASE_ARGS = dict(runlocal=False, dataset='', central=False, model='small_cnn')
+BASE_ARGS = dict(
+  runlocal=False, dataset='', central=False, model='small_cnn', server=''
+)
 # Each model's normalisation where base_config's model block is replaced:
 # the one its paper uses (FedQuad's CNN: BatchNorm; FedRCL's ResNet-18:
 # GroupNorm); the small CNN keeps base_config's none.

@@ -169,6 +169,7 @@ RULES: Dict[str, Check] = {
   'server.b1': _number(0.0, 1.0, high_open=True),
   'server.b2': _number(0.0, 1.0, high_open=True),
   'server.eps': _number(0.0),
+  'server.fedagm_beta': _number(0.0),
   # 'num_batches' is SSD's; each algorithm checks the ones it takes.
   'server.weighting': _one_of(fedavg.WEIGHTINGS + ('num_batches',)),
   'participation.pattern': _one_of(participation.PATTERNS),
@@ -301,6 +302,16 @@ def _check_dataset(config) -> None:
       )
     )
   sources.check_available(ds.name, ds.data_dir or None)
+  target = config.ssl_eval.target_dataset
+  if target and config.eval_protocol != 'ssl':
+    raise ConfigError(
+      _fix(
+        'ssl_eval.target_dataset',
+        "is read by eval_protocol='ssl' only; leave it empty",
+      )
+    )
+  if target:
+    sources.check_available(target, config.ssl_eval.target_data_dir or None)
   size = TRAIN_SIZES.get(ds.name)
   if size is None:
     return

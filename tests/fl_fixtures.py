@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import engine, models, optimizers
+from fedjax_metric import contract, engine, models, optimizers
 from fedjax_metric.data import augment
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import partition as partition_lib
@@ -144,6 +144,14 @@ def dirichlet_federation(num_examples=96, num_clients=4):
   )
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   return images, labels, parts, data
+
+
+def partition_facts(parts, labels):
+  """The `RunFacts` a factory gets from a partition: the clients' class
+  counts [N, K] (FedLC's calibration)."""
+  return contract.RunFacts(
+    class_counts=partition_lib.class_counts(labels, parts, NUM_CLASSES)
+  )
 
 
 def round_cohorts(

@@ -25,7 +25,11 @@ def test_vectorized_sampler_gives_the_per_client_schedule_shape(name):
   steps and columns are real is not random), with every real index drawn
   from the slot's own client; only the draws differ."""
   images, labels, parts, data = fx.dirichlet_federation()
-  alg = algorithms.REGISTRY[name](fx.all_outputs(), server_optimizer=SERVER)
+  alg = algorithms.REGISTRY[name](
+    fx.all_outputs(),
+    server_optimizer=SERVER,
+    run=fx.partition_facts(parts, labels),
+  )
   rounds = [[0, 1, 3], [1, 2], []]  # the last: a round nobody joins
   per_client = fx.round_cohorts(alg, parts, labels, rounds)
   vectorized = fx.round_cohorts(
@@ -52,6 +56,9 @@ NON_DEFAULT_OPTIONS = {
   'feddecorr': dict(decorr_form='paper'),
   'feddecorr_supervised': dict(decorr_form='paper', decorr_weight=0.5),
   'fedmetric': dict(negatives='true', rescale=True),
+  'fedlc': dict(tau=0.5),
+  'fitnet': dict(beta=0.5, level=0),
+  'fedproc': dict(feature='projection'),
   'fedntd': dict(beta=0.5, temperature=3.0),
   'fedprox': dict(mu=0.1),
   'fedquad': dict(squared=True),
@@ -116,7 +123,12 @@ def test_executors_and_rounds_per_call_agree_with_padding_slots(name, options):
     kwargs = dict(NON_DEFAULT_OPTIONS.get(name, {}), weighting='uniform')
   images, labels, parts, data = fx.dirichlet_federation()
   model = fx.all_outputs()
-  alg = algorithms.REGISTRY[name](model, server_optimizer=SERVER, **kwargs)
+  alg = algorithms.REGISTRY[name](
+    model,
+    server_optimizer=SERVER,
+    run=fx.partition_facts(parts, labels),
+    **kwargs,
+  )
   variables = fx.init_variables(model, images)
   cohorts = fx.round_cohorts(alg, parts, labels, [[0, 1, 3], [1, 2], []])
   assert not cohorts[1].slot_mask.all()  # the test needs a padding slot

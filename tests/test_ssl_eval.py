@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 
 from configs import fedavg as fedavg_config
-from fedjax_metric import assemble, paper_settings
+from fedjax_metric import assemble, engine, paper_settings, validation
 from fedjax_metric import settings as common
 from fedjax_metric import train as train_lib
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import sources
-from fedjax_metric.evaluation import downstream, semi_supervised
+from fedjax_metric.evaluation import downstream, protocols, semi_supervised
 from fedjax_metric.evaluation import ssl as ssl_eval
 from fedjax_metric.models import make_model_fns
 from launch import evaluate as evaluate_lib
@@ -110,6 +110,73 @@ def test_knn_monitor_sees_unit_scaled_encoder_features_of_client_data(
   every(variables)
   assert seen['bank'].shape == (5, 5) and seen['queries'].shape == (8, 5)
   assert set(seen['bank_labels']) <= set(train.labels[pool])
+
+
+def test_images_are_resized_to_the_encoders_shape():
+  """Out-of-distribution evaluation meets images of another shape: a
+  constant image stays constant at any size, one channel is repeated, three
+  become their mean, and a dataset of the right shape is left alone."""
+  images = np.full((2, 8, 8, 1), 77, np.uint8)
+  images[1] = np.arange(64, dtype=np.uint8).reshape(8, 8, 1) * 4
+  ds = sources.ArrayDataset(images, np.array([0, 1], np.int32), 2)
+  up = ssl_eval.to_image_shape(ds, (28, 28, 3))
+  assert up.images.shape == (2, 28, 28, 3) and up.images.dtype == np.uint8
+  assert (up.images[0] == 77).all()
+  assert (up.images[1, ..., 0] == up.images[1, ..., 2]).all()
+  # A left-to-right ramp stays monotone along its rows.
+  assert (np.diff(up.images[1, 10, :, 0].astype(int)) >= 0).all()
+  color = sources.ArrayDataset(
+    np.stack([np.full((4, 4), v, np.uint8) for v in (30, 60, 90)], -1)[None],
+    np.array([0], np.int32),
+    1,
+  )
+  gray = ssl_eval.to_image_shape(color, (4, 4, 1))
+  assert (gray.images == 60).all()
+  assert ssl_eval.to_image_shape(ds, (8, 8, 1)) is ds
+  with pytest.raises(ValueError, match='3-channel images onto a 2-channel'):
+    ssl_eval.to_image_shape(color, (4, 4, 2))
+
+
+def test_a_target_dataset_moves_every_ssl_metric_to_its_splits(monkeypatch):
+  """``ssl_eval.target_dataset='digits'`` on an encoder of 6x6 images: the
+  kNN bank is the encoder's features of all of digits' training split
+  resized to 6x6, with digits' labels, and the queries its test split."""
+  model, variables, train, test, clients, _ = setup()
+  config = common.base_config()
+  with config.unlocked():
+    config.eval_protocol = 'ssl'
+    config.ssl_eval.target_dataset = 'digits'
+  seen = {}
+
+  def fake_knn(bank, bank_labels, queries, query_labels, **kwargs):
+    seen.update(bank=bank, bank_labels=bank_labels, query_labels=query_labels)
+    return 0.5
+
+  monkeypatch.setattr(downstream, 'knn_accuracy', fake_knn)
+  evaluator = protocols.make_evaluator(
+    config,
+    model=model,
+    preprocess=None,
+    train=train,
+    test=test,
+    clients=clients,
+  )
+  server_state = engine.ServerState(variables, (), 0)
+  with jax.default_matmul_precision('highest'):
+    evaluator.every(server_state, ())
+  target = sources.load('digits', 'train')
+  resized = ssl_eval.to_image_shape(target, (6, 6, 1))
+  np.testing.assert_array_equal(seen['bank_labels'], target.labels)
+  np.testing.assert_allclose(
+    seen['bank'], np_features(variables, resized.images), atol=1e-5
+  )
+  np.testing.assert_array_equal(
+    seen['query_labels'], sources.load('digits', 'test').labels
+  )
+  with config.unlocked():
+    config.eval_protocol = 'classification'
+  with pytest.raises(validation.ConfigError, match='target_dataset'):
+    validation.validate(config)
 
 
 def test_final_metrics_and_their_inputs(monkeypatch):

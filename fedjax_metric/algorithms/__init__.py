@@ -15,8 +15,10 @@ from fedjax_metric.algorithms import (
   fedavg,
   fedaws,
   feddecorr,
+  fedlc,
   fedmetric,
   fedntd,
+  fedproc,
   fedprox,
   fedquad,
   fedrcl,
@@ -24,6 +26,7 @@ from fedjax_metric.algorithms import (
   feduv,
   fedvarp,
   fedx,
+  fitnet,
   l_dawa,
   mifa,
   moon,
@@ -41,6 +44,9 @@ REGISTRY = {
   'supconfl': fedquad.make_supconfl,
   'moon': moon.make,
   'fedntd': fedntd.make,
+  'fedlc': fedlc.make,
+  'fitnet': fitnet.make,
+  'fedproc': fedproc.make,
   'fedrcl': fedrcl.make_fedrcl,
   'fedscl': fedrcl.make_fedscl,
   'scaffold': scaffold.make,
@@ -76,6 +82,12 @@ DESCRIPTIONS = {
   'cross-entropy + decorrelation of the representations.',
   'fedntd': "FedNTD (Lee et al., 2022): distillation of the global model's "
   'not-true class predictions.',
+  'fedlc': 'FedLC (Zhang et al., 2022): cross-entropy on logits calibrated '
+  "by the client's label counts.",
+  'fitnet': 'FedAvg + FitNet (Romero et al., 2015): a hint loss to the '
+  "global model's intermediate features.",
+  'fedproc': 'FedProc (Mu et al., 2021): contrastive loss towards global '
+  'class prototypes kept by the server.',
   'fedrcl': 'FedRCL (Seo et al., 2024): relaxed supervised contrastive loss.',
   'fedscl': 'FedSCL: supervised contrastive loss on multi-level features.',
   'fedmetric': 'FedMetric (Park et al., 2021): one class per client, proxy '

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_metric.data import sources
 from fedjax_metric.evaluation import classification, embedding_knn, oneclass
 from fedjax_metric.evaluation import ssl as ssl_eval
 
@@ -298,6 +299,18 @@ def _make_test_evaluator(
     # The unsupervised methods train on [0, 1] views without mean / std
     # normalisation, so their encoder is evaluated on [0, 1] images too
     # (evaluation/ssl.py), not with ``preprocess``.
+    target = config.ssl_eval.target_dataset
+    if target:
+      # Out of distribution (SSD's Tables 2-5): every SSL metric on another
+      # dataset's splits, its whole training split as the labelled pool.
+      train, test = (
+        ssl_eval.to_image_shape(
+          sources.load(target, split, config.ssl_eval.target_data_dir or None),
+          train.images.shape[1:],
+        )
+        for split in ('train', 'test')
+      )
+      clients = [np.arange(len(train.labels))]
     every, final = ssl_eval.make_ssl_evaluator(
       model,
       train,

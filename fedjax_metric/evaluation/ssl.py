@@ -71,6 +71,38 @@ def _subset(n, size, seed):
   return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
 
 
+def to_image_shape(dataset, shape):
+  """``dataset`` with its images resized to ``shape`` (H, W, C) for an
+  encoder trained on another dataset (out-of-distribution evaluation).
+
+  Bilinear resizing (antialiased when shrinking) on the 0..255 scale,
+  rounded back to uint8; one channel becomes C copies and C channels become
+  their mean when the encoder takes one. A dataset already of that shape is
+  returned unchanged.
+  """
+  images = np.asarray(dataset.images)
+  if images.shape[1:] == tuple(shape):
+    return dataset
+  height, width, channels = shape
+  if images.shape[-1] != channels:
+    if images.shape[-1] == 1:
+      images = np.repeat(images, channels, axis=-1)
+    elif channels == 1:
+      images = images.mean(axis=-1, keepdims=True)
+    else:
+      raise ValueError(
+        f'Cannot map {images.shape[-1]}-channel images onto a '
+        f'{channels}-channel encoder.'
+      )
+  resized = jax.image.resize(
+    jnp.asarray(images, jnp.float32),
+    (images.shape[0], height, width, channels),
+    method='bilinear',
+  )
+  pixels = np.clip(np.rint(np.asarray(resized)), 0, 255).astype(np.uint8)
+  return dataset._replace(images=pixels)
+
+
 def fraction_name(fraction):
   """0.01 -> '1pct', 0.1 -> '10pct', 0.005 -> '0.5pct'."""
   pct = 100.0 * fraction

@@ -5,6 +5,7 @@ are dropped, so every loss is padding-invariant by construction.
 """
 
 from fedjax_metric.losses.basic import (  # noqa: F401
+  calibrated_cross_entropy,
   masked_mean,
   not_true_distillation,
   softmax_cross_entropy,

@@ -28,6 +28,38 @@ def masked_mean(values, mask):
   return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def calibrated_cross_entropy(logits, labels, class_counts, tau):
+  """FedLC's logit-calibrated cross-entropy, per example.
+
+  Zhang, Li, Li, Zhang, Wang and Wu, 'Federated Learning with Label
+  Distribution Skew via Logits Calibration', ICML 2022: every logit is
+  lowered by a margin that grows as its class gets rarer on the client,
+
+    z~_k = z_k - tau n_k^(-1/4),    loss = -log softmax(z~)[y],
+
+  with n_k the client's number of examples of class k. A class the client
+  does not hold (n_k = 0) has an infinite margin: it leaves the softmax, as
+  in the authors' framework (0^(-1/4) = inf; github.com/geehokim/FedACG,
+  utils/loss.py). The true class stays in the denominator there too
+  (docs/methods.md, FedLC, on the paper's text, which leaves it out).
+
+  Args:
+    logits: [B, K].
+    labels: [B] int in [0, K).
+    class_counts: [K] the client's examples per class (float).
+    tau: the calibration strength (> 0).
+
+  Returns:
+    [B]. Rows whose label the client does not hold (padding) are large and
+    finite, so that a mask zeroes them without a NaN.
+  """
+  held = class_counts > 0
+  margin = tau * jnp.where(held, class_counts, 1.0) ** -0.25
+  # A large finite stand-in for -inf: exp() underflows to 0 in the softmax.
+  calibrated = jnp.where(held, logits - margin, -1e30)
+  return softmax_cross_entropy(calibrated, labels)
+
+
 def not_true_logits(logits, labels):
   """Each row's logits without its true class, in class order.
 
