@@ -242,6 +242,7 @@ def build_round_spec(config, algorithm, preprocess):
     config.seed,
     local_epoch_decay=lc.epoch_decay,
     batch_size=lc.batch_size,
+    per_client=config.logging.per_client,
   )
 
 

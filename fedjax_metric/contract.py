@@ -178,6 +178,9 @@ class RoundSpec(NamedTuple):
       counting epochs; 0 means the width of a step's rows. Differs from that
       width when an algorithm lays several rows out per example (FedQuad's
       4B-wide steps hold B anchors).
+    per_client: also return each slot's loss, examples and update norm
+      (the round's metrics then hold ``clients``: `engine.client_report`
+      per slot, with ``client_id``), for heterogeneity studies.
   """
 
   algorithm: Algorithm
@@ -187,6 +190,7 @@ class RoundSpec(NamedTuple):
   seed: int
   local_epoch_decay: float = 1.0
   batch_size: int = 0
+  per_client: bool = False
 
 
 class DeviceData(NamedTuple):

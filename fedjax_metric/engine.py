@@ -415,6 +415,20 @@ def client_update(
   return finish_client(spec, data, server_state, inputs, carry)
 
 
+def client_report(update, loss_sum, example_count):
+  """One slot's per-client metrics (``RoundSpec.per_client``): its loss per
+  real example, its number of real examples, and the global L2 norm of its
+  whole update (the model delta, and for SCAFFOLD or FedProc their extra
+  parts too). Scalars; vmapped over slots by the round."""
+  return {
+    'loss': loss_sum / jnp.maximum(example_count, 1.0),
+    'examples': example_count,
+    'update_norm': jnp.sqrt(
+      sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(update))
+    ),
+  }
+
+
 def finish_round(
   spec: RoundSpec,
   server_state,
@@ -425,10 +439,13 @@ def finish_round(
   loss_sum,
   example_count,
   term_sums,
+  per_slot=None,
 ):
   """The server's step on the reduced cohort, and the round's metrics:
   ``train_loss_sum``, ``train_examples`` and ``train_<term>_sum`` for each
-  named term of the loss (sums over the round's real examples)."""
+  named term of the loss (sums over the round's real examples); with
+  ``per_slot`` ([C] arrays of `client_report`), ``clients`` too, with the
+  slots' ``client_id`` and ``slot_mask``."""
   aggregate = Aggregate(
     update_sum,
     weight_sum,
@@ -441,6 +458,12 @@ def finish_round(
   )
   metrics = {'train_loss_sum': loss_sum, 'train_examples': example_count}
   metrics.update({f'train_{k}_sum': v for k, v in term_sums.items()})
+  if per_slot:
+    metrics['clients'] = {
+      **per_slot,
+      'client_id': cohort.client_ids,
+      'slot_mask': cohort.slot_mask,
+    }
   return server_state, client_table, metrics
 
 

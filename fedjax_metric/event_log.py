@@ -49,6 +49,20 @@ class ScalarWriter:
       )
     )
 
+  def add_hparams(self, hparams: dict, metric_names) -> None:
+    """The run's hyper-parameters for TensorBoard's HParams dashboard: the
+    experiment (``hparams`` and the ``metric_names`` it compares runs on)
+    and this session's start, at step 0. Values are numbers, strings or
+    booleans; anything else is written as its string."""
+    clean = {
+      name: value if isinstance(value, (bool, int, float, str)) else str(value)
+      for name, value in hparams.items()
+    }
+    for s in summary.hparams(clean, dict.fromkeys(metric_names, 0.0)):
+      self._writer.write_event(
+        event_pb2.Event(wall_time=time.time(), step=0, summary=s)
+      )
+
   def flush(self) -> None:
     if self._writer:
       self._writer.flush()

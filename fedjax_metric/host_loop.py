@@ -19,18 +19,25 @@ from fedjax_metric import engine
 from fedjax_metric.data.cohort import Cohort
 
 
-def _accumulate(client_table, client_id, accumulator, outputs):
+def _accumulate(client_table, client_id, slot, accumulator, outputs):
   """Writes a slot's new row and adds ``weight * update`` (and its loss
-  sums) into the round's running totals."""
+  sums) into the round's running totals; with per-client reports on (a
+  non-empty last entry of ``accumulator``), writes the slot's report."""
   update, weight, new_row, (loss_sum, count, terms) = outputs
   client_table = engine.scatter_rows(client_table, client_id, new_row)
-  update_sum, weight_sum, loss_total, count_total, term_totals = accumulator
+  (update_sum, weight_sum, loss_total, count_total, term_totals, per_slot) = (
+    accumulator
+  )
+  if per_slot:
+    report = engine.client_report(update, loss_sum, count)
+    per_slot = {k: v.at[slot].set(report[k]) for k, v in per_slot.items()}
   accumulator = (
     jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
     weight_sum + weight,
     loss_total + loss_sum,
     count_total + count,
     jax.tree.map(jnp.add, term_totals, terms),
+    per_slot,
   )
   return client_table, accumulator
 
@@ -92,7 +99,9 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
 
   def finish_body(server_state, client_table, inputs, accumulator, carry, data):
     outputs = engine.finish_client(spec, data, server_state, inputs, carry)
-    return _accumulate(client_table, inputs.client_id, accumulator, outputs)
+    return _accumulate(
+      client_table, inputs.client_id, inputs.slot, accumulator, outputs
+    )
 
   @functools.partial(jax.jit, donate_argnums=(1, 2))
   def whole_client(
@@ -120,21 +129,31 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
       num_examples,
       unroll=unroll,
     )
-    return _accumulate(client_table, client_id, accumulator, outputs)
+    return _accumulate(client_table, client_id, slot, accumulator, outputs)
 
-  @functools.partial(jax.jit, static_argnums=(3,))
-  def zero_accumulator(server_state, client_table, data, example_shape):
+  @functools.partial(jax.jit, static_argnums=(3, 4))
+  def zero_accumulator(
+    server_state, client_table, data, example_shape, num_slots
+  ):
     # Made on the device: a jnp.zeros here would be a host-to-device transfer.
     # The outputs are distinct buffers, as `finish` donates them.
     update, terms = engine.zero_update(
       spec, data, server_state, client_table, example_shape
     )
-    return (update, *(jnp.zeros((), jnp.float32) for _ in range(3)), terms)
+    per_slot = {}
+    if spec.per_client:
+      per_slot = {
+        name: jnp.zeros((num_slots,), jnp.float32)
+        for name in ('loss', 'examples', 'update_norm')
+      }
+    scalars = (jnp.zeros((), jnp.float32) for _ in range(3))
+    return (update, *scalars, terms, per_slot)
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def server(server_state, client_table, cohort, accumulator):
+    *sums, per_slot = accumulator
     return engine.finish_round(
-      spec, server_state, client_table, cohort, *accumulator
+      spec, server_state, client_table, cohort, *sums, per_slot=per_slot
     )
 
   fns = HostLoopFns(
@@ -155,7 +174,11 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     example_idx = np.pad(host.example_idx, ((0, 0), (0, pad), (0, 0)))
     example_mask = np.pad(host.example_mask, ((0, 0), (0, pad), (0, 0)))
     accumulator = fns.zero_accumulator(
-      server_state, client_table, data, host.example_idx.shape[1:]
+      server_state,
+      client_table,
+      data,
+      host.example_idx.shape[1:],
+      host.client_ids.shape[0],
     )
     for slot in np.flatnonzero(host.slot_mask):
       # One transfer per slot of its index arrays, which the round needs anyway.

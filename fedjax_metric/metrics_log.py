@@ -5,10 +5,12 @@ workdir"): the round, times, the training columns (`train_row`), the
 throughput since the previous evaluation (`Throughput`), the evaluation's
 metrics and the headline's statistics the papers report (its debiased EMA and
 the mean of its best evaluations, `evaluation.statistics`). `MetricsLog`
-writes them; a resumed run first drops the rows past its checkpoint, so every
-row is written by the session that computed it.
+writes them, and with ``logging.per_client`` one row per cohort client and
+round to ``per_client.csv``; a resumed run first drops the rows past its
+checkpoint, so every row is written by the session that computed it.
 """
 
+import csv
 import json
 import os
 import time
@@ -16,6 +18,7 @@ import time
 from absl import logging
 import numpy as np
 
+from fedjax_metric import validation
 from fedjax_metric.evaluation import statistics as eval_statistics
 
 
@@ -141,6 +144,46 @@ class Throughput:
     }
 
 
+PER_CLIENT_COLUMNS = ('round', 'client_id', 'examples', 'loss', 'update_norm')
+
+
+def per_client_rows(first_round, clients):
+  """CSV rows of the real slots of a call's rounds.
+
+  ``clients``: the round metrics' ``clients`` dict (`engine.finish_round`),
+  each leaf [C] for one round or [R, C] for R rounds of one call; round r
+  of the call is round ``first_round + r + 1`` (rounds completed).
+  """
+  arrays = {k: np.asarray(v) for k, v in clients.items()}
+  if arrays['slot_mask'].ndim == 1:
+    arrays = {k: v[None] for k, v in arrays.items()}
+  rows = []
+  for r, real in enumerate(arrays['slot_mask']):
+    for slot in np.flatnonzero(real):
+      rows.append(
+        (
+          first_round + r + 1,
+          int(arrays['client_id'][r, slot]),
+          int(arrays['examples'][r, slot]),
+          float(arrays['loss'][r, slot]),
+          float(arrays['update_norm'][r, slot]),
+        )
+      )
+  return rows
+
+
+def _keep_rounds(path, last_round, header):
+  """Rewrites the CSV ``path`` without rows past ``last_round`` (redone on
+  resume); starts it with ``header`` if it does not exist."""
+  kept = []
+  if os.path.exists(path):
+    with open(path, newline='') as f:
+      kept = list(csv.reader(f))[1:]
+    kept = [r for r in kept if int(r[0]) <= last_round]
+  with open(path, 'w', newline='') as f:
+    csv.writer(f).writerows([header, *kept])
+
+
 class MetricsLog:
   """The evaluation rows of one session of a run, from ``start_round`` on.
 
@@ -158,9 +201,29 @@ class MetricsLog:
     )
     self._chief = chief
     self.writer = None
+    self.per_client_path = None
     if chief:
       truncate_metrics(self.path, start_round)
       self.writer = make_summary_writer(workdir, start_round)
+      if self.writer and start_round == 0:
+        # TensorBoard's HParams dashboard: the config beside the headline.
+        flat = validation.flatten(json.loads(config.to_json_best_effort()))
+        self.writer.add_hparams(
+          dict(flat), [headline, f'{headline}_ema', 'train_loss']
+        )
+      if config.logging.per_client:
+        self.per_client_path = os.path.join(workdir, 'per_client.csv')
+        _keep_rounds(self.per_client_path, start_round, PER_CLIENT_COLUMNS)
+
+  def round_metrics(self, first_round, metrics):
+    """The training sums of a call's rounds; their per-client part, if any,
+    goes to per_client.csv (by the chief)."""
+    metrics = dict(metrics)
+    clients = metrics.pop('clients', None)
+    if clients is not None and self.per_client_path:
+      with open(self.per_client_path, 'a', newline='') as f:
+        csv.writer(f).writerows(per_client_rows(first_round, clients))
+    return metrics
 
   def append(self, row):
     """Adds the headline's statistics to ``row``, writes it, returns it."""

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from fedjax_metric.data.cohort import Cohort
 from fedjax_metric.engine import (
   RoundSpec,
+  client_report,
   client_update,
   finish_round,
   gather_rows,
@@ -55,10 +56,12 @@ def single_program_round(
       unroll=unroll,
     )
   slots = jnp.arange(cohort.client_ids.shape[0], dtype=jnp.int32)
-  client_table, *sums = _vmapped_slots(
+  client_table, sums, per_slot = _vmapped_slots(
     spec, data, server_state, client_table, cohort, slots, unroll=unroll
   )
-  return finish_round(spec, server_state, client_table, cohort, *sums)
+  return finish_round(
+    spec, server_state, client_table, cohort, *sums, per_slot=per_slot
+  )
 
 
 def multi_round(
@@ -114,9 +117,10 @@ def _vmapped_slots(
 ):
   """Trains the cohort's slots side by side (vmap) and reduces over them.
 
-  Returns ``(client_table with the new rows, update_sum, weight_sum,
-  loss_sum, example_count, term_sums)``; padding slots get weight 0 and
-  write no row.
+  Returns ``(client_table with the new rows, (update_sum, weight_sum,
+  loss_sum, example_count, term_sums), per_slot)``; padding slots get
+  weight 0 and write no row. ``per_slot`` is {} unless ``spec.per_client``:
+  then [C] arrays of `engine.client_report`, zero for padding slots.
   """
   rows = gather_rows(client_table, cohort.client_ids)
   per_client = functools.partial(
@@ -136,13 +140,22 @@ def _vmapped_slots(
   # and a hook may divide by a padding slot's zero example count.
   weights = jnp.where(cohort.slot_mask, weights, 0.0)
   updates = mask_slots(cohort.slot_mask, updates)
-  return (
-    scatter_rows(client_table, cohort.client_ids, new_rows),
+  per_slot = {}
+  if spec.per_client:
+    per_slot = mask_slots(
+      cohort.slot_mask, jax.vmap(client_report)(updates, loss_sums, counts)
+    )
+  sums = (
     weighted_sum(weights, updates),
     jnp.sum(weights),
     jnp.sum(loss_sums),
     jnp.sum(counts),
     jax.tree.map(jnp.sum, term_sums),
+  )
+  return (
+    scatter_rows(client_table, cohort.client_ids, new_rows),
+    sums,
+    per_slot,
   )
 
 
@@ -201,15 +214,21 @@ def _chunked_round(
 
   def one_chunk(carry, chunk):
     table, *sums = carry
-    table, *chunk_sums = _vmapped_slots(
+    table, chunk_sums, per_slot = _vmapped_slots(
       spec, data, server_state, table, *chunk, unroll=unroll
     )
-    return (table, *jax.tree.map(jnp.add, sums, chunk_sums)), None
+    return (table, *jax.tree.map(jnp.add, tuple(sums), chunk_sums)), per_slot
 
   zero = jnp.zeros((), jnp.float32)
   update_zeros, term_zeros = zero_update(
     spec, data, server_state, client_table, cohort.example_idx.shape[1:]
   )
   carry = (client_table, update_zeros, zero, zero, zero, term_zeros)
-  (client_table, *sums), _ = jax.lax.scan(one_chunk, carry, chunks)
-  return finish_round(spec, server_state, client_table, cohort, *sums)
+  (client_table, *sums), per_chunk = jax.lax.scan(one_chunk, carry, chunks)
+  # [m, k] back to slot order (chunk j, position i held slot i * m + j).
+  per_slot = jax.tree.map(
+    lambda x: jnp.swapaxes(x, 0, 1).reshape(-1)[:num_slots], per_chunk
+  )
+  return finish_round(
+    spec, server_state, client_table, cohort, *sums, per_slot=per_slot
+  )

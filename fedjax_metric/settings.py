@@ -216,6 +216,10 @@ def base_config():
   c.keep_checkpoints = 2
   c.plot_partition = True
   c.progress = True
+  # What a run records beyond metrics.jsonl. per_client: each cohort
+  # client's loss, examples and update norm every round, to per_client.csv
+  # (round, client_id, examples, loss, update_norm; pandas.read_csv reads it).
+  c.logging = ml_collections.ConfigDict(dict(per_client=False))
   return c
 
 

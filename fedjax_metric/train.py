@@ -238,7 +238,9 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       time.perf_counter() - call_start,
       sum(int(np.count_nonzero(c.slot_mask)) for c in cohorts),
     )
-    train_sums.append(sharding.local_copy(round_metrics))
+    train_sums.append(
+      log.round_metrics(first, sharding.local_copy(round_metrics))
+    )
     done = first + rounds_per_call
     bar.update(rounds_per_call)
     if done % config.eval_every == 0 or done == end_round:

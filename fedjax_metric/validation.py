@@ -198,6 +198,7 @@ RULES: Dict[str, Check] = {
   'keep_checkpoints': _integer(1),
   'plot_partition': _boolean,
   'progress': _boolean,
+  'logging.per_client': _boolean,
 }
 
 

@@ -34,7 +34,13 @@ from fedjax_metric import (
 from fedjax_metric.data import augment, participation, partition
 
 # Keys whose change between a run and its resumption is harmless.
-RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
+RESUMABLE_CHANGES = (
+  'num_rounds',
+  'eval_every',
+  'checkpoint_every',
+  'progress',
+  'logging',
+)
 
 # Blocks a method config replaces as a whole (fedjax_metric/settings.py).
 _WHOLE_BLOCKS = ('model', 'algorithm_kwargs')

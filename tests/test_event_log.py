@@ -136,3 +136,47 @@ def test_scalars_read_every_session_file_in_name_order(tmp_path):
     os.path.basename(second): ('b', 2),
   }
   assert [(t, s) for _, s, t, _ in rows] == [by_file[n] for n in names]
+
+
+def test_a_new_run_records_its_config_for_the_hparams_dashboard(tmp_path):
+  """The experiment and the session start (TensorBoard's HParams plugin) at
+  step 0, with every config field and the headline among the metrics; a
+  resumed session does not write them again."""
+  from tensorboardX.proto import plugin_hparams_pb2
+
+  from fedjax_metric import metrics_log, settings
+
+  config = settings.base_config()
+  config.local.learning_rate = 0.037
+  log = metrics_log.MetricsLog(str(tmp_path), 0, 'test_accuracy', config, True)
+  log.close()
+  (path,) = glob.glob(os.path.join(tmp_path, event_log.PATTERN))
+  records, intact = event_log.read_records(path)
+  assert intact
+  plugin = {}
+  for record in records:
+    assert record.event.step == 0
+    for value in record.event.summary.value:
+      data = plugin_hparams_pb2.HParamsPluginData()
+      data.ParseFromString(value.metadata.plugin_data.content)
+      plugin[value.tag] = data
+  experiment = plugin['_hparams_/experiment'].experiment
+  assert 'test_accuracy' in {m.name.tag for m in experiment.metric_infos}
+  start = plugin['_hparams_/session_start_info'].session_start_info
+  assert start.hparams['local.learning_rate'].number_value == 0.037
+  assert start.hparams['algorithm'].string_value == 'fedavg'
+  resumed = metrics_log.MetricsLog(
+    str(tmp_path), 3, 'test_accuracy', config, True
+  )
+  resumed.close()
+  later = [
+    p for p in glob.glob(os.path.join(tmp_path, event_log.PATTERN)) if p != path
+  ]
+  assert later  # the resumed session's own file
+  tags = [
+    value.tag
+    for p in later
+    for record in event_log.read_records(p)[0]
+    for value in record.event.summary.value
+  ]
+  assert not [t for t in tags if t.startswith('_hparams_')]
