@@ -18,7 +18,7 @@ import time
 from absl import logging
 import numpy as np
 
-from fedjax_metric import validation
+from fedjax_metric import validation, wandb_log
 from fedjax_metric.evaluation import statistics as eval_statistics
 
 
@@ -201,6 +201,7 @@ class MetricsLog:
     )
     self._chief = chief
     self.writer = None
+    self.wandb = None
     self.per_client_path = None
     if chief:
       truncate_metrics(self.path, start_round)
@@ -214,6 +215,9 @@ class MetricsLog:
       if config.logging.per_client:
         self.per_client_path = os.path.join(workdir, 'per_client.csv')
         _keep_rounds(self.per_client_path, start_round, PER_CLIENT_COLUMNS)
+      if config.logging.wandb:
+        flat = validation.flatten(json.loads(config.to_json_best_effort()))
+        self.wandb = wandb_log.WandbWriter(config.logging.wandb, workdir, flat)
 
   def round_metrics(self, first_round, metrics):
     """The training sums of a call's rounds; their per-client part, if any,
@@ -236,8 +240,12 @@ class MetricsLog:
     }
     if self._chief:
       append_metrics(self.path, self.writer, row)
+      if self.wandb:
+        self.wandb.log_row(row)
     return row
 
   def close(self):
     if self.writer:
       self.writer.close()
+    if self.wandb:
+      self.wandb.close()

@@ -219,7 +219,9 @@ def base_config():
   # What a run records beyond metrics.jsonl. per_client: each cohort
   # client's loss, examples and update norm every round, to per_client.csv
   # (round, client_id, examples, loss, update_norm; pandas.read_csv reads it).
-  c.logging = ml_collections.ConfigDict(dict(per_client=False))
+  # wandb: a Weights & Biases project to log the config and every evaluation
+  # row to (the 'wandb' extra; '' = none).
+  c.logging = ml_collections.ConfigDict(dict(per_client=False, wandb=''))
   return c
 
 

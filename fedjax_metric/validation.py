@@ -14,7 +14,13 @@ import inspect
 import math
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-from fedjax_metric import algorithms, executors, models, optimizers
+from fedjax_metric import (
+  algorithms,
+  executors,
+  models,
+  optimizers,
+  wandb_log,
+)
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.data import (
   augment,
@@ -82,6 +88,12 @@ def _boolean(value) -> Optional[str]:
   if isinstance(value, bool):
     return None
   return f'must be True or False, got {value!r}'
+
+
+def _text(value) -> Optional[str]:
+  if isinstance(value, str):
+    return None
+  return f'must be a string, got {value!r}'
 
 
 def _one_of(choices) -> Check:
@@ -199,6 +211,7 @@ RULES: Dict[str, Check] = {
   'plot_partition': _boolean,
   'progress': _boolean,
   'logging.per_client': _boolean,
+  'logging.wandb': _text,
 }
 
 
@@ -244,6 +257,9 @@ def validate(config) -> None:
   _check_model(config.model)
   _check_algorithm(config)
   _check_dataset(config)
+  why = wandb_log.missing(config.logging.wandb)
+  if why:
+    raise ConfigError(why)
 
 
 def _check_relations(config) -> None:
