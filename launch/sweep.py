@@ -13,7 +13,8 @@ Every point is ``<root>/<config>/<overrides>``, trained by its own process
 the same command again skips finished points (a ``summary.json`` for the
 same config), resumes unfinished ones from their checkpoints, and refuses a
 workdir that holds a different experiment. ``--parallel=N`` runs N points at
-once.
+once; ``--gpus=0,1`` pins each process slot to one GPU. ``--backend=slurm``
+submits the points as a SLURM job array instead (launch/sweep_slurm.py).
 
 Aggregate the finished workdirs under one or more roots:
 
@@ -61,7 +62,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 from absl import app, flags, logging
 import numpy as np
 
-from . import cli
+from . import cli, sweep_slurm
 
 POINT_FILE = 'sweep_point.json'
 LOG_FILE = 'sweep.log'
@@ -310,14 +311,36 @@ def point_command(workdir: str) -> List[str]:
   return [sys.executable, '-m', module, 'point', f'--workdir={workdir}']
 
 
+def gpu_environments(gpus: Sequence[str], parallel: int):
+  """Environment additions of the ``parallel`` process slots: slot i sees
+  only GPU ``gpus[i % len(gpus)]``; where several slots share a GPU, JAX does
+  not preallocate and each takes at most its share of the memory. [{}] per
+  slot without ``gpus``."""
+  if not gpus:
+    return [{} for _ in range(parallel)]
+  sharing = -(-parallel // len(gpus))
+  environments = []
+  for slot in range(parallel):
+    env = {'CUDA_VISIBLE_DEVICES': str(gpus[slot % len(gpus)])}
+    if sharing > 1:
+      env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
+      env['XLA_PYTHON_CLIENT_MEM_FRACTION'] = f'{0.9 / sharing:.3f}'
+    environments.append(env)
+  return environments
+
+
 def run_points(
   points: Sequence[Point],
   *,
   parallel: int = 1,
   command: Callable[[str], List[str]] = point_command,
   say: Callable[[str], None] = print,
+  environment: Optional[Sequence[Dict[str, str]]] = None,
 ) -> Dict[str, str]:
   """Runs the unfinished points, ``parallel`` processes at a time.
+
+  ``environment``: per process slot (``parallel`` of them), variables added
+  to that slot's children's environment (`gpu_environments`).
 
   Returns ``{workdir: outcome}`` with outcome 'skipped' (already finished),
   'done', 'failed (rc=...)' or 'conflict' (the workdir holds another
@@ -348,7 +371,15 @@ def run_points(
   with _ForwardedStop(running) as stop:
     while (queue or running) and not stop.signals:
       finished = _poll_points(
-        running, queue, parallel, command, say, outcomes, finished, len(todo)
+        running,
+        queue,
+        parallel,
+        command,
+        say,
+        outcomes,
+        finished,
+        len(todo),
+        environment or [{} for _ in range(parallel)],
       )
   if stop.signals:
     name = signal.Signals(stop.signals[0]).name
@@ -400,7 +431,7 @@ class _ForwardedStop:
     try:
       if self.signals:  # Also a point started while the signal came.
         self._forward()
-      for process, (_, _, log) in list(self.running.items()):
+      for process, (_, _, log, _) in list(self.running.items()):
         process.wait()
         log.close()
     finally:
@@ -410,23 +441,28 @@ class _ForwardedStop:
 
 
 def _poll_points(
-  running, queue, parallel, command, say, outcomes, finished, total
+  running, queue, parallel, command, say, outcomes, finished, total, slots_env
 ):
-  """Starts points up to ``parallel`` and records the ones that ended;
-  returns the count of finished points."""
+  """Starts points up to ``parallel`` (each in a free process slot, with
+  that slot's ``slots_env``) and records the ones that ended; returns the
+  count of finished points."""
   while queue and len(running) < parallel:
     point = queue.popleft()
     write_point_file(point)
     log = open(os.path.join(point.workdir, LOG_FILE), 'a')
+    slot = min(set(range(parallel)) - {v[3] for v in running.values()})
     process = subprocess.Popen(
-      command(point.workdir), stdout=log, stderr=subprocess.STDOUT
+      command(point.workdir),
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      env={**os.environ, **slots_env[slot]},
     )
-    running[process] = (point, time.time(), log)
+    running[process] = (point, time.time(), log, slot)
     say(f'start {point.workdir}')
   for process in list(running):
     if process.poll() is None:
       continue
-    point, start, log = running.pop(process)
+    point, start, log, _ = running.pop(process)
     log.close()
     finished += 1
     seconds = time.time() - start
@@ -907,6 +943,26 @@ def define_flags():
     'point (last key fastest).',
   )
   flags.DEFINE_integer('parallel', 1, 'run: points at once.')
+  flags.DEFINE_enum(
+    'backend',
+    'local',
+    ['local', 'slurm'],
+    'run: local subprocesses, or one SLURM job-array task per point '
+    '(submitit; launch/sweep_slurm.py).',
+  )
+  flags.DEFINE_string(
+    'slurm', '', "run --backend=slurm: submitit's parameters, key=value,..."
+  )
+  flags.DEFINE_integer(
+    'retries', 1, 'run --backend=slurm: resubmissions of a failed task.'
+  )
+  flags.DEFINE_list(
+    'gpus',
+    [],
+    'run --backend=local: GPU ids; process slot i runs its points on GPU '
+    'gpus[i mod len(gpus)] (CUDA_VISIBLE_DEVICES); slots sharing a GPU do '
+    'not preallocate its memory.',
+  )
   flags.DEFINE_bool('dry_run', False, 'run: list the points only.')
   flags.DEFINE_string('workdir', None, 'point: the workdir to train.')
   flags.DEFINE_list(
@@ -1007,7 +1063,24 @@ def main(argv):
       for p in points:
         print(point_status(p), p.workdir)
       return
-    outcomes = run_points(points, parallel=FLAGS.parallel)
+    if FLAGS.backend == 'slurm':
+      executor = sweep_slurm.make_executor(
+        sweep_slurm.slurm_folder(FLAGS.root[0]),
+        sweep_slurm.parse_parameters(FLAGS.slurm),
+      )
+      outcomes = sweep_slurm.submit_points(
+        points,
+        executor,
+        retries=FLAGS.retries,
+        status=point_status,
+        prepare=write_point_file,
+      )
+    else:
+      outcomes = run_points(
+        points,
+        parallel=FLAGS.parallel,
+        environment=gpu_environments(FLAGS.gpus, FLAGS.parallel),
+      )
     bad = [w for w, o in outcomes.items() if o not in ('done', 'skipped')]
     if bad:
       sys.exit(f'{len(bad)} point(s) failed or conflicted: {bad}')

@@ -189,6 +189,41 @@ def test_run_points_parallel_skips_finished_and_reports_failures(tmp_path):
     sweep.run_points(points, parallel=0)
 
 
+def test_gpu_slots_pin_one_gpu_each_and_share_memory_when_crowded():
+  assert sweep.gpu_environments([], 2) == [{}, {}]
+  alone = sweep.gpu_environments(['0', '1'], 2)
+  assert alone == [{'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': '1'}]
+  crowded = sweep.gpu_environments(['3', '5'], 4)
+  assert [e['CUDA_VISIBLE_DEVICES'] for e in crowded] == ['3', '5', '3', '5']
+  assert all(e['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false' for e in crowded)
+  assert all(e['XLA_PYTHON_CLIENT_MEM_FRACTION'] == '0.450' for e in crowded)
+
+
+def test_each_running_point_gets_its_process_slots_environment(tmp_path):
+  """Two slots pinned to GPUs 7 and 9: at most one point per slot at a time,
+  so the three points see 7, 9 and 7 or 9, never a slot already in use."""
+  points = sweep.make_points(
+    str(tmp_path), [FEDAVG], {}, sweep.parse_assignments('seed=0,1,2')
+  )
+  child = (
+    'import os, sys, time; time.sleep(0.3); '
+    'open(os.path.join(sys.argv[1], "gpu"), "w").write('
+    'os.environ.get("CUDA_VISIBLE_DEVICES", "none"))'
+  )
+  sweep.run_points(
+    points,
+    parallel=2,
+    command=lambda w: [sys.executable, '-c', child, w],
+    say=lambda _: None,
+    environment=sweep.gpu_environments(['7', '9'], 2),
+  )
+  seen = []
+  for point in points:
+    with open(os.path.join(point.workdir, 'gpu')) as f:
+      seen.append(f.read())
+  assert seen[:2] == ['7', '9'] and seen[2] in ('7', '9')
+
+
 def test_run_point_trains_a_runlocal_config(tmp_path):
   [point] = sweep.make_points(
     str(tmp_path), [FEDAVG], {'num_rounds': '1', 'seed': '4'}, []

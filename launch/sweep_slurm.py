@@ -1,0 +1,125 @@
+r"""Sweeps on a SLURM cluster: one job per point, as a job array (submitit).
+
+  python -m launch.sweep run --backend=slurm --root=/shared/runs/grid \
+      --config=configs/fedrcl.py:alpha=0.1 --grid='seed=0,1,2' \
+      --slurm='partition=gpu,gpus_per_node=1,timeout_min=240,cpus_per_task=8'
+
+Every unfinished point (the same points, workdirs and skip / resume rules as
+the local backend) becomes one task of a job array submitted through
+submitit (``pip install 'fedjax_metric[slurm]'``); a task trains its point
+in its own process exactly as ``launch.sweep point`` does. The sweep then
+waits for the tasks, resubmits a failed one up to ``--retries`` times (a
+point resumes from its last checkpoint, so a preempted or crashed task
+loses at most ``checkpoint_every`` rounds) and reports each point as the
+local backend does; the usual ``launch.sweep table`` reads the workdirs.
+Job logs go to ``<root>/slurm/``. ``--slurm`` takes submitit's parameters
+(``key=value``, comma-separated: partition, timeout_min, gpus_per_node,
+cpus_per_task, mem_gb, slurm_array_parallelism, ...).
+"""
+
+import ast
+import os
+from typing import Any, Callable, Dict, Sequence
+
+
+def parse_parameters(text: str) -> Dict[str, Any]:
+  """``'partition=gpu,timeout_min=60'`` -> {'partition': 'gpu',
+  'timeout_min': 60}: numbers and booleans as Python literals, the rest as
+  strings."""
+  parameters = {}
+  for item in filter(None, (text or '').split(',')):
+    key, sep, value = item.partition('=')
+    if not sep or not key:
+      raise ValueError(f'--slurm item {item!r} is not key=value.')
+    try:
+      parameters[key.strip()] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      parameters[key.strip()] = value
+  return parameters
+
+
+def train_point(workdir: str) -> str:
+  """A task: trains the point stored in ``workdir`` (launch.sweep's
+  `run_point`), in the task's own process; returns the workdir."""
+  from launch import sweep  # pylint: disable=g-import-not-at-top
+
+  sweep.run_point(workdir)
+  return workdir
+
+
+def make_executor(folder: str, parameters: Dict[str, Any]):
+  """submitit's AutoExecutor (SLURM where ``sbatch`` exists, else local
+  processes) with ``parameters``."""
+  try:
+    import submitit  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+      "--backend=slurm needs submitit: pip install 'fedjax_metric[slurm]'."
+    ) from e
+  executor = submitit.AutoExecutor(folder=folder)
+  executor.update_parameters(**parameters)
+  return executor
+
+
+def submit_points(
+  points: Sequence[Any],
+  executor,
+  *,
+  retries: int = 1,
+  status: Callable[[Any], str],
+  prepare: Callable[[Any], None],
+  say: Callable[[str], None] = print,
+) -> Dict[str, str]:
+  """Runs the unfinished ``points`` as one job array on ``executor``.
+
+  ``status(point)`` is the local backend's 'done' / 'conflict' / other;
+  ``prepare(point)`` writes the point's file before its task starts. A task
+  that fails is submitted again, up to ``retries`` times, as one new array
+  of all the failed ones.
+
+  Returns:
+    ``{workdir: outcome}``: 'skipped', 'done', 'conflict' or
+    'failed (<the task's error, first line>)'.
+  """
+  outcomes, todo = {}, []
+  for point in points:
+    state = status(point)
+    if state == 'done':
+      outcomes[point.workdir] = 'skipped'
+    elif state == 'conflict':
+      outcomes[point.workdir] = 'conflict'
+      say(f'CONFLICT {point.workdir}: it holds a run with another config.')
+    else:
+      prepare(point)
+      todo.append(point)
+  say(
+    f'{len(points)} points: {len(points) - len(todo)} finished or in '
+    f'conflict, {len(todo)} to submit.'
+  )
+  for attempt in range(retries + 1):
+    if not todo:
+      break
+    with executor.batch():
+      jobs = [executor.submit(train_point, p.workdir) for p in todo]
+    say(
+      f'attempt {attempt + 1}: submitted {len(jobs)} task(s) '
+      f'({", ".join(sorted({str(j.job_id).split("_")[0] for j in jobs}))})'
+    )
+    failed = []
+    for point, job in zip(todo, jobs):
+      try:
+        job.result()
+      except Exception as e:  # pylint: disable=broad-except
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        outcomes[point.workdir] = f'failed ({first_line})'
+        failed.append(point)
+        say(f'FAILED {point.workdir} (job {job.job_id}): {first_line}')
+      else:
+        outcomes[point.workdir] = 'done'
+        say(f'done {point.workdir} (job {job.job_id})')
+    todo = failed
+  return outcomes
+
+
+def slurm_folder(root: str) -> str:
+  return os.path.join(root, 'slurm', '%j')

@@ -1,0 +1,116 @@
+"""launch.sweep's SLURM backend (submitit): parameters, submission and
+resubmission with a stand-in executor, and a real point trained by
+submitit's local executor (the code path a SLURM task runs, without SLURM).
+"""
+
+import contextlib
+import json
+import os
+
+import pytest
+
+from launch import sweep, sweep_slurm
+
+RUNLOCAL = 'configs/fedavg.py:runlocal'
+FIXED = {'num_rounds': '1', 'progress': 'False', 'plot_partition': 'False'}
+
+
+def test_parameters_parse_as_literals_or_strings():
+  assert sweep_slurm.parse_parameters(
+    'partition=gpu,timeout_min=60,gpus_per_node=1,exclusive=True'
+  ) == {
+    'partition': 'gpu',
+    'timeout_min': 60,
+    'gpus_per_node': 1,
+    'exclusive': True,
+  }
+  assert sweep_slurm.parse_parameters('') == {}
+  with pytest.raises(ValueError, match='not key=value'):
+    sweep_slurm.parse_parameters('partition')
+
+
+class FakeJob:
+  def __init__(self, job_id, error):
+    self.job_id = job_id
+    self._error = error
+
+  def result(self):
+    if self._error:
+      raise RuntimeError(f'Traceback ...\n{self._error}')
+    return 'ok'
+
+
+class FakeExecutor:
+  """Fails the tasks of the workdirs in ``flaky`` on their first attempt."""
+
+  def __init__(self, flaky):
+    self.flaky = set(flaky)
+    self.arrays = []
+    self.attempts = {}
+
+  @contextlib.contextmanager
+  def batch(self):
+    self.arrays.append([])
+    yield
+
+  def submit(self, fn, workdir):
+    assert fn is sweep_slurm.train_point
+    self.attempts[workdir] = self.attempts.get(workdir, 0) + 1
+    self.arrays[-1].append(workdir)
+    first = self.attempts[workdir] == 1
+    error = 'OOM on the node' if workdir in self.flaky and first else None
+    return FakeJob(f'{len(self.arrays)}_{len(self.arrays[-1])}', error)
+
+
+def test_failed_tasks_are_resubmitted_as_one_array(tmp_path):
+  points = sweep.make_points(
+    str(tmp_path), [RUNLOCAL], FIXED, sweep.parse_assignments('seed=0,1,2')
+  )
+  done, flaky, fresh = (p.workdir for p in points)
+  states = {done: 'done'}
+  prepared = []
+  executor = FakeExecutor(flaky=[flaky])
+  outcomes = sweep_slurm.submit_points(
+    points,
+    executor,
+    retries=1,
+    status=lambda p: states.get(p.workdir, 'new'),
+    prepare=lambda p: prepared.append(p.workdir),
+    say=lambda _: None,
+  )
+  assert outcomes == {done: 'skipped', flaky: 'done', fresh: 'done'}
+  assert executor.arrays == [[flaky, fresh], [flaky]]
+  assert prepared == [flaky, fresh]
+  # Without retries the failure is reported with the task's last line.
+  executor = FakeExecutor(flaky=[flaky])
+  outcomes = sweep_slurm.submit_points(
+    points,
+    executor,
+    retries=0,
+    status=lambda p: states.get(p.workdir, 'new'),
+    prepare=lambda p: None,
+    say=lambda _: None,
+  )
+  assert outcomes[flaky] == 'failed (OOM on the node)'
+
+
+def test_a_point_trains_as_a_submitit_task(tmp_path):
+  """submitit's local executor runs the task in its own process, as a SLURM
+  node would; the point's workdir then holds a finished run."""
+  submitit = pytest.importorskip('submitit')
+  (point,) = sweep.make_points(str(tmp_path / 'grid'), [RUNLOCAL], FIXED, [])
+  executor = submitit.AutoExecutor(
+    folder=str(tmp_path / 'slurm' / '%j'), cluster='local'
+  )
+  executor.update_parameters(timeout_min=10)
+  outcomes = sweep_slurm.submit_points(
+    [point],
+    executor,
+    status=sweep.point_status,
+    prepare=sweep.write_point_file,
+    say=lambda _: None,
+  )
+  assert outcomes == {point.workdir: 'done'}
+  with open(os.path.join(point.workdir, 'summary.json')) as f:
+    assert json.load(f)['rounds_completed'] == 1
+  assert sweep.point_status(point) == 'done'
