@@ -311,6 +311,25 @@ def point_command(workdir: str) -> List[str]:
   return [sys.executable, '-m', module, 'point', f'--workdir={workdir}']
 
 
+def sort_points(points: Sequence[Point], say: Callable[[str], None]):
+  """``(outcomes, todo)``: finished points 'skipped' and conflicting ones
+  'conflict' (said) in ``outcomes``, the rest in ``todo``."""
+  outcomes, todo = {}, []
+  for point in points:
+    status = point_status(point)
+    if status == 'done':
+      outcomes[point.workdir] = 'skipped'
+    elif status == 'conflict':
+      outcomes[point.workdir] = 'conflict'
+      say(
+        f'CONFLICT {point.workdir}: it holds a run with another config; '
+        'use another --root or delete it.'
+      )
+    else:
+      todo.append(point)
+  return outcomes, todo
+
+
 def gpu_environments(gpus: Sequence[str], parallel: int):
   """Environment additions of the ``parallel`` process slots: slot i sees
   only GPU ``gpus[i % len(gpus)]``; where several slots share a GPU, JAX does
@@ -348,19 +367,7 @@ def run_points(
   """
   if parallel < 1:
     raise ValueError(f'parallel must be >= 1, got {parallel}.')
-  outcomes, todo = {}, []
-  for point in points:
-    status = point_status(point)
-    if status == 'done':
-      outcomes[point.workdir] = 'skipped'
-    elif status == 'conflict':
-      outcomes[point.workdir] = 'conflict'
-      say(
-        f'CONFLICT {point.workdir}: it holds a run with another config; '
-        'use another --root or delete it.'
-      )
-    else:
-      todo.append(point)
+  outcomes, todo = sort_points(points, say)
   say(
     f'{len(points)} points: {len(points) - len(todo)} finished or in '
     f'conflict, {len(todo)} to run, {parallel} at a time.'
@@ -1068,12 +1075,12 @@ def main(argv):
         sweep_slurm.slurm_folder(FLAGS.root[0]),
         sweep_slurm.parse_parameters(FLAGS.slurm),
       )
-      outcomes = sweep_slurm.submit_points(
-        points,
-        executor,
-        retries=FLAGS.retries,
-        status=point_status,
-        prepare=write_point_file,
+      outcomes, todo = sort_points(points, print)
+      print(f'{len(points)} points: {len(todo)} to submit.')
+      for point in todo:
+        write_point_file(point)
+      outcomes.update(
+        sweep_slurm.submit_points(todo, executor, retries=FLAGS.retries)
       )
     else:
       outcomes = run_points(

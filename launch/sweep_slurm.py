@@ -66,54 +66,32 @@ def submit_points(
   executor,
   *,
   retries: int = 1,
-  status: Callable[[Any], str],
-  prepare: Callable[[Any], None],
   say: Callable[[str], None] = print,
 ) -> Dict[str, str]:
-  """Runs the unfinished ``points`` as one job array on ``executor``.
-
-  ``status(point)`` is the local backend's 'done' / 'conflict' / other;
-  ``prepare(point)`` writes the point's file before its task starts. A task
-  that fails is submitted again, up to ``retries`` times, as one new array
-  of all the failed ones.
+  """Runs ``points`` (unfinished, their point files written) as one job
+  array on ``executor``; a task that fails is submitted again, up to
+  ``retries`` times, in one new array of all the failed ones.
 
   Returns:
-    ``{workdir: outcome}``: 'skipped', 'done', 'conflict' or
-    'failed (<the task's error, first line>)'.
+    ``{workdir: outcome}``: 'done' or 'failed (<the task's error, last
+    line>)'.
   """
-  outcomes, todo = {}, []
-  for point in points:
-    state = status(point)
-    if state == 'done':
-      outcomes[point.workdir] = 'skipped'
-    elif state == 'conflict':
-      outcomes[point.workdir] = 'conflict'
-      say(f'CONFLICT {point.workdir}: it holds a run with another config.')
-    else:
-      prepare(point)
-      todo.append(point)
-  say(
-    f'{len(points)} points: {len(points) - len(todo)} finished or in '
-    f'conflict, {len(todo)} to submit.'
-  )
+  outcomes, todo = {}, list(points)
   for attempt in range(retries + 1):
     if not todo:
       break
     with executor.batch():
       jobs = [executor.submit(train_point, p.workdir) for p in todo]
-    say(
-      f'attempt {attempt + 1}: submitted {len(jobs)} task(s) '
-      f'({", ".join(sorted({str(j.job_id).split("_")[0] for j in jobs}))})'
-    )
+    say(f'attempt {attempt + 1}: submitted {len(jobs)} task(s).')
     failed = []
     for point, job in zip(todo, jobs):
       try:
         job.result()
       except Exception as e:  # pylint: disable=broad-except
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        outcomes[point.workdir] = f'failed ({first_line})'
+        last_line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        outcomes[point.workdir] = f'failed ({last_line})'
         failed.append(point)
-        say(f'FAILED {point.workdir} (job {job.job_id}): {first_line}')
+        say(f'FAILED {point.workdir} (job {job.job_id}): {last_line}')
       else:
         outcomes[point.workdir] = 'done'
         say(f'done {point.workdir} (job {job.job_id})')

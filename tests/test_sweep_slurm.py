@@ -64,34 +64,21 @@ class FakeExecutor:
 
 def test_failed_tasks_are_resubmitted_as_one_array(tmp_path):
   points = sweep.make_points(
-    str(tmp_path), [RUNLOCAL], FIXED, sweep.parse_assignments('seed=0,1,2')
+    str(tmp_path), [RUNLOCAL], FIXED, sweep.parse_assignments('seed=0,1')
   )
-  done, flaky, fresh = (p.workdir for p in points)
-  states = {done: 'done'}
-  prepared = []
+  flaky, steady = (p.workdir for p in points)
   executor = FakeExecutor(flaky=[flaky])
   outcomes = sweep_slurm.submit_points(
-    points,
-    executor,
-    retries=1,
-    status=lambda p: states.get(p.workdir, 'new'),
-    prepare=lambda p: prepared.append(p.workdir),
-    say=lambda _: None,
+    points, executor, retries=1, say=lambda _: None
   )
-  assert outcomes == {done: 'skipped', flaky: 'done', fresh: 'done'}
-  assert executor.arrays == [[flaky, fresh], [flaky]]
-  assert prepared == [flaky, fresh]
+  assert outcomes == {flaky: 'done', steady: 'done'}
+  assert executor.arrays == [[flaky, steady], [flaky]]
   # Without retries the failure is reported with the task's last line.
   executor = FakeExecutor(flaky=[flaky])
   outcomes = sweep_slurm.submit_points(
-    points,
-    executor,
-    retries=0,
-    status=lambda p: states.get(p.workdir, 'new'),
-    prepare=lambda p: None,
-    say=lambda _: None,
+    points, executor, retries=0, say=lambda _: None
   )
-  assert outcomes[flaky] == 'failed (OOM on the node)'
+  assert outcomes == {flaky: 'failed (OOM on the node)', steady: 'done'}
 
 
 def test_a_point_trains_as_a_submitit_task(tmp_path):
@@ -103,13 +90,8 @@ def test_a_point_trains_as_a_submitit_task(tmp_path):
     folder=str(tmp_path / 'slurm' / '%j'), cluster='local'
   )
   executor.update_parameters(timeout_min=10)
-  outcomes = sweep_slurm.submit_points(
-    [point],
-    executor,
-    status=sweep.point_status,
-    prepare=sweep.write_point_file,
-    say=lambda _: None,
-  )
+  sweep.write_point_file(point)
+  outcomes = sweep_slurm.submit_points([point], executor, say=lambda _: None)
   assert outcomes == {point.workdir: 'done'}
   with open(os.path.join(point.workdir, 'summary.json')) as f:
     assert json.load(f)['rounds_completed'] == 1
