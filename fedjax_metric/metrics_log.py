@@ -204,19 +204,18 @@ class MetricsLog:
     self.wandb = None
     self.per_client_path = None
     if chief:
+      flat = dict(validation.flatten(json.loads(config.to_json_best_effort())))
       truncate_metrics(self.path, start_round)
       self.writer = make_summary_writer(workdir, start_round)
       if self.writer and start_round == 0:
         # TensorBoard's HParams dashboard: the config beside the headline.
-        flat = validation.flatten(json.loads(config.to_json_best_effort()))
         self.writer.add_hparams(
-          dict(flat), [headline, f'{headline}_ema', 'train_loss']
+          flat, [headline, f'{headline}_ema', 'train_loss']
         )
       if config.logging.per_client:
         self.per_client_path = os.path.join(workdir, 'per_client.csv')
         _keep_rounds(self.per_client_path, start_round, PER_CLIENT_COLUMNS)
       if config.logging.wandb:
-        flat = validation.flatten(json.loads(config.to_json_best_effort()))
         self.wandb = wandb_log.WandbWriter(config.logging.wandb, workdir, flat)
 
   def round_metrics(self, first_round, metrics):

@@ -41,7 +41,6 @@ class WandbWriter:
   def __init__(self, project, workdir, config_items):
     import wandb  # pylint: disable=g-import-not-at-top
 
-    self._wandb = wandb
     self._run = wandb.init(
       project=project,
       id=run_id(workdir),

@@ -80,9 +80,19 @@ EXECUTION_KEYS = (
   'unroll',
   'num_devices',
   'memory_budget_gb',
+  'logging.per_client',
+  'logging.wandb',
 )
-# Keys whose change between a run and its resumption train.run accepts.
-RESUMABLE_KEYS = ('num_rounds', 'eval_every', 'checkpoint_every', 'progress')
+# Keys whose change between a run and its resumption train.run accepts
+# (fedjax_metric/workdir.py, RESUMABLE_CHANGES; this module stays JAX-free).
+RESUMABLE_KEYS = (
+  'num_rounds',
+  'eval_every',
+  'checkpoint_every',
+  'progress',
+  'logging.per_client',
+  'logging.wandb',
+)
 
 
 # ---------------------------------------------------------------------------

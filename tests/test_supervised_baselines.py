@@ -396,3 +396,16 @@ def test_fedproc_prototypes_are_count_weighted_means_kept_when_unseen():
         float(metrics['train_ce_sum']), rel=1e-6
       )
   assert not counts[2] and np.abs(want[2]).sum() > 0  # kept from round 0
+
+
+def test_prototype_loss_gradient_is_finite_for_a_zero_representation():
+  """An all-zero representation row (a dead ReLU layer, or padding) and an
+  unseen class's zero prototype give finite gradients, not 0 * inf."""
+  z = jnp.zeros((2, 4)).at[1].set(jnp.array([1.0, 2.0, 0.0, -1.0]))
+  prototypes = jnp.zeros((3, 4)).at[0].set(jnp.ones(4))
+  grad = jax.grad(
+    lambda v: fedproc.prototype_contrastive_loss(
+      v, jnp.array([0, 2]), prototypes
+    ).sum()
+  )(z)
+  assert np.isfinite(np.asarray(grad)).all()

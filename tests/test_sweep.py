@@ -631,3 +631,21 @@ def test_sweep_mistakes_are_one_line(fake_root, args, expected):
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
   assert expected in lines[0]
+
+
+def test_resumable_keys_match_what_train_run_accepts():
+  """The sweep's flat key list is the JAX-free twin of workdir's
+  RESUMABLE_CHANGES (top-level blocks): every key it lists is in one of
+  those blocks, and every field of those blocks is listed."""
+  from fedjax_metric import settings
+  from fedjax_metric import workdir as workdir_lib
+
+  config = settings.base_config()
+  wanted = set()
+  for block in workdir_lib.RESUMABLE_CHANGES:
+    value = config[block]
+    if hasattr(value, 'keys'):
+      wanted |= {f'{block}.{field}' for field in value.keys()}
+    else:
+      wanted.add(block)
+  assert set(sweep.RESUMABLE_KEYS) == wanted

@@ -32,13 +32,12 @@ import jax.numpy as jnp
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+
+# The package's torch-style F.normalize: a zero row (an all-zero ReLU
+# representation, an unseen class's prototype) stays zero with a finite
+# gradient.
+from fedjax_metric.losses.metric import _l2_normalize
 from fedjax_metric.models import split_variables
-
-
-def normalize(x, eps=1e-12):
-  """Rows of ``x`` scaled to unit length; a zero row stays zero."""
-  norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True))
-  return x / jnp.maximum(norm, eps)
 
 
 def prototype_contrastive_loss(z, labels, prototypes):
@@ -53,7 +52,7 @@ def prototype_contrastive_loss(z, labels, prototypes):
   Returns:
     [B] ``-log softmax(z^ . c^_k)[y]``.
   """
-  similarity = normalize(z) @ normalize(prototypes).T
+  similarity = _l2_normalize(z) @ _l2_normalize(prototypes).T
   return losses.softmax_cross_entropy(similarity, labels)
 
 
@@ -128,7 +127,7 @@ def make(
       sums, counts = carry
       outputs, _ = model.apply(params, state, batch.images, train=False)
       onehot = jax.nn.one_hot(batch.labels, num_classes) * batch.mask[:, None]
-      z = normalize(outputs[feature])
+      z = _l2_normalize(outputs[feature])
       # Elementwise products and sums, not a matmul: TF32 cannot round them.
       sums = sums + jnp.sum(onehot[:, :, None] * z[:, None, :], axis=0)
       return sums, counts + jnp.sum(onehot, axis=0)
