@@ -12,7 +12,8 @@ Table 1. tau = 1, the value of the authors' framework.
       --workdir=runs/fedlc_rcl
 
 Arguments: setting, central, model (small_cnn | fedquad_cnn | resnet18 |
-moon_cnn), dataset, runlocal, server (fedavg | fedavgm | fedagm).
+moon_cnn), dataset, runlocal, server (fedavg | fedavgm | fedagm |
+fedhyper).
 """
 
 from fedjax_metric import paper_settings as papers

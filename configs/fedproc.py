@@ -11,7 +11,8 @@ prototypes live in the representation the classifier reads ('embedding').
       --workdir=runs/fedproc_rcl
 
 Arguments: setting, central, model (small_cnn | fedquad_cnn | resnet18 |
-moon_cnn), dataset, runlocal, server (fedavg | fedavgm | fedagm).
+moon_cnn), dataset, runlocal, server (fedavg | fedavgm | fedagm |
+fedhyper).
 """
 
 from fedjax_metric import paper_settings as papers

@@ -11,7 +11,8 @@ the model's middle feature tap; beta = 1 (no published value: tune it).
       --workdir=runs/fitnet_rcl --config.algorithm_kwargs.beta=0.1
 
 Arguments: setting, central, model (small_cnn | fedquad_cnn | resnet18 |
-moon_cnn), dataset, runlocal, server (fedavg | fedavgm | fedagm).
+moon_cnn), dataset, runlocal, server (fedavg | fedavgm | fedagm |
+fedhyper).
 """
 
 from fedjax_metric import paper_settings as papers

@@ -6,8 +6,10 @@ re-created at the start of every round, as in every PyTorch reference
 (MOON, FedRCL, FedAU, SSD create a new optimizer per round).
 """
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -106,15 +108,93 @@ def make_server_optimizer(
   paper). optax's adam/yogi apply bias correction, which the paper omits; the
   difference vanishes after the first rounds. 'fedagm' is SGD with momentum
   whose clients start from the lookahead model (algorithms/fedagm.py wraps
-  the client method; momentum > 0 is required there).
+  the client method; momentum > 0 is required there). 'fedhyper' is
+  FedHyper's global scheduler (`fedhyper_global`; learning_rate is its
+  initial rate).
   """
   if name in ('sgd', 'fedagm'):
     return optax.sgd(learning_rate, momentum=momentum or None)
+  if name == 'fedhyper':
+    if momentum:
+      raise ValueError(
+        'server.optimizer=fedhyper adapts a plain SGD step; set '
+        f'--config.server.momentum=0 (got {momentum}).'
+      )
+    return fedhyper_global(learning_rate)
   if name == 'adam':
     return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
   if name == 'yogi':
     return optax.yogi(learning_rate, b1=b1, b2=b2, eps=eps)
   raise ValueError(
     f"Unknown server optimizer {name!r}; use 'sgd' (FedAvg, "
-    "FedAvgM), 'adam' (FedAdam), 'yogi' (FedYogi) or 'fedagm' (FedAGM)."
+    "FedAvgM), 'adam' (FedAdam), 'yogi' (FedYogi), 'fedagm' (FedAGM) or "
+    "'fedhyper' (FedHyper-G)."
   )
+
+
+# FedHyper-G's bounds on the global learning rate: the authors' code clips
+# its accumulator to [-0.8, 4] around the initial rate 1.
+FEDHYPER_BOUNDS = (0.2, 5.0)
+
+
+class FedHyperState(NamedTuple):
+  learning_rate: jax.Array  # float32 scalar: the rate of the last step
+  previous: optax.Updates  # the last non-empty round's pseudo-gradient
+
+
+def fedhyper_global(
+  initial_rate: float = 1.0, bounds=FEDHYPER_BOUNDS
+) -> optax.GradientTransformation:
+  """FedHyper-G: the global learning rate by hypergradient descent.
+
+  Wang, Wang and Li, 'FedHyper: A Universal and Robust Learning Rate
+  Scheduler for Federated Learning with Hypergradient Descent', ICLR 2024.
+  The hypergradient of the loss after round t with respect to the global
+  rate alpha is -<Delta_t, Delta_{t-1}>, Delta the round's averaged model
+  update, so one hypergradient step (step size 1, as in the authors' code,
+  github.com/ATP-1010/FedHyper) is
+
+    alpha_t = clip(alpha_{t-1} + <g_t, g_{t-1}>, *bounds),
+    x_{t+1} = x_t - alpha_t g_t,
+
+  with g = -Delta the pseudo-gradient (the product is the same either way).
+  The first round, with no previous update, steps with the initial rate.
+  A round without participants (a zero pseudo-gradient) leaves the rate and
+  the remembered update as they were.
+
+  Args:
+    initial_rate: alpha_0 (the config's server.learning_rate; 1 in the
+      code).
+    bounds: (low, high) of alpha; the code's [0.2, 5] by default.
+  """
+  low, high = bounds
+
+  def init(params):
+    return FedHyperState(
+      jnp.asarray(initial_rate, jnp.float32),
+      jax.tree.map(jnp.zeros_like, params),
+    )
+
+  def update(updates, state, params=None):
+    del params
+    product = sum(
+      jnp.vdot(g, p).real.astype(jnp.float32)
+      for g, p in zip(
+        jax.tree.leaves(updates), jax.tree.leaves(state.previous), strict=True
+      )
+    )
+    nonempty = jnp.any(
+      jnp.stack([jnp.any(g != 0) for g in jax.tree.leaves(updates)])
+    )
+    rate = jnp.where(
+      nonempty,
+      jnp.clip(state.learning_rate + product, low, high),
+      state.learning_rate,
+    )
+    previous = jax.tree.map(
+      lambda g, p: jnp.where(nonempty, g, p), updates, state.previous
+    )
+    steps = jax.tree.map(lambda g: (-rate * g).astype(g.dtype), updates)
+    return steps, FedHyperState(rate, previous)
+
+  return optax.GradientTransformation(init, update)

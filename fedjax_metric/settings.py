@@ -112,7 +112,8 @@ def base_config():
     dict(
       # sgd (FedAvg / FedAvgM) | adam (FedAdam) | yogi (FedYogi) | fedagm
       # (FedAGM: SGD with momentum, clients start from the lookahead model
-      # and add fedagm_beta/2 ||w - lookahead||^2 to their loss).
+      # and add fedagm_beta/2 ||w - lookahead||^2 to their loss) | fedhyper
+      # (FedHyper-G: learning_rate adapted each round by hypergradient).
       optimizer='sgd',
       learning_rate=1.0,
       momentum=0.0,
@@ -264,6 +265,8 @@ SERVER_METHODS = {
   'fedagm': dict(
     optimizer='fedagm', learning_rate=1.0, momentum=0.85, fedagm_beta=0.002
   ),
+  # FedHyper-G (Wang, Wang and Li, ICLR 2024) from its initial rate 1.
+  'fedhyper': dict(optimizer='fedhyper', learning_rate=1.0, momentum=0.0),
 }
 
 

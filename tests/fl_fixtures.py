@@ -29,23 +29,26 @@ class Linear(nn.Module):
 
 class AllOutputs(nn.Module):
   """Every output any algorithm reads, from a tiny conv net with BatchNorm:
-  logits, embedding (post-ReLU), projection, two feature levels."""
+  logits, embedding (post-ReLU), projection, two feature levels, two
+  branch points (FedMLB's stages, with a graft)."""
 
   num_classes: int = NUM_CLASSES
 
   @nn.compact
-  def __call__(self, images, *, train, mask=None):
+  def __call__(self, images, *, train, mask=None, graft=None):
     x = nn.Conv(4, (3, 3), strides=2)(images)
     x = layers.make_norm('batch')(x, train, mask)
     level_0 = jnp.mean(x, axis=(1, 2))
-    x = nn.relu(x).reshape(images.shape[0], -1)
-    pre = nn.Dense(8)(x)
-    embedding = nn.relu(pre)
+    x = layers.graft_at(0, nn.relu(x), graft)
+    stage_0 = x
+    pre = nn.Dense(8)(x.reshape(images.shape[0], -1))
+    embedding = layers.graft_at(1, nn.relu(pre), graft)
     return {
       'logits': nn.Dense(self.num_classes)(embedding),
       'embedding': embedding,
       'projection': nn.Dense(8)(embedding),
       'features': [level_0, pre],
+      'stages': [stage_0, embedding],  # FedMLB's branch points
     }
 
 
@@ -228,3 +231,34 @@ def max_abs_diff(a, b):
     float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
   )
+
+
+def ref_softmax_regression_round(
+  start, images, labels, cohort, *, lr, prox_beta=0.0
+):
+  """One round of `linear` clients in float64 by hand: the size-weighted
+  mean model update (list [dW, db]) of the cohort's real slots, each
+  training softmax regression on x / 255 from ``start`` ([W, b]) with
+  masked mean-gradient steps, plus ``prox_beta (w - start)`` (FedProx's and
+  FedAGM's proximal term). Zeros when nobody joined."""
+  deltas, sizes = [], []
+  for slot in np.flatnonzero(cohort.slot_mask):
+    cw, cb = (np.array(t, np.float64) for t in start)
+    for rows, real in zip(cohort.example_idx[slot], cohort.example_mask[slot]):
+      if not real.any():
+        continue
+      x = images[rows].reshape(len(rows), -1).astype(np.float64) / 255.0
+      z = x @ cw + cb
+      p = np.exp(z - z.max(1, keepdims=True))
+      p /= p.sum(1, keepdims=True)
+      p[np.arange(len(rows)), labels[rows]] -= 1.0
+      g = p * real[:, None] / real.sum()
+      gw = x.T @ g + prox_beta * (cw - start[0])
+      gb = g.sum(0) + prox_beta * (cb - start[1])
+      cw, cb = cw - lr * gw, cb - lr * gb
+    deltas.append([cw - start[0], cb - start[1]])
+    sizes.append(cohort.num_examples[slot])
+  if not deltas:
+    return [np.zeros_like(np.asarray(t, np.float64)) for t in start]
+  p_i = np.array(sizes) / np.sum(sizes)
+  return [sum(p * d[k] for p, d in zip(p_i, deltas)) for k in range(2)]

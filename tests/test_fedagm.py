@@ -31,27 +31,9 @@ def ref_fedagm(
   momentum = [np.zeros_like(t) for t in theta]
   for cohort in cohorts:
     look = [t + lam * m * lookahead for t, m in zip(theta, momentum)]
-    deltas, sizes = [], []
-    for slot in np.flatnonzero(cohort.slot_mask):
-      cw, cb = (t.copy() for t in look)
-      for rows, real in zip(
-        cohort.example_idx[slot], cohort.example_mask[slot]
-      ):
-        if not real.any():
-          continue
-        x = images[rows].reshape(len(rows), -1).astype(np.float64) / 255.0
-        z = x @ cw + cb
-        p = np.exp(z - z.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        p[np.arange(len(rows)), labels[rows]] -= 1.0
-        g = p * real[:, None] / real.sum()
-        gw = x.T @ g + beta * (cw - look[0])
-        gb = g.sum(0) + beta * (cb - look[1])
-        cw, cb = cw - lr * gw, cb - lr * gb
-      deltas.append([cw - look[0], cb - look[1]])
-      sizes.append(cohort.num_examples[slot])
-    p_i = np.array(sizes) / np.sum(sizes)
-    mean = [sum(p * d[k] for p, d in zip(p_i, deltas)) for k in range(2)]
+    mean = fx.ref_softmax_regression_round(
+      look, images, labels, cohort, lr=lr, prox_beta=beta
+    )
     momentum = [lam * m + tau * d for m, d in zip(momentum, mean)]
     theta = [t + m for t, m in zip(theta, momentum)]
   return theta

@@ -57,6 +57,7 @@ NON_DEFAULT_OPTIONS = {
   'feddecorr_supervised': dict(decorr_form='paper', decorr_weight=0.5),
   'fedmetric': dict(negatives='true', rescale=True),
   'fedlc': dict(tau=0.5),
+  'fedmlb': dict(ce_weight=0.5, temperature=2.0),
   'fitnet': dict(beta=0.5, level=0),
   'fedproc': dict(feature='projection'),
   'fedntd': dict(beta=0.5, temperature=3.0),

@@ -17,6 +17,7 @@ from fedjax_metric.algorithms import (
   feddecorr,
   fedlc,
   fedmetric,
+  fedmlb,
   fedntd,
   fedproc,
   fedprox,
@@ -46,6 +47,7 @@ REGISTRY = {
   'fedntd': fedntd.make,
   'fedlc': fedlc.make,
   'fitnet': fitnet.make,
+  'fedmlb': fedmlb.make,
   'fedproc': fedproc.make,
   'fedrcl': fedrcl.make_fedrcl,
   'fedscl': fedrcl.make_fedscl,
@@ -86,6 +88,8 @@ DESCRIPTIONS = {
   "by the client's label counts.",
   'fitnet': 'FedAvg + FitNet (Romero et al., 2015): a hint loss to the '
   "global model's intermediate features.",
+  'fedmlb': 'FedMLB (Kim et al., 2022): hybrid pathways through the '
+  "global model's upper blocks, distilled into the local model.",
   'fedproc': 'FedProc (Mu et al., 2021): contrastive loss towards global '
   'class prototypes kept by the server.',
   'fedrcl': 'FedRCL (Seo et al., 2024): relaxed supervised contrastive loss.',

@@ -5,6 +5,7 @@ are dropped, so every loss is padding-invariant by construction.
 """
 
 from fedjax_metric.losses.basic import (  # noqa: F401
+  branch_distillation,
   calibrated_cross_entropy,
   masked_mean,
   not_true_distillation,

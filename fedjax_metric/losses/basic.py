@@ -106,3 +106,30 @@ def not_true_distillation(local_logits, global_logits, labels, temperature):
   log_q_local = jax.nn.log_softmax(local, axis=-1)
   log_q_global = jax.nn.log_softmax(teacher, axis=-1)
   return jnp.sum(jnp.exp(log_q_global) * (log_q_global - log_q_local), -1)
+
+
+def branch_distillation(main_logits, hybrid_logits, temperature=1.0):
+  """FedMLB's distillation between a hybrid pathway and the main one.
+
+  Kim, Kim and Han, 'Multi-Level Branched Regularization for Federated
+  Learning', ICML 2022, Eq. 4's KL term for one branch: with p = softmax at
+  temperature tau,
+
+    L_KL = KL(p_hybrid || p_main) = sum_c p_h(c) log(p_h(c) / p_main(c)),
+
+  the hybrid pathway's distribution the target (the authors' code:
+  KLDivLoss of log_softmax(main / tau) against softmax(hybrid / tau),
+  'batchmean', no tau^2 factor, neither side detached). Gradients flow into
+  both sides: through the main pathway to every local block and through the
+  hybrid one to the local blocks below its branch point.
+
+  Args:
+    main_logits, hybrid_logits: [B, K].
+    temperature: tau > 0.
+
+  Returns:
+    [B] float.
+  """
+  log_p_main = jax.nn.log_softmax(main_logits / temperature, axis=-1)
+  log_p_hybrid = jax.nn.log_softmax(hybrid_logits / temperature, axis=-1)
+  return jnp.sum(jnp.exp(log_p_hybrid) * (log_p_hybrid - log_p_main), -1)

@@ -1,7 +1,9 @@
 """Models: flax.linen modules that return a dict of named outputs.
 
 Every model's ``__call__(images, *, train, mask=None)`` returns
-``{'logits': [B, num_classes], 'embedding': [B, D], 'features': [levels]}``.
+``{'logits': [B, num_classes], 'embedding': [B, D], 'features': [levels]}``,
+and the models with FedMLB's branch points also ``'stages'`` (the
+activations a ``graft`` replaces).
 The engine never sees a module: it sees `ModelFns`, two pure functions over
 ``variables = {'params': ..., 'batch_stats': ...}`` (``batch_stats`` only for
 BatchNorm models), so local training, aggregation and checkpointing all work on
@@ -30,9 +32,12 @@ class ModelFns(NamedTuple):
   Attributes:
     init: ``(key, images=None) -> variables``; without images, zeros of
       ``input_shape`` (algorithms that re-initialise per client use that).
-    apply: ``(params, model_state, images, *, train, mask=None) ->
-      (outputs dict, new_model_state)``; ``model_state`` is the non-trainable
-      part of the variables (``{}`` or ``{'batch_stats': ...}``). With
+    apply: ``(params, model_state, images, *, train, mask=None,
+      graft=None) -> (outputs dict, new_model_state)``; ``graft`` (models
+      with FedMLB branch points: 'small_cnn', 'resnet18') is
+      ``(level, activation)`` replacing ``outputs['stages'][level]``;
+      ``model_state`` is the non-trainable part of the variables (``{}`` or
+      ``{'batch_stats': ...}``). With
       ``train=True`` BatchNorm uses and updates batch statistics, computed only
       over examples where ``mask`` [B] is True.
     module: the linen module, for inspection.
@@ -83,7 +88,9 @@ def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
       images = jnp.zeros(input_shape, jnp.float32)
     return dict(jitted_init(key, images))
 
-  def apply(params, model_state, images, *, train, mask=None):
+  def apply(params, model_state, images, *, train, mask=None, graft=None):
+    # ``graft`` only reaches modules that take it (FedMLB's hybrid passes).
+    extra = {} if graft is None else {'graft': graft}
     if compute_dtype is not None:
       outputs, updated = apply_in_dtype(
         _cast_floats(params, compute_dtype),
@@ -91,21 +98,29 @@ def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
         images.astype(compute_dtype),
         train=train,
         mask=mask,
+        **extra,
       )
       updated = jax.tree.map(
         lambda new, old: new.astype(old.dtype), updated, model_state
       )
       return _cast_floats(outputs, jnp.float32), updated
-    return apply_in_dtype(params, model_state, images, train=train, mask=mask)
+    return apply_in_dtype(
+      params, model_state, images, train=train, mask=mask, **extra
+    )
 
-  def apply_in_dtype(params, model_state, images, *, train, mask):
+  def apply_in_dtype(params, model_state, images, *, train, mask, **extra):
     variables = merge_variables(params, model_state)
     if train and model_state:
       outputs, updated = module.apply(
-        variables, images, train=True, mask=mask, mutable=list(model_state)
+        variables,
+        images,
+        train=True,
+        mask=mask,
+        mutable=list(model_state),
+        **extra,
       )
       return outputs, dict(updated)
-    outputs = module.apply(variables, images, train=train, mask=mask)
+    outputs = module.apply(variables, images, train=train, mask=mask, **extra)
     return outputs, model_state
 
   return ModelFns(

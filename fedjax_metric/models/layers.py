@@ -44,6 +44,37 @@ def pool_2x2(x, kind: str):
   raise ValueError(f"pool kind must be 'max' or 'avg', got {kind!r}")
 
 
+def graft_at(level: int, x, graft):
+  """``x`` at branch point ``level``, or the activation ``graft`` brings there.
+
+  ``graft`` is None or ``(level, activation)``: a hybrid forward pass
+  (FedMLB's, Kim, Kim and Han, ICML 2022) takes its input up to branch point
+  ``level`` from another model, runs the rest of this one, and this puts it
+  in. The layers before the branch point still trace but feed nothing that
+  is used, so XLA removes them from the compiled program.
+
+  Raises:
+    ValueError: the grafted activation's shape is not the branch point's.
+  """
+  if graft is None or graft[0] != level:
+    return x
+  if graft[1].shape != x.shape:
+    raise ValueError(
+      f'grafted activation at branch point {level} has shape '
+      f'{graft[1].shape}, the model has {x.shape} there.'
+    )
+  return graft[1].astype(x.dtype)
+
+
+def check_graft_level(graft, num_levels: int):
+  """Refuses a graft at a branch point the model does not have."""
+  if graft is not None and not 0 <= graft[0] < num_levels:
+    raise ValueError(
+      f'graft level must be in [0, {num_levels}), got {graft[0]}: this model '
+      f'has {num_levels} branch points.'
+    )
+
+
 def make_norm(kind: str, groups: int = 2):
   """Returns ``norm(x, train, mask)`` for 'none' | 'batch' | 'group'.
 

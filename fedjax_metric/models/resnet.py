@@ -27,7 +27,7 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fedjax_metric.models.layers import make_norm
+from fedjax_metric.models.layers import check_graft_level, graft_at, make_norm
 from fedjax_metric.models.projection import head_and_classifier
 
 _STAGE_BLOCKS = (2, 2, 2, 2)
@@ -85,6 +85,7 @@ def cifar_resnet_trunk(
   stage_strides=_STAGE_STRIDES,
   norm: str,
   groups: int,
+  graft=None,
 ):
   """The CIFAR ResNet body shared by ResNet-18, ResNet-32 and the SSL encoder.
 
@@ -101,18 +102,26 @@ def cifar_resnet_trunk(
     stage_blocks, stage_strides: blocks and first-block stride per stage
       (default ResNet-18's: 2, 2, 2, 2 blocks, strides 1, 2, 2, 2).
     norm, groups: `layers.make_norm`'s arguments.
+    graft: None or ``(level, activation)``: replace the ReLU'd output of
+      branch point ``level`` (0 the stem, s + 1 stage s) with ``activation``
+      (FedMLB's hybrid pathways, `layers.graft_at`).
 
   Returns:
-    (x, taps): x = ReLU(last block) [B, H', W', w * 2**(S-1)]; taps = the
-    global-average-pooled pre-ReLU stem output and the pre-ReLU output of
-    each stage's last block, [B, w], [B, w], [B, 2w], ... (FedRCL's levels).
+    (x, taps, stages): x = ReLU(last block) [B, H', W', w * 2**(S-1)];
+    taps = the global-average-pooled pre-ReLU stem output and the pre-ReLU
+    output of each stage's last block, [B, w], [B, w], [B, 2w], ...
+    (FedRCL's levels); stages = the ReLU'd stem and stage outputs, the
+    maps a graft replaces ([B, H, W, w], [B, H, W, w], [B, H/2, W/2, 2w],
+    ...; the last is x).
   """
+  check_graft_level(graft, len(stage_blocks) + 1)
   x = nn.Conv(width, (3, 3), padding='SAME', use_bias=False, name='conv1')(
     images
   )
   x = make_norm(norm, groups)(x, train, mask)
   taps = [jnp.mean(x, axis=(1, 2))]
-  x = nn.relu(x)
+  x = graft_at(0, nn.relu(x), graft)
+  stages = [x]
   for stage, (num_blocks, stride) in enumerate(
     zip(stage_blocks, stage_strides, strict=True)
   ):
@@ -127,7 +136,9 @@ def cifar_resnet_trunk(
       if block == num_blocks - 1:
         taps.append(jnp.mean(x, axis=(1, 2)))
       x = nn.relu(x)
-  return x, taps
+    x = graft_at(stage + 1, x, graft)
+    stages.append(x)
+  return x, taps, stages
 
 
 class ResNet18(nn.Module):
@@ -152,7 +163,12 @@ class ResNet18(nn.Module):
 
   @nn.compact
   def __call__(
-    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+    self,
+    images,
+    *,
+    train: bool,
+    mask: Optional[jnp.ndarray] = None,
+    graft=None,
   ):
     """Forward pass.
 
@@ -161,20 +177,24 @@ class ResNet18(nn.Module):
       train: BatchNorm uses (and updates) batch statistics when True.
       mask: optional [B] bool; False rows are padding, kept out of BatchNorm's
         batch statistics.
+      graft: None or ``(level, activation)``, level 0-4: the hybrid pass of
+        FedMLB, from ``stages[level]`` of another model (`layers.graft_at`).
 
     Returns:
       {'logits': [B, K], 'embedding': pooled ReLU(layer4) [B, 8w] (>= 0), or
        its projection z [B, projection_dim] with a projection head,
        'features': 5 pooled pre-ReLU taps [B, w], [B, w], [B, 2w], [B, 4w],
-       [B, 8w]}.
+       [B, 8w], 'stages': the 5 ReLU'd maps of the stem and stages, FedMLB's
+       branch points}.
     """
-    x, features = cifar_resnet_trunk(
+    x, features, stages = cifar_resnet_trunk(
       images,
       train,
       mask,
       width=self.width,
       norm=self.norm,
       groups=self.groups,
+      graft=graft,
     )
     embedding, logits = head_and_classifier(
       jnp.mean(x, axis=(1, 2)),
@@ -182,4 +202,9 @@ class ResNet18(nn.Module):
       num_classes=self.num_classes,
       classifier_name='fc',
     )
-    return {'logits': logits, 'embedding': embedding, 'features': features}
+    return {
+      'logits': logits,
+      'embedding': embedding,
+      'features': features,
+      'stages': stages,
+    }

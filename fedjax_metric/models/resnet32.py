@@ -68,7 +68,7 @@ class ResNet32(nn.Module):
        pre-ReLU taps (stem, then the last block of each stage, as in
        `resnet.ResNet18`): [B, w], [B, w], [B, 2w], [B, 4w]}.
     """
-    x, features = cifar_resnet_trunk(
+    x, features, _ = cifar_resnet_trunk(
       images,
       train,
       mask,

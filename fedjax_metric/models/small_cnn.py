@@ -11,7 +11,13 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from fedjax_metric.models.layers import make_conv, make_norm, pool_2x2
+from fedjax_metric.models.layers import (
+  check_graft_level,
+  graft_at,
+  make_conv,
+  make_norm,
+  pool_2x2,
+)
 from fedjax_metric.models.projection import head_and_classifier
 
 
@@ -43,20 +49,29 @@ class SmallCNN(nn.Module):
 
   @nn.compact
   def __call__(
-    self, images, *, train: bool, mask: Optional[jnp.ndarray] = None
+    self,
+    images,
+    *,
+    train: bool,
+    mask: Optional[jnp.ndarray] = None,
+    graft=None,
   ):
     """images [B,H,W,C] float -> {'logits' [B,K], 'embedding' [B,D], 'features'}.
 
     'features' are the two conv stages' pre-ReLU outputs, average-pooled:
     [B, width] and [B, 2 * width]; 'embedding' the post-ReLU dense layer.
+    'stages' are FedMLB's three branch points: each conv stage's output
+    after ReLU (and pooling) and the post-ReLU dense layer; ``graft =
+    (level, activation)`` replaces ``stages[level]`` (`layers.graft_at`).
     """
+    check_graft_level(graft, 3)
     if self.pool not in ('stride', 'avg', 'max'):
       raise ValueError(
         f"pool must be 'stride', 'avg' or 'max', got {self.pool!r}"
       )
     norm = make_norm(self.norm)
     x = images
-    features = []
+    features, stages = [], []
     for channels in (self.width, 2 * self.width):
       strides = 2 if self.pool == 'stride' else 1
       conv = make_conv(self.conv_impl)(channels, (3, 3), strides=strides)
@@ -68,11 +83,20 @@ class SmallCNN(nn.Module):
       x = nn.relu(x)
       if self.pool != 'stride':
         x = pool_2x2(x, self.pool)
+      x = graft_at(len(stages), x, graft)
+      stages.append(x)
     x = x.reshape(x.shape[0], -1)
     embedding = nn.relu(nn.Dense(self.embedding_dim)(x))
+    embedding = graft_at(2, embedding, graft)
+    stages.append(embedding)
     embedding, logits = head_and_classifier(
       embedding,
       projection_dim=self.projection_dim,
       num_classes=self.num_classes,
     )
-    return {'logits': logits, 'embedding': embedding, 'features': features}
+    return {
+      'logits': logits,
+      'embedding': embedding,
+      'features': features,
+      'stages': stages,
+    }

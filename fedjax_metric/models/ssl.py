@@ -75,7 +75,7 @@ class ResNet18Encoder(nn.Module):
   @nn.compact
   def __call__(self, images, train: bool, mask: Optional[jnp.ndarray]):
     """images [B, H, W, C] -> pooled ReLU(layer4) [B, 8w] (>= 0)."""
-    x, _ = cifar_resnet_trunk(
+    x, _, _ = cifar_resnet_trunk(
       images,
       train,
       mask,
