@@ -10,11 +10,15 @@ from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
+import jitted
 import numpy as np
 import pytest
 
-from fedjax_metric import losses
+from fedjax_metric import losses as library_losses
 from fedjax_metric.algorithms import fedaws, fedmetric, feduv
+
+# Each call one jitted program (tests/jitted.py): eager dispatch was slower.
+losses = jitted.jitted_module(library_losses)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -347,7 +351,7 @@ def test_spreadout_matches_numpy_double_sum(distance, reduction):
 
 
 def test_spreadout_is_the_losses_function_and_inactive_when_far():
-  assert fedaws.spreadout_regularizer is losses.spreadout_regularizer
+  assert fedaws.spreadout_regularizer is library_losses.spreadout_regularizer
   # Opposite unit vectors are at Euclidean distance 2 > margin 1.5.
   w = np.array([[1.0, 0.0], [-1.0, 0.0]])
   assert float(losses.spreadout_regularizer(w, margin=1.5)) == 0.0

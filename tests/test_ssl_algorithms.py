@@ -237,9 +237,7 @@ def fd_grad(fn, theta, eps=1e-6):
 def jax_value_and_grad(alg, variables, batch, ctx):
   params = variables['params']
   with jax.default_matmul_precision(HIGHEST):
-    (loss, _), grads = jax.value_and_grad(alg.client_loss, has_aux=True)(
-      params, {}, batch, ctx
-    )
+    (loss, _), grads = fx.jit_client_loss_and_grad(alg, params, {}, batch, ctx)
   return float(loss), {
     k: {n: np.asarray(v, np.float64) for n, v in grads[k].items()}
     for k in ('enc', 'proj')
@@ -416,8 +414,8 @@ def test_fedx_loss_matches_numpy():
   mask = np.concatenate([mask_a, mask_a])
   ctx = make_ctx(state)
   with jax.default_matmul_precision(HIGHEST):
-    (got, _), grads = jax.value_and_grad(alg.client_loss, has_aux=True)(
-      local, {}, batch_of(raw, mask), ctx
+    (got, _), grads = fx.jit_client_loss_and_grad(
+      alg, local, {}, batch_of(raw, mask), ctx
     )
   k_views, k_random = jax.random.split(ctx.key)
   x1, x2 = views_np(raw_a, k_views, order='fedu2')

@@ -11,10 +11,25 @@ import math
 
 import jax
 import jax.numpy as jnp
+import jitted
 import numpy as np
 import pytest
 
-from fedjax_metric.data import views
+from fedjax_metric.data import views as library_views
+
+# The array functions as one jitted program a call (tests/jitted.py).
+views = jitted.jitted_module(
+  library_views,
+  names=(
+    'adjust_brightness',
+    'adjust_contrast',
+    'adjust_hue',
+    'adjust_saturation',
+    'color_jitter',
+    'horizontal_flip',
+    'random_grayscale',
+  ),
+)
 
 LUMA = (0.299, 0.587, 0.114)
 

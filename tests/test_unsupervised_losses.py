@@ -14,11 +14,15 @@ import math
 import jax
 from jax.experimental import checkify
 import jax.numpy as jnp
+import jitted
 import numpy as np
 import pytest
 
-from fedjax_metric import losses
+from fedjax_metric import losses as library_losses
 from fedjax_metric.algorithms import ssd
+
+# Each call one jitted program (tests/jitted.py): eager dispatch was slower.
+losses = jitted.jitted_module(library_losses)
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 HIGHEST = 'highest'

@@ -13,7 +13,6 @@ that fits, random otherwise (the paper's analysis also covers random codes).
 
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
@@ -30,6 +29,8 @@ def _is_power_of_two(n):
 def _sylvester_hadamard(dim):
   """[dim, dim] Sylvester Hadamard matrix H_{2n} = [[H, H], [H, -H]]
   (`scipy.linalg.hadamard`; dim a power of 2)."""
+  import scipy.linalg  # Lazy: only FedUV needs it.
+
   return scipy.linalg.hadamard(dim, dtype=np.int64)
 
 

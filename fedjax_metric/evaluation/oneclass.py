@@ -17,7 +17,6 @@ scores, so -d and -d^2 give the same AUROC.
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sklearn import metrics
 
 from fedjax_metric.data import partition
 from fedjax_metric.losses.metric import _cosine, _distance
@@ -58,7 +57,10 @@ def auroc(scores, is_positive):
       f'auroc needs positives and negatives, got {num_pos} '
       f'positives and {num_neg} negatives.'
     )
-  return float(metrics.roc_auc_score(is_positive, scores))
+  # Lazy: sklearn takes ~1 s to import, which every run would pay.
+  from sklearn.metrics import roc_auc_score
+
+  return float(roc_auc_score(is_positive, scores))
 
 
 def one_class_auroc(scores, labels):
