@@ -5,10 +5,12 @@ for Federated Learning with Hypergradient Descent', ICLR 2024, as the
 FedHyper row of PMFL's Table I: FedAvg over the round's participants
 (FedAU's ``average_participating``) whose global learning rate is adapted
 every round by FedHyper-G's hypergradient step
-(`optimizers.fedhyper_global`, docs/methods.md), from eta_g = 1 within the
-authors' bounds [0.2, 5]. The client-side scheduler FedHyper-CL is not
-implemented. Any other config takes the same server with
-``--config.server.optimizer=fedhyper`` (the supervised ones:
+(`optimizers.fedhyper_global`), from eta_g = 1 within the authors' bounds
+[0.2, 5], and whose clients adapt their local rate after every step
+(FedHyper-CL, `algorithms/fedhyper.py`; docs/methods.md).
+``--config.server.fedhyper_local=False`` is FedHyper-G alone. Any other
+config takes the same with ``--config.server.optimizer=fedhyper
+--config.server.fedhyper_local=True`` (the supervised ones:
 ``:server=fedhyper``).
 
   python -m launch.main --config=configs/fedhyper.py:pattern=bernoulli \

@@ -25,7 +25,7 @@ from fedjax_metric import (
   models,
   optimizers,
 )
-from fedjax_metric.algorithms import fedagm
+from fedjax_metric.algorithms import fedagm, fedhyper
 from fedjax_metric.data import (
   augment,
   participation,
@@ -215,6 +215,19 @@ def build_algorithm(
     algorithm = fedagm.accelerate(
       algorithm, server_optimizer, beta=s.fedagm_beta
     )
+  if s.fedhyper_local:
+    if s.optimizer != 'fedhyper':
+      raise ValueError(
+        'server.fedhyper_local (FedHyper-CL) needs '
+        '--config.server.optimizer=fedhyper (it reads the global update '
+        "from FedHyper-G's state)."
+      )
+    expected = (
+      float(np.sum(participation_probabilities))
+      if participation_probabilities is not None
+      else config.clients_per_round
+    )
+    algorithm = fedhyper.schedule_local(algorithm, expected_clients=expected)
   return algorithm
 
 

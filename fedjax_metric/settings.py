@@ -118,6 +118,9 @@ def base_config():
       learning_rate=1.0,
       momentum=0.0,
       fedagm_beta=0.002,
+      # FedHyper-CL: each client's local rate adapted by hypergradient
+      # (needs optimizer=fedhyper; algorithms/fedhyper.py).
+      fedhyper_local=False,
       b1=0.9,
       b2=0.99,
       eps=1e-3,
@@ -265,8 +268,11 @@ SERVER_METHODS = {
   'fedagm': dict(
     optimizer='fedagm', learning_rate=1.0, momentum=0.85, fedagm_beta=0.002
   ),
-  # FedHyper-G (Wang, Wang and Li, ICLR 2024) from its initial rate 1.
-  'fedhyper': dict(optimizer='fedhyper', learning_rate=1.0, momentum=0.0),
+  # FedHyper (Wang, Wang and Li, ICLR 2024): the global scheduler G from
+  # its initial rate 1 and the client-side local scheduler CL.
+  'fedhyper': dict(
+    optimizer='fedhyper', learning_rate=1.0, momentum=0.0, fedhyper_local=True
+  ),
 }
 
 

@@ -182,6 +182,7 @@ RULES: Dict[str, Check] = {
   'server.b2': _number(0.0, 1.0, high_open=True),
   'server.eps': _number(0.0),
   'server.fedagm_beta': _number(0.0),
+  'server.fedhyper_local': _boolean,
   # 'num_batches' is SSD's; each algorithm checks the ones it takes.
   'server.weighting': _one_of(fedavg.WEIGHTINGS + ('num_batches',)),
   'participation.pattern': _one_of(participation.PATTERNS),

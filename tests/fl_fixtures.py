@@ -233,30 +233,51 @@ def max_abs_diff(a, b):
   )
 
 
+def ref_softmax_regression_grad(w, b, images, labels, rows, real):
+  """Float64 gradient (dW, db) of the masked mean softmax cross-entropy of
+  `linear` (softmax regression on x / 255) on the examples ``rows``."""
+  x = images[rows].reshape(len(rows), -1).astype(np.float64) / 255.0
+  z = x @ w + b
+  p = np.exp(z - z.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  p[np.arange(len(rows)), labels[rows]] -= 1.0
+  g = p * real[:, None] / real.sum()
+  return x.T @ g, g.sum(0)
+
+
 def ref_softmax_regression_round(
-  start, images, labels, cohort, *, lr, prox_beta=0.0
+  start, images, labels, cohort, *, lr, prox_beta=0.0, client_steps=None
 ):
   """One round of `linear` clients in float64 by hand: the size-weighted
   mean model update (list [dW, db]) of the cohort's real slots, each
-  training softmax regression on x / 255 from ``start`` ([W, b]) with
-  masked mean-gradient steps, plus ``prox_beta (w - start)`` (FedProx's and
-  FedAGM's proximal term). Zeros when nobody joined."""
+  training softmax regression from ``start`` ([W, b]) with masked
+  mean-gradient steps, plus ``prox_beta (w - start)`` (FedProx's and
+  FedAGM's proximal term). Zeros when nobody joined. ``client_steps``, if
+  given, replaces the plain SGD loop: ``(start, batches, grad_fn) -> [W,
+  b]`` with ``batches`` the client's (rows, real) steps."""
   deltas, sizes = [], []
   for slot in np.flatnonzero(cohort.slot_mask):
-    cw, cb = (np.array(t, np.float64) for t in start)
-    for rows, real in zip(cohort.example_idx[slot], cohort.example_mask[slot]):
-      if not real.any():
-        continue
-      x = images[rows].reshape(len(rows), -1).astype(np.float64) / 255.0
-      z = x @ cw + cb
-      p = np.exp(z - z.max(1, keepdims=True))
-      p /= p.sum(1, keepdims=True)
-      p[np.arange(len(rows)), labels[rows]] -= 1.0
-      g = p * real[:, None] / real.sum()
-      gw = x.T @ g + prox_beta * (cw - start[0])
-      gb = g.sum(0) + prox_beta * (cb - start[1])
-      cw, cb = cw - lr * gw, cb - lr * gb
-    deltas.append([cw - start[0], cb - start[1]])
+    start64 = [np.array(t, np.float64) for t in start]
+    batches = [
+      (rows, real)
+      for rows, real in zip(cohort.example_idx[slot], cohort.example_mask[slot])
+      if real.any()
+    ]
+
+    def grad(w, b, rows, real):
+      gw, gb = ref_softmax_regression_grad(w, b, images, labels, rows, real)
+      return gw + prox_beta * (w - start64[0]), gb + prox_beta * (
+        b - start64[1]
+      )
+
+    if client_steps is None:
+      cw, cb = start64
+      for rows, real in batches:
+        gw, gb = grad(cw, cb, rows, real)
+        cw, cb = cw - lr * gw, cb - lr * gb
+    else:
+      cw, cb = client_steps(start64, batches, grad)
+    deltas.append([cw - start64[0], cb - start64[1]])
     sizes.append(cohort.num_examples[slot])
   if not deltas:
     return [np.zeros_like(np.asarray(t, np.float64)) for t in start]
