@@ -177,12 +177,7 @@ def fedhyper_global(
 
   def update(updates, state, params=None):
     del params
-    product = sum(
-      jnp.vdot(g, p).real.astype(jnp.float32)
-      for g, p in zip(
-        jax.tree.leaves(updates), jax.tree.leaves(state.previous), strict=True
-      )
-    )
+    product = optax.tree_utils.tree_vdot(updates, state.previous)
     nonempty = jnp.any(
       jnp.stack([jnp.any(g != 0) for g in jax.tree.leaves(updates)])
     )

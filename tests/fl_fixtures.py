@@ -285,18 +285,11 @@ def ref_softmax_regression_round(
   return [sum(p * d[k] for p, d in zip(p_i, deltas)) for k in range(2)]
 
 
-def jit_client_loss(alg, params, model_state, batch, ctx):
-  """``alg.client_loss`` as one jitted program (``ctx``, which holds
-  functions, closed over): called eagerly a loss dispatches and compiles
-  its ops one by one, which was most of such a test's time."""
-  return jax.jit(lambda p, s, b: alg.client_loss(p, s, b, ctx))(
-    params, model_state, batch
-  )
-
-
 def jit_client_loss_and_grad(alg, params, model_state, batch, ctx):
   """``((loss, aux), grads)`` of ``alg.client_loss`` w.r.t. params, as one
-  jitted program (see `jit_client_loss`)."""
+  jitted program (``ctx``, which holds functions, closed over): called
+  eagerly a loss dispatches and compiles its ops one by one, which was most
+  of such a test's time."""
   value_and_grad = jax.value_and_grad(alg.client_loss, has_aux=True)
   return jax.jit(lambda p, s, b: value_and_grad(p, s, b, ctx))(
     params, model_state, batch

@@ -32,7 +32,7 @@ def _is_array(value):
 @functools.lru_cache(maxsize=None)
 def _compiled(fn, static_positions, static_items, array_names):
   def call(*arrays):
-    args, kwargs, it = [], {}, iter(arrays)
+    args, it = [], iter(arrays)
     positions = dict(static_positions)
     for index in range(len(arrays) - len(array_names) + len(positions)):
       args.append(positions[index] if index in positions else next(it))

@@ -62,15 +62,10 @@ def numpy_softmax_regression_sgd(
     rows, real = idx[step, :anchors], mask[step, :anchors]
     if not real.any():
       continue
-    x = images[rows].reshape(anchors, -1).astype(np.float64) / 255.0
-    z = x @ w + b
-    p = np.exp(z - z.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    p[np.arange(anchors), labels[rows]] -= 1.0
-    g = p * real[:, None] / real.sum()
+    gw, gb = fx.ref_softmax_regression_grad(w, b, images, labels, rows, real)
     factor = decay ** (step // steps_per_epoch)
-    w -= lr * factor * (x.T @ g)
-    b -= lr * factor * g.sum(0)
+    w -= lr * factor * gw
+    b -= lr * factor * gb
   return w, b
 
 

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from optax.tree_utils import tree_vdot
 
 from fedjax_metric import optimizers
 from fedjax_metric.models import split_variables
@@ -43,14 +44,6 @@ class LocalRate(NamedTuple):
   multiplier: jax.Array  # beta: float32 scalar
   previous_step: Any  # g_prev: params-shaped
   params_before: Any  # the params before the step being taken
-  steps: jax.Array  # int32: local steps taken this round
-
-
-def _vdot(a, b):
-  return sum(
-    jnp.vdot(x, y).real.astype(jnp.float32)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-  )
 
 
 def next_multiplier(multiplier, step, previous_step, global_update, k):
@@ -58,8 +51,8 @@ def next_multiplier(multiplier, step, previous_step, global_update, k):
   gamma = jnp.minimum(
     MAX_GROWTH,
     1.0
-    + GLOBAL_TERM_WEIGHT * _vdot(step, global_update) / k
-    + _vdot(step, previous_step),
+    + GLOBAL_TERM_WEIGHT * tree_vdot(step, global_update) / k
+    + tree_vdot(step, previous_step),
   )
   return jnp.clip(gamma * multiplier, *BOUNDS)
 
@@ -102,7 +95,6 @@ def schedule_local(algorithm, *, expected_clients):
       jnp.ones((), jnp.float32),
       previous_global_update(ctx.server_state),
       params,
-      jnp.zeros((), jnp.int32),
     )
     return variables, (local_state, rate)
 
@@ -117,7 +109,9 @@ def schedule_local(algorithm, *, expected_clients):
     local_state = algorithm.client_step_end(params, model_state, inner(ctx))
     rate = ctx.local_state[1]
     step = jax.tree.map(jnp.subtract, params, rate.params_before)
-    adapt = rate.steps >= 1  # The code leaves the first step alone.
+    # The code leaves the round's first step alone; padded steps come after
+    # the real ones and are discarded, so ctx.step counts the real steps.
+    adapt = ctx.step >= 1
     multiplier = jnp.where(
       adapt,
       next_multiplier(
@@ -132,9 +126,7 @@ def schedule_local(algorithm, *, expected_clients):
     previous_step = jax.tree.map(
       lambda new, old: jnp.where(adapt, new, old), step, rate.previous_step
     )
-    return local_state, LocalRate(
-      multiplier, previous_step, params, rate.steps + 1
-    )
+    return local_state, LocalRate(multiplier, previous_step, params)
 
   def client_final(end_variables, ctx):
     return algorithm.client_final(end_variables, inner(ctx))
