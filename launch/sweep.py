@@ -881,16 +881,41 @@ def plot_curves(
 ) -> str:
   """One panel per column label, one line per row label: the mean over
   seeds with a shaded band of +-1 standard deviation. Returns ``out``."""
+  groups = group_runs(runs, rows, cols)
+  if not groups:
+    raise ValueError('No finished runs to plot.')
+  return plot_groups(
+    groups,
+    out,
+    metric=metric,
+    row_labels=_ordered({r for r, _ in groups}, order),
+    col_labels=_ordered({c for _, c in groups}, order),
+    ema_decay=ema_decay,
+    rename=rename,
+    scale=scale,
+    title=title,
+  )
+
+
+def plot_groups(
+  groups: Dict[tuple, List[Run]],
+  out: str,
+  *,
+  metric: str,
+  row_labels: Sequence[str],
+  col_labels: Sequence[str],
+  ema_decay: float = 0.9,
+  rename: Dict[str, str] = None,
+  scale: Optional[float] = None,
+  title: str = '',
+) -> str:
+  """`plot_curves` of runs already grouped as ``{(row, col): runs}``."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
   rename = rename or {}
   scale = default_scale(metric) if scale is None else scale
-  groups = group_runs(runs, rows, cols)
-  if not groups:
-    raise ValueError('No finished runs to plot.')
-  col_labels = _ordered({c for _, c in groups}, order)
-  row_labels = _ordered({r for r, _ in groups}, order)
+  col_labels = [c for c in col_labels if any(k[1] == c for k in groups)]
   fig = Figure(figsize=(max(4.6 * len(col_labels), 7.0), 4.0), dpi=110)
   axes = [
     fig.add_subplot(1, len(col_labels), i + 1) for i in range(len(col_labels))

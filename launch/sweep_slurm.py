@@ -41,7 +41,7 @@ def parse_parameters(text: str) -> Dict[str, Any]:
 def train_point(workdir: str) -> str:
   """A task: trains the point stored in ``workdir`` (launch.sweep's
   `run_point`), in the task's own process; returns the workdir."""
-  from launch import sweep  # pylint: disable=g-import-not-at-top
+  from . import sweep  # pylint: disable=g-import-not-at-top
 
   sweep.run_point(workdir)
   return workdir

@@ -73,6 +73,17 @@ def test_console_command_runs_a_packaged_config_by_name(installed):
   assert bad.returncode == 1
   assert "No packaged config 'fedavgg'" in bad.stderr.decode()
   assert 'fedquad' in bad.stderr.decode()
+  # The paper tables ship too: the reproduce subcommand plans one by name.
+  planned = subprocess.run(
+    command[:1] + ['reproduce', 'pmfl', 'table1', '--seeds=1', '--dry_run'],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+  )
+  assert planned.returncode == 0, planned.stderr[-2000:]
+  assert len(planned.stdout.splitlines()) == 6 * 3  # methods x patterns
+  assert 'runs/reproduce/pmfl_table1_cpu/pmfl_' in planned.stdout
 
 
 API_SCRIPT = """

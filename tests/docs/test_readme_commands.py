@@ -30,6 +30,8 @@ NOT_RUN = {
   'make test': 'the test suite itself',
   'make lint': 'CI runs it (.ci/run)',
   'pip install': 'tests/test_package.py installs the built wheel',
+  'reproduce': 'whole paper tables; tests/test_reproduce.py plans every '
+  'table, trains a tiny one end to end and runs --list and --dry_run',
   'my_config.py': "a user's own config file (tests/test_package.py runs a "
   'file config through the console command)',
 }

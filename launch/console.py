@@ -1,0 +1,25 @@
+"""The ``fedjax-metric`` console command: one experiment, or a paper table.
+
+  fedjax-metric --config=fedquad:runlocal --workdir=runs/x   # launch.main
+  fedjax-metric reproduce fedrcl table1 --seeds=3            # launch.reproduce
+
+Each subcommand defines its own flags, so only the one asked for is
+imported (launch.main's --config and --workdir are required flags).
+"""
+
+import sys
+
+
+def main():
+  if sys.argv[1:2] == ['reproduce']:
+    from . import reproduce  # pylint: disable=g-import-not-at-top
+
+    reproduce.run_main([sys.argv[0], *sys.argv[2:]])
+    return
+  from . import main as experiment  # pylint: disable=g-import-not-at-top
+
+  experiment.run_main()
+
+
+if __name__ == '__main__':
+  main()

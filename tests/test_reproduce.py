@@ -1,0 +1,248 @@
+"""launch/reproduce.py and launch/paper_tables.py: one command per paper table.
+
+Every registered table is checked to resolve at both scales (each point's
+config loads with its overrides) and to carry the paper's numbers for its
+paper rows; the written table is checked against mean and sample std
+computed here from hand-made workdirs; one tiny table is trained end to end
+through launch.sweep's local backend; the command line is run as a user
+runs it.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launch import paper_tables, reproduce, sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL_TABLES = sorted(paper_tables.TABLES)
+
+
+@pytest.mark.parametrize('key', ALL_TABLES, ids=' '.join)
+@pytest.mark.parametrize('scale', ['cpu', 'paper'])
+def test_every_point_of_every_table_resolves(key, scale, tmp_path):
+  table = paper_tables.TABLES[key]
+  todo = reproduce.entries(table, scale, root=str(tmp_path), seeds=2)
+  assert len(todo) == 2 * len(table.methods) * len(table.columns)
+  assert len({e.point.workdir for e in todo}) == len(todo)
+  for entry in todo[::2]:  # seed 0 of each (method, column)
+    config = sweep.resolve(entry.point.spec, entry.point.overrides)
+    assert config.seed == 0
+  # Columns differ in what they set: their seed-0 configs are not equal.
+  for method in table.methods:
+    configs = [
+      sweep.config_dict(sweep.resolve(e.point.spec, e.point.overrides))
+      for e in todo
+      if e.method == method.name and e.seed == 0
+    ]
+    assert len({json.dumps(c, sort_keys=True) for c in configs}) == len(
+      configs
+    ), method.name
+
+
+@pytest.mark.parametrize('key', ALL_TABLES, ids=' '.join)
+def test_paper_numbers_cover_the_paper_rows(key):
+  table = paper_tables.TABLES[key]
+  names = [m.name for m in table.methods]
+  assert len(set(names)) == len(names)
+  assert set(table.paper_values) == {
+    m.name for m in table.methods if m.in_paper
+  }
+  for values in table.paper_values.values():
+    assert len(values) == len(table.paper_columns)
+    for value in values:
+      float(value)  # Printed numbers, nothing else.
+
+
+def test_scales_differ_where_the_paper_protocol_differs():
+  rcl = paper_tables.TABLES[('fedrcl', 'table1')]
+  cpu = sweep.resolve(
+    reproduce.entries(rcl, 'cpu', root='r', seeds=1)[0].point.spec, {}
+  )
+  paper = sweep.resolve(
+    reproduce.entries(rcl, 'paper', root='r', seeds=1)[0].point.spec, {}
+  )
+  assert (cpu.model.name, paper.model.name) == ('small_cnn', 'resnet18')
+  assert paper.num_rounds == 1000
+  metric = paper_tables.TABLES[('fedmetric', 'table2')]
+  rates = {
+    e.method: float(e.point.overrides['local.learning_rate'])
+    for e in reproduce.entries(metric, 'paper', root='r', seeds=1)
+  }
+  assert set(rates.values()) == {0.1}  # The paper's lr for every method.
+
+
+def test_unknown_table_and_scale_are_one_clear_error():
+  with pytest.raises(ValueError, match='known: fedmetric table2'):
+    paper_tables.find('fedrcl', 'table9')
+  table = paper_tables.find('FedRCL', 'Table 1')
+  with pytest.raises(ValueError, match="no scale 'gpu'"):
+    reproduce.entries(table, 'gpu', root='r', seeds=1)
+  with pytest.raises(ValueError, match='--seeds'):
+    reproduce.entries(table, 'cpu', root='r', seeds=0)
+  with pytest.raises(ValueError, match=r"Unknown method\(s\) \['FedAvgg'\]"):
+    reproduce.entries(table, 'cpu', root='r', seeds=1, methods=['FedAvgg'])
+
+
+def test_methods_and_columns_select_a_part_of_the_table():
+  table = paper_tables.TABLES[('pmfl', 'table1')]
+  part = reproduce.entries(
+    table,
+    'cpu',
+    root='r',
+    seeds=3,
+    methods=['FedAvg', 'FedHyper'],
+    columns=['cyclic'],
+  )
+  assert sorted({(e.method, e.column) for e in part}) == [
+    ('FedAvg', 'cyclic'),
+    ('FedHyper', 'cyclic'),
+  ]
+  assert sorted(e.seed for e in part) == [0, 0, 1, 1, 2, 2]
+  # The same points as the whole table's: a part's runs count for the whole.
+  whole = {
+    e.point.workdir for e in reproduce.entries(table, 'cpu', root='r', seeds=3)
+  }
+  assert {e.point.workdir for e in part} <= whole
+
+
+def _fake_run(workdir, values, *, num_rounds, metric):
+  """A finished workdir whose ``metric`` is ``values`` at rounds 1..n."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    json.dump({'num_rounds': num_rounds}, f)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for i, v in enumerate(values, start=1):
+      f.write(json.dumps({'round': i, metric: v}) + '\n')
+  with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+    json.dump({'rounds_completed': num_rounds}, f)
+
+
+def test_table_is_mean_and_sample_std_beside_the_papers_numbers(tmp_path):
+  table = paper_tables.TABLES[('fedrcl', 'table5')]
+  root = str(tmp_path)
+  todo = reproduce.entries(table, 'cpu', root=root, seeds=3)
+  rng = np.random.default_rng(0)
+  finals = {}
+  for entry in todo:
+    if entry.method == 'FedRCL' and entry.seed == 2:
+      continue  # Not finished: the cell has n = 2.
+    curve = rng.uniform(0.3, 0.9, size=20)
+    _fake_run(entry.point.workdir, curve, num_rounds=20, metric='test_accuracy')
+    finals.setdefault(entry.method, []).append(curve)
+  result = reproduce.collect(table, 'cpu', todo)
+  paths = reproduce.write_outputs(
+    table, 'cpu', result, root=root, seeds=3, command='cmd'
+  )
+  assert sorted(os.path.basename(p) for p in paths) == [
+    'curves.png',
+    'table.csv',
+    'table.md',
+  ]
+  text = open(os.path.join(root, 'table.md')).read()
+  rows = {
+    line.split(' | ')[0].strip('| '): line
+    for line in text.splitlines()
+    if line.startswith('| ')
+  }
+
+  def ema(curve):  # the paper's statistic, re-derived: weights 0.9^(T - t)
+    w = 0.9 ** np.arange(len(curve))[::-1]
+    return np.sum(w * curve) / np.sum(w)
+
+  for method, curves in finals.items():
+    values = 100 * np.array([ema(c) for c in curves])
+    expected = (
+      f'{values.mean():.2f} ± {values.std(ddof=1):.2f} (n={len(values)})'
+    )
+    name = method if method != 'FedRCL' else 'FedRCL (not in paper)'
+    assert expected in rows[name], (expected, rows[name])
+  assert '| 89.67 |' in rows['FedAGM + FedRCL']  # the paper's, beside ours
+  with open(os.path.join(root, 'table.csv')) as f:
+    lines = list(csv.DictReader(f))
+  fedagm = next(r for r in lines if r['method'] == 'FedAGM')
+  assert int(fedagm['n']) == 3
+  np.testing.assert_allclose(
+    [float(v) for v in fedagm['values'].split()],
+    [100 * ema(c) for c in finals['FedAGM']],
+    rtol=1e-5,
+  )
+
+
+TINY = paper_tables.PaperTable(
+  paper='tiny',
+  table='t1',
+  citation='A tiny table',
+  caption='FedAvg on digits.',
+  methods=(paper_tables.Method('FedAvg', 'fedavg:runlocal'),),
+  columns=(paper_tables.Column('alpha = 0.5', 'partition.alpha=0.5'),),
+  metrics=(('test_accuracy', 'accuracy'),),
+  scales={
+    'cpu': paper_tables.Scale(
+      config_args='',
+      overrides='num_rounds=2;eval_every=1;progress=false',
+      readings=(('final', 'final'), ('best', 'best')),
+      note='two rounds',
+    )
+  },
+  paper_columns=('alpha = 0.5',),
+  paper_values={'FedAvg': ('12.34',)},
+  paper_note='somewhere',
+)
+
+
+def test_a_tiny_table_trains_then_resumes_as_finished(tmp_path):
+  root = str(tmp_path / 'tiny')
+  todo = reproduce.entries(TINY, 'cpu', root=root, seeds=2)
+  kwargs = dict(
+    backend='local', parallel=2, gpus=[], slurm='', retries=0, root=root
+  )
+  outcomes = reproduce.run_entries(todo, **kwargs)
+  assert sorted(outcomes.values()) == ['done', 'done']
+  assert sorted(reproduce.run_entries(todo, **kwargs).values()) == [
+    'skipped',
+    'skipped',
+  ]
+  result = reproduce.collect(TINY, 'cpu', todo)
+  finals = []
+  for entry in todo:
+    with open(os.path.join(entry.point.workdir, 'summary.json')) as f:
+      finals.append(100 * json.load(f)['test_accuracy'])
+  cell = result.cells[('FedAvg', 'alpha = 0.5', 'test_accuracy', 'final')]
+  np.testing.assert_allclose(
+    sorted(100 * np.array(cell.values)), sorted(finals), rtol=1e-6
+  )
+  text = reproduce.format_markdown(TINY, 'cpu', result, seeds=2, command='c')
+  assert '| method | final | best | paper: alpha = 0.5 |' in text
+  assert '(n=2) | 12.34 |' in text
+
+
+def _cli(*args):
+  return subprocess.run(
+    [sys.executable, '-m', 'launch.console', 'reproduce', *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, JAX_PLATFORMS='cpu'),
+  )
+
+
+def test_command_line_lists_dry_runs_and_refuses_in_one_line(tmp_path):
+  listed = _cli('--list')
+  assert listed.returncode == 0, listed.stderr
+  for paper, table in ALL_TABLES:
+    assert f'{paper} {table}:' in listed.stdout
+  dry = _cli('fedrcl', 'table5', '--seeds=2', f'--root={tmp_path}', '--dry_run')
+  assert dry.returncode == 0, dry.stderr
+  lines = dry.stdout.strip().splitlines()
+  assert len(lines) == 5 * 2 and all(x.startswith('todo ') for x in lines)
+  assert not os.listdir(tmp_path)  # A dry run writes nothing.
+  bad = _cli('fedrcl', 'table9')
+  assert bad.returncode == 1
+  assert bad.stderr.strip().startswith('error: No table')
+  assert len(bad.stderr.strip().splitlines()) == 1
