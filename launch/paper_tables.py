@@ -368,7 +368,7 @@ SSD_TABLE2 = PaperTable(
   ),
   metrics=(
     ('linear_probe_accuracy', 'LP'),
-    ('test_uniformity', '-U'),
+    ('test_uniformity', 'L_uniform (lower is better)'),
     ('test_effective_rank', 'eff. rank'),
   ),
   scales={
@@ -389,7 +389,7 @@ SSD_TABLE2 = PaperTable(
   },
   paper_columns=(
     'CIFAR-100 -> CIFAR-10 LP',
-    'CIFAR-100 -> CIFAR-10 -U',
+    'CIFAR-100 -> CIFAR-10 -L_uniform',
     'CIFAR-100 -> CIFAR-10 eff. rank',
   ),
   paper_values={
