@@ -293,6 +293,13 @@ _SSD_CPU_SET = (
   'ssl_eval.quality_examples=5000'
 )
 
+_SSD_PAPER = Scale(
+  config_args='rounds=100',
+  overrides='',
+  readings=(('round 100', 'final'),),
+  note="The paper's protocol: 100 rounds of 5 local epochs.",
+)
+
 SSD_TABLE1 = PaperTable(
   paper='ssd',
   table='table1',
@@ -325,12 +332,7 @@ SSD_TABLE1 = PaperTable(
       'local steps instead of 5 local epochs, example-weighted averaging, '
       'evaluation subsets as in docs/results/unsupervised.md.',
     ),
-    'paper': Scale(
-      config_args='rounds=100',
-      overrides='',
-      readings=(('round 100', 'final'),),
-      note="The paper's protocol: 100 rounds of 5 local epochs.",
-    ),
+    'paper': _SSD_PAPER,
   },
   paper_columns=(
     'cross-silo LP',
@@ -380,12 +382,7 @@ SSD_TABLE2 = PaperTable(
       "paper's 100 rounds with 8 local steps; every metric on the other "
       "dataset's splits, its images resized to the training shape.",
     ),
-    'paper': Scale(
-      config_args='rounds=100',
-      overrides='',
-      readings=(('round 100', 'final'),),
-      note="The paper's protocol: 100 rounds of 5 local epochs.",
-    ),
+    'paper': _SSD_PAPER,
   },
   paper_columns=(
     'CIFAR-100 -> CIFAR-10 LP',

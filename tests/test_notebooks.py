@@ -74,34 +74,35 @@ def assert_png(path):
 
 
 def test_quickstart_colab_cell_installs_only_in_colab(monkeypatch, tmp_path):
-  """The first cell, executed: outside Colab it runs nothing; in Colab (a
-  stand-in google.colab module) it clones the repository, installs it and
-  moves into it; without a repository URL it says what to set."""
+  """The first cell, executed: outside Colab, or in Colab with the package
+  installed, it runs nothing; in Colab (a stand-in google.colab module)
+  without the package it pip-installs an uploaded wheel, else the
+  repository at REPO_URL, else says what to set."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
 
   first = code_cells(QUICKSTART)[0]
-  calls, moves = [], []
+  calls = []
   monkeypatch.chdir(tmp_path)
   monkeypatch.setattr(subprocess, 'run', lambda cmd, **_: calls.append(cmd))
-  monkeypatch.setattr(os, 'chdir', moves.append)
   monkeypatch.delitem(sys.modules, 'google.colab', raising=False)
   exec(first, {})  # pylint: disable=exec-used
-  assert not calls and not moves
-
   monkeypatch.setitem(sys.modules, 'google.colab', types.ModuleType('colab'))
+  exec(first, {})  # pylint: disable=exec-used  (installed: nothing to do)
+  assert not calls
+
+  monkeypatch.setitem(sys.modules, 'fedjax_metric', None)  # not installed
   monkeypatch.delenv('FEDJAX_METRIC_REPO_URL', raising=False)
   with pytest.raises(ValueError, match='REPO_URL'):
     exec(first, {})  # pylint: disable=exec-used
   monkeypatch.setenv('FEDJAX_METRIC_REPO_URL', 'https://example.org/r.git')
   exec(first, {})  # pylint: disable=exec-used
-  assert (
-    calls[0][:2] == ['git', 'clone']
-    and 'https://example.org/r.git' in (calls[0])
-  )
-  assert calls[1][1:4] == ['-m', 'pip', 'install']
-  assert moves == ['fedjax_metric']
+  assert calls[-1][1:4] == ['-m', 'pip', 'install']
+  assert calls[-1][-1] == 'fedjax_metric @ git+https://example.org/r.git'
+  (tmp_path / 'fedjax_metric-0.1-py3-none-any.whl').write_bytes(b'')
+  exec(first, {})  # pylint: disable=exec-used
+  assert calls[-1][-1] == 'fedjax_metric-0.1-py3-none-any.whl'
 
 
 @pytest.mark.parametrize('name', ['one_class', 'participation', 'unsupervised'])
