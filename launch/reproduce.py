@@ -131,6 +131,34 @@ def _check_names(kind: str, given: Sequence[str], known: Sequence[str]):
     )
 
 
+def check_datasets(todo: Sequence[Entry]) -> None:
+  """Raises before anything trains if a dataset (or an out-of-distribution
+  target) of the table is not where its runs will look: one error for the
+  whole table instead of one failed run per point."""
+  from fedjax_metric.data import sources  # pylint: disable=g-import-not-at-top
+
+  needed = {}
+  for entry in todo:
+    config = sweep.resolve(entry.point.spec, entry.point.overrides)
+    needed.setdefault(
+      (config.dataset.name, config.dataset.data_dir or None), entry
+    )
+    target = config.get('ssl_eval', {}).get('target_dataset', '')
+    if target:
+      data_dir = config.ssl_eval.target_data_dir or None
+      needed.setdefault((target, data_dir), entry)
+  for (name, data_dir), entry in needed.items():
+    try:
+      sources.check_available(name, data_dir)
+    except sources.DatasetNotFoundError as e:
+      raise sources.DatasetNotFoundError(
+        f'{entry.method} ({entry.column}) trains on {name!r}, which is not '
+        f"available: {e} Point the table's runs at it with "
+        "--set='dataset.data_dir=...' (or another dataset with "
+        "--set='dataset.name=...')."
+      ) from e
+
+
 def run_entries(
   todo: Sequence[Entry],
   *,
@@ -406,6 +434,7 @@ def main(argv):
     return
   failed = []
   if not FLAGS.table_only:
+    check_datasets(todo)
     outcomes = run_entries(
       todo,
       backend=FLAGS.backend,

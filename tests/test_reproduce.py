@@ -246,3 +246,28 @@ def test_command_line_lists_dry_runs_and_refuses_in_one_line(tmp_path):
   assert bad.returncode == 1
   assert bad.stderr.strip().startswith('error: No table')
   assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_dataset_stops_the_table_before_any_run(tmp_path):
+  table = paper_tables.TABLES[('fedrcl', 'table1')]  # paper scale: CIFAR-10
+  empty = tmp_path / 'no_data'
+  empty.mkdir()
+  todo = reproduce.entries(
+    table,
+    'paper',
+    root=str(tmp_path / 'runs'),
+    seeds=1,
+    extra=f'dataset.data_dir={empty}',
+  )
+  with pytest.raises(
+    FileNotFoundError,
+    match=r"FedAvg \(alpha = 0.1\) trains on 'cifar10'.*--set='dataset.data_dir",
+  ):
+    reproduce.check_datasets(todo)
+  assert not (tmp_path / 'runs').exists()
+  # The CPU scale's datasets: Fashion-MNIST (Debian's package) and digits.
+  if os.path.isdir('/usr/share/datasets/fashion-mnist'):
+    ssd_ood = paper_tables.TABLES[('ssd', 'table2')]
+    reproduce.check_datasets(
+      reproduce.entries(ssd_ood, 'cpu', root='r', seeds=1)
+    )
