@@ -271,3 +271,62 @@ def test_a_missing_dataset_stops_the_table_before_any_run(tmp_path):
     reproduce.check_datasets(
       reproduce.entries(ssd_ood, 'cpu', root='r', seeds=1)
     )
+
+
+def test_slurm_backend_submits_every_unfinished_point_as_one_array(
+  monkeypatch, tmp_path
+):
+  """The wiring to launch.sweep_slurm, with a stand-in executor (the task
+  itself, a real point under submitit's local executor, is
+  tests/test_sweep_slurm.py's)."""
+  made, submitted = [], []
+
+  class Job:
+    job_id = '1'
+
+    def result(self):
+      return 'ok'
+
+  class Executor:
+    def batch(self):
+      import contextlib  # pylint: disable=g-import-not-at-top
+
+      return contextlib.nullcontext()
+
+    def submit(self, fn, workdir):
+      assert os.path.exists(os.path.join(workdir, sweep.POINT_FILE))
+      submitted.append(workdir)
+      return Job()
+
+  def make_executor(folder, parameters):
+    made.append((folder, parameters))
+    return Executor()
+
+  monkeypatch.setattr(reproduce.sweep_slurm, 'make_executor', make_executor)
+  root = str(tmp_path)
+  todo = reproduce.entries(TINY, 'cpu', root=root, seeds=3)
+  _fake_run(  # seed 0 finished already: not submitted again
+    todo[0].point.workdir, [0.5, 0.6], num_rounds=2, metric='test_accuracy'
+  )
+  with open(os.path.join(todo[0].point.workdir, 'config.json'), 'w') as f:
+    json.dump(
+      sweep.config_dict(
+        sweep.resolve(todo[0].point.spec, todo[0].point.overrides)
+      ),
+      f,
+    )
+  outcomes = reproduce.run_entries(
+    todo,
+    backend='slurm',
+    parallel=1,
+    gpus=[],
+    slurm='partition=gpu,timeout_min=60',
+    retries=0,
+    root=root,
+  )
+  assert made == [
+    (os.path.join(root, 'slurm', '%j'), {'partition': 'gpu', 'timeout_min': 60})
+  ]
+  assert sorted(submitted) == sorted(e.point.workdir for e in todo[1:])
+  assert outcomes[todo[0].point.workdir] == 'skipped'
+  assert all(outcomes[e.point.workdir] == 'done' for e in todo[1:])
