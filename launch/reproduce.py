@@ -202,6 +202,11 @@ class Result(NamedTuple):
 
   cells: Dict[tuple, sweep.Cell]
   runs: Dict[tuple, List[sweep.Run]]  # (method, column) -> finished runs
+  planned: int  # runs the table asked for
+
+  @property
+  def finished(self) -> int:
+    return sum(len(members) for members in self.runs.values())
 
 
 def collect(
@@ -221,7 +226,7 @@ def collect(
         cells[(method, column, metric, at)] = sweep.Cell(
           values, [r.workdir for r in members]
         )
-  return Result(cells, runs)
+  return Result(cells, runs, len(todo))
 
 
 def _our_columns(table, scale):
@@ -260,6 +265,7 @@ def format_markdown(
     'that finished (n); empty: no finished run yet.',
     f"- The paper's numbers ({table.paper_note}) are as printed, on its "
     'own dataset and models: context for the ordering, not a target.',
+    f'- Runs finished: {result.finished} of {result.planned}.',
     f'- Command: `{command}`',
     '',
   ]

@@ -163,6 +163,7 @@ def test_table_is_mean_and_sample_std_beside_the_papers_numbers(tmp_path):
     name = method if method != 'FedRCL' else 'FedRCL (not in paper)'
     assert expected in rows[name], (expected, rows[name])
   assert '| 89.67 |' in rows['FedAGM + FedRCL']  # the paper's, beside ours
+  assert 'Runs finished: 14 of 15.' in text
   with open(os.path.join(root, 'table.csv')) as f:
     lines = list(csv.DictReader(f))
   fedagm = next(r for r in lines if r['method'] == 'FedAGM')
@@ -220,6 +221,7 @@ def test_a_tiny_table_trains_then_resumes_as_finished(tmp_path):
   text = reproduce.format_markdown(TINY, 'cpu', result, seeds=2, command='c')
   assert '| method | final | best | paper: alpha = 0.5 |' in text
   assert '(n=2) | 12.34 |' in text
+  assert 'Runs finished: 2 of 2.' in text
 
 
 def _cli(*args):
