@@ -213,25 +213,27 @@ def plot_sweeps(root, out):
   return lam, scale
 
 
-def untrained_auroc(seed, center_examples=1000, validation_fraction=0.0):
+def untrained_auroc(
+  seed, center_examples=1000, validation_fraction=0.0, dataset='fashion_mnist'
+):
   """Mean AUROC (%) of the untrained LeNet scored by class centers: what
   the 'center' score gives before any training (seed's initialisation, the
-  same Fashion-MNIST partition and preprocessing as the runs, with
+  same partition and preprocessing of ``dataset`` as the runs, with
   ``validation_fraction`` of each class held out of the training set as
   they hold it out)."""
   # pylint: disable=g-import-not-at-top
   import jax
   import jax.numpy as jnp
 
-  from configs import fedmetric
+  from fedjax_metric.configs import fedmetric
   from fedjax_metric import assemble, engine
   from fedjax_metric.data import augment, sources
   from fedjax_metric.evaluation import oneclass
 
   # pylint: enable=g-import-not-at-top
-  config = fedmetric.get_config('steps=10')
-  train_set = sources.load('fashion_mnist', 'train')
-  test_set = sources.load('fashion_mnist', 'test')
+  config = fedmetric.get_config(f'steps=10,dataset={dataset}')
+  train_set = sources.load(dataset, 'train')
+  test_set = sources.load(dataset, 'test')
   train_set, _ = sources.hold_out(train_set, validation_fraction)
   clients = assemble.make_partition(config, train_set.labels)
   mean, std = augment.channel_stats(train_set.images)
