@@ -225,8 +225,8 @@ def untrained_auroc(
   import jax
   import jax.numpy as jnp
 
-  from fedjax_metric.configs import fedmetric
   from fedjax_metric import assemble, engine
+  from fedjax_metric.configs import fedmetric
   from fedjax_metric.data import augment, sources
   from fedjax_metric.evaluation import oneclass
 
