@@ -303,6 +303,13 @@ _SSD_PAPER = Scale(
   note="The paper's protocol: 100 rounds of 5 local epochs.",
 )
 
+_SSD_QUALITY = (
+  ('linear_probe_accuracy', 'LP'),
+  ('finetune_1pct_accuracy', 'FT 1%'),
+  ('finetune_10pct_accuracy', 'FT 10%'),
+  ('test_uniformity', 'L_uniform (lower is better)'),
+)
+
 SSD_TABLE1 = PaperTable(
   paper='ssd',
   table='table1',
@@ -321,11 +328,7 @@ SSD_TABLE1 = PaperTable(
     Column('cross-silo (K = 10)'),
     Column('cross-device (K = 50)', config_args='clients=50,join=0.2'),
   ),
-  metrics=(
-    ('linear_probe_accuracy', 'LP'),
-    ('finetune_1pct_accuracy', 'FT 1%'),
-    ('finetune_10pct_accuracy', 'FT 10%'),
-  ),
+  metrics=_SSD_QUALITY[:3],
   scales={
     'cpu': Scale(
       config_args='rounds=100,eval_every=25',
@@ -416,12 +419,6 @@ _SSD_ABLATION_SCALES = {
   ),
   'paper': _SSD_PAPER,
 }
-_SSD_QUALITY = (
-  ('linear_probe_accuracy', 'LP'),
-  ('finetune_1pct_accuracy', 'FT 1%'),
-  ('finetune_10pct_accuracy', 'FT 10%'),
-  ('test_uniformity', 'L_uniform (lower is better)'),
-)
 _CROSS_SILO = (Column('cross-silo (K = 10)'),)
 
 SSD_TABLE3 = PaperTable(
