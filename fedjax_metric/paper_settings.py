@@ -199,14 +199,13 @@ def one_class_setting(arg):
   c = base_config()
   c.dataset.name = arg.dataset or 'fashion_mnist'
   c.num_rounds = arg.rounds
-  num_classes = 100 if c.dataset.name == 'cifar100' else 10
+  name = c.dataset.name.split(':')[-1]  # tfds:cifar10 is CIFAR-10 too
+  num_classes = 100 if name == 'cifar100' else 10
   c.num_clients = arg.clients_per_class * num_classes
   c.clients_per_round = c.num_clients
   c.partition.method = 'one_class'
   c.partition.clients_per_class = arg.clients_per_class
-  model = arg.model or (
-    'resnet32' if c.dataset.name.startswith('cifar') else 'lenet'
-  )
+  model = arg.model or ('resnet32' if name.startswith('cifar') else 'lenet')
   c.model = one_class_model_block(model)
   c.local.update(
     dict(

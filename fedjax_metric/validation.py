@@ -316,7 +316,8 @@ def _check_dataset(config) -> None:
       _fix(
         'dataset.name',
         'must name a dataset, one of '
-        f'{", ".join(sources.DATASETS)} or a TFDS name',
+        f'{", ".join(sources.DATASETS)} or a TFDS name (tfds:<name> for '
+        "TFDS's own where a built-in has the name)",
       )
     )
   sources.check_available(ds.name, ds.data_dir or None)

@@ -413,6 +413,29 @@ def test_tfds_array_record_dataset_loads_without_tensorflow(
   assert test.images.shape[0] == tiny_tfds.SIZES['test']
 
 
+def test_tfds_prefix_picks_tfds_over_a_built_in_name(tfds_dir, tmp_path):
+  assert sources.tfds_name('cifar10') is None  # the built-in tarball loader
+  assert sources.tfds_name('tfds:cifar10') == 'cifar10'
+  assert sources.tfds_name('svhn_cropped') == 'svhn_cropped'
+  with pytest.raises(ValueError, match='tfds:<name>'):
+    sources.tfds_name('tfds:')
+  # tfds:<name> reads the same prepared data as the bare TFDS name.
+  prefixed = sources.load(f'tfds:{tiny_tfds.NAME}', 'test', data_dir=tfds_dir)
+  bare = sources.load(tiny_tfds.NAME, 'test', data_dir=tfds_dir)
+  np.testing.assert_array_equal(prefixed.images, bare.images)
+  sources.check_available(f'tfds:{tiny_tfds.NAME}', tfds_dir)
+  # tfds:cifar10 asks TFDS, not the tarball loader: a directory holding the
+  # CIFAR-10 tarball does not satisfy it, and the error says which is which.
+  files, _ = _cifar_files('cifar10')
+  _write_tar(tmp_path / _ARCHIVE['cifar10'], _FOLDER['cifar10'], files)
+  sources.check_available('cifar10', str(tmp_path))
+  with pytest.raises(sources.DatasetNotFoundError) as info:
+    sources.check_available('tfds:cifar10', str(tmp_path))
+  message = str(info.value)
+  assert "TFDS's cifar10" in message and "plain 'cifar10'" in message
+  assert 'tfds build cifar10' in message
+
+
 def test_tfds_dataset_not_prepared_is_a_clear_error(tmp_path):
   missing = str(tmp_path / 'no_tfds_here')
   for call in (

@@ -4,7 +4,9 @@ Everything here runs on the host with NumPy only (no JAX), and nothing is ever
 downloaded: files must already be on disk. Built-in names are `digits`,
 `mnist`, `fashion_mnist`, `cifar10` and `cifar100`; any other name is loaded
 with `tensorflow_datasets` from an already prepared TFDS data directory
-(without TensorFlow when it was prepared with `--file_format=array_record`).
+(without TensorFlow when it was prepared with `--file_format=array_record`),
+and so is `tfds:<name>`, which asks for TFDS's dataset even where a built-in
+has the name (`tfds:cifar10` against the built-in `cifar10`).
 
 For built-ins the directory is resolved as: the explicit `data_dir`, else
 `$FEDJAX_METRIC_DATA_DIR/<name>`, else a per-dataset default (only
@@ -25,16 +27,19 @@ import numpy as np
 ENV_VAR = 'FEDJAX_METRIC_DATA_DIR'
 SPLITS = ('train', 'test')
 DATASETS = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100')
+# 'tfds:<name>' is TFDS's dataset <name> even where a built-in has the name
+# ('tfds:cifar10' reads a prepared TFDS data_dir, 'cifar10' the tarball).
+TFDS_PREFIX = 'tfds:'
 DEFAULT_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
 # Where each dataset comes from (`fedjax_metric.datasets()`); nothing is
 # downloaded at run time.
 DESCRIPTIONS = {
   'digits': "scikit-learn's 8x8 digits (1,797 images, 10 classes), built in.",
-  'mnist': 'MNIST: IDX files in --config.dataset.data_dir, or TFDS.',
+  'mnist': 'MNIST: IDX files in --config.dataset.data_dir, or TFDS as tfds:mnist.',
   'fashion_mnist': "Fashion-MNIST: Debian's dataset-fashion-mnist, IDX files "
-  'or TFDS.',
-  'cifar10': 'CIFAR-10: the python tarball in data_dir, or TFDS.',
-  'cifar100': 'CIFAR-100: the python tarball in data_dir, or TFDS.',
+  'or TFDS as tfds:fashion_mnist.',
+  'cifar10': 'CIFAR-10: the python tarball in data_dir, or TFDS as tfds:cifar10.',
+  'cifar100': 'CIFAR-100: the python tarball in data_dir, or TFDS as tfds:cifar100.',
 }
 
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte data, 3 dimensions.
@@ -153,10 +158,11 @@ def load(
     DatasetNotFoundError: The files are missing.
     ValueError: Unknown split, or the files are corrupt.
   """
-  if name not in DATASETS:
+  tfds = tfds_name(name)
+  if tfds is not None:
     from fedjax_metric.data import tfds_source  # Optional extra: lazy.
 
-    return tfds_source.load(name, split, data_dir)
+    return tfds_source.load(tfds, split, data_dir)
   if split not in SPLITS:
     raise ValueError(
       f'Dataset {name!r}: split must be one of {SPLITS}, got {split!r}.'
@@ -169,6 +175,23 @@ def load(
     ds = _load_cifar(name, split, _resolve_dir(name, data_dir))
   _check_labels(ds.labels, ds.num_classes, f'{name}/{split}')
   return ds
+
+
+def tfds_name(name: str) -> Optional[str]:
+  """The TFDS dataset ``name`` asks for, or None for a built-in one.
+
+  'tfds:cifar10' -> 'cifar10' (TFDS's, although a built-in has the name);
+  'svhn_cropped' -> itself (no built-in has it); 'cifar10' -> None.
+  """
+  if name.startswith(TFDS_PREFIX):
+    rest = name[len(TFDS_PREFIX) :]
+    if not rest:
+      raise ValueError(
+        f'Dataset {name!r} names no TFDS dataset: write {TFDS_PREFIX}<name>, '
+        f'e.g. {TFDS_PREFIX}cifar10.'
+      )
+    return rest
+  return None if name in DATASETS else name
 
 
 def check_available(name: str, data_dir: Optional[str] = None) -> None:
@@ -201,11 +224,17 @@ def check_available(name: str, data_dir: Optional[str] = None) -> None:
   else:
     from fedjax_metric.data import tfds_source  # Optional extra: lazy.
 
-    tfds_source.check_available(name, data_dir)
+    tfds_source.check_available(tfds_name(name), data_dir)
 
 
 def _not_built_in(name: str) -> str:
-  """The start of an error about a name outside `DATASETS`, with a guess."""
+  """The start of an error about a TFDS name, with a guess at a built-in one
+  where the name looks like a typo of it."""
+  if name in DATASETS:  # Asked for as tfds:<name>.
+    return (
+      f"Dataset {TFDS_PREFIX}{name} is TFDS's {name} (the built-in loader "
+      f'is plain {name!r}). '
+    )
   close = difflib.get_close_matches(
     name.lower().replace('-', '_'), DATASETS, n=1
   )
