@@ -9,6 +9,7 @@ setting by name for the baselines that run in several (FedAvg, FedProx).
 
 import ml_collections
 
+from fedjax_metric.data import sources
 from fedjax_metric.settings import (
   BASE_ARGS,
   base_config,
@@ -199,7 +200,8 @@ def one_class_setting(arg):
   c = base_config()
   c.dataset.name = arg.dataset or 'fashion_mnist'
   c.num_rounds = arg.rounds
-  name = c.dataset.name.split(':')[-1]  # tfds:cifar10 is CIFAR-10 too
+  # tfds:cifar10 is CIFAR-10 too.
+  name = sources.tfds_name(c.dataset.name) or c.dataset.name
   num_classes = 100 if name == 'cifar100' else 10
   c.num_clients = arg.clients_per_class * num_classes
   c.clients_per_round = c.num_clients

@@ -19,7 +19,7 @@ on the paper's dataset, which the header of every written table names. They
 are the context for an ordering, not a target value: the datasets differ.
 """
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 
 class Method(NamedTuple):
@@ -577,7 +577,3 @@ def find(paper: str, table: str) -> PaperTable:
       '(fedjax-metric reproduce --list).'
     )
   return TABLES[key]
-
-
-def paper_value(table: PaperTable, method: str) -> Optional[Tuple[str, ...]]:
-  return table.paper_values.get(method)

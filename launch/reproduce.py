@@ -40,7 +40,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags
 
-from . import cli, paper_tables, sweep, sweep_slurm
+from . import cli, paper_tables, sweep
 
 FLAGS = flags.FLAGS
 
@@ -159,36 +159,6 @@ def check_datasets(todo: Sequence[Entry]) -> None:
       ) from e
 
 
-def run_entries(
-  todo: Sequence[Entry],
-  *,
-  backend: str,
-  parallel: int,
-  gpus: Sequence[str],
-  slurm: str,
-  retries: int,
-  root: str,
-) -> Dict[str, str]:
-  """Trains the points (launch.sweep's backends); {workdir: outcome}."""
-  points = [e.point for e in todo]
-  if backend == 'slurm':
-    executor = sweep_slurm.make_executor(
-      sweep_slurm.slurm_folder(root), sweep_slurm.parse_parameters(slurm)
-    )
-    outcomes, unfinished = sweep.sort_points(points, print)
-    for point in unfinished:
-      sweep.write_point_file(point)
-    outcomes.update(
-      sweep_slurm.submit_points(unfinished, executor, retries=retries)
-    )
-    return outcomes
-  return sweep.run_points(
-    points,
-    parallel=parallel,
-    environment=sweep.gpu_environments(gpus, parallel),
-  )
-
-
 def finished_run(entry: Entry) -> Optional[sweep.Run]:
   """The point's run if it finished all its rounds, else None."""
   if not os.path.exists(os.path.join(entry.point.workdir, 'config.json')):
@@ -278,23 +248,13 @@ def format_markdown(
     ours = []
     for (column, metric, at), _ in columns:
       cell = result.cells.get((method.name, column, metric, at))
-      ours.append(_format_cell(cell, metric))
+      ours.append(sweep.format_cell(cell, sweep.default_scale(metric), 2))
     theirs = table.paper_values.get(method.name) or ('',) * len(
       table.paper_columns
     )
     name = method.name if method.in_paper else f'{method.name} (not in paper)'
     lines.append('| ' + ' | '.join([name, *ours, *theirs]) + ' |')
   return '\n'.join(lines) + '\n'
-
-
-def _format_cell(cell: Optional[sweep.Cell], metric: str) -> str:
-  if cell is None:
-    return ''
-  scale = sweep.default_scale(metric)
-  mean = f'{cell.mean * scale:.2f}'
-  if cell.n == 1:
-    return f'{mean} (n=1)'
-  return f'{mean} ± {cell.std * scale:.2f} (n={cell.n})'
 
 
 def format_csv(table: paper_tables.PaperTable, scale: str, result: Result):
@@ -441,8 +401,8 @@ def main(argv):
   failed = []
   if not FLAGS.table_only:
     check_datasets(todo)
-    outcomes = run_entries(
-      todo,
+    outcomes = sweep.train_points(
+      [e.point for e in todo],
       backend=FLAGS.backend,
       parallel=FLAGS.parallel,
       gpus=FLAGS.gpus,

@@ -409,6 +409,35 @@ def run_points(
   return outcomes
 
 
+def train_points(
+  points: Sequence[Point],
+  *,
+  backend: str,
+  root: str,
+  parallel: int = 1,
+  gpus: Sequence[str] = (),
+  slurm: str = '',
+  retries: int = 1,
+) -> Dict[str, str]:
+  """Trains the unfinished points on ``backend``: 'local' (`run_points`,
+  ``parallel`` processes, one GPU of ``gpus`` per process slot) or 'slurm'
+  (one job array through submitit, its logs under ``<root>/slurm``, failed
+  tasks resubmitted ``retries`` times). Returns ``{workdir: outcome}``."""
+  if backend == 'slurm':
+    executor = sweep_slurm.make_executor(
+      sweep_slurm.slurm_folder(root), sweep_slurm.parse_parameters(slurm)
+    )
+    outcomes, todo = sort_points(points, print)
+    print(f'{len(points)} points: {len(todo)} to submit.')
+    for point in todo:
+      write_point_file(point)
+    outcomes.update(sweep_slurm.submit_points(todo, executor, retries=retries))
+    return outcomes
+  return run_points(
+    points, parallel=parallel, environment=gpu_environments(gpus, parallel)
+  )
+
+
 class _ForwardedStop:
   """SIGTERM / SIGINT to the sweep stop it and reach its running points.
 
@@ -780,7 +809,7 @@ def build_table(
   return Table(row_labels, columns, cells)
 
 
-def _format_cell(cell: Optional[Cell], scale: float, digits: int) -> str:
+def format_cell(cell: Optional[Cell], scale: float, digits: int) -> str:
   if cell is None:
     return ''
   mean = f'{cell.mean * scale:.{digits}f}'
@@ -812,7 +841,7 @@ def format_markdown(
   lines = ['| ' + ' | '.join(headers) + ' |', '|' + '---|' * len(headers)]
   for row in table.row_labels:
     cells = [
-      _format_cell(
+      format_cell(
         table.cells[(row, col, metric)],
         default_scale(metric) if scale is None else scale,
         digits,
@@ -1105,24 +1134,15 @@ def main(argv):
       for p in points:
         print(point_status(p), p.workdir)
       return
-    if FLAGS.backend == 'slurm':
-      executor = sweep_slurm.make_executor(
-        sweep_slurm.slurm_folder(FLAGS.root[0]),
-        sweep_slurm.parse_parameters(FLAGS.slurm),
-      )
-      outcomes, todo = sort_points(points, print)
-      print(f'{len(points)} points: {len(todo)} to submit.')
-      for point in todo:
-        write_point_file(point)
-      outcomes.update(
-        sweep_slurm.submit_points(todo, executor, retries=FLAGS.retries)
-      )
-    else:
-      outcomes = run_points(
-        points,
-        parallel=FLAGS.parallel,
-        environment=gpu_environments(FLAGS.gpus, FLAGS.parallel),
-      )
+    outcomes = train_points(
+      points,
+      backend=FLAGS.backend,
+      root=FLAGS.root[0],
+      parallel=FLAGS.parallel,
+      gpus=FLAGS.gpus,
+      slurm=FLAGS.slurm,
+      retries=FLAGS.retries,
+    )
     bad = [w for w, o in outcomes.items() if o not in ('done', 'skipped')]
     if bad:
       sys.exit(f'{len(bad)} point(s) failed or conflicted: {bad}')

@@ -203,9 +203,10 @@ def test_a_tiny_table_trains_then_resumes_as_finished(tmp_path):
   kwargs = dict(
     backend='local', parallel=2, gpus=[], slurm='', retries=0, root=root
   )
-  outcomes = reproduce.run_entries(todo, **kwargs)
+  points = [e.point for e in todo]
+  outcomes = sweep.train_points(points, **kwargs)
   assert sorted(outcomes.values()) == ['done', 'done']
-  assert sorted(reproduce.run_entries(todo, **kwargs).values()) == [
+  assert sorted(sweep.train_points(points, **kwargs).values()) == [
     'skipped',
     'skipped',
   ]
@@ -278,9 +279,9 @@ def test_a_missing_dataset_stops_the_table_before_any_run(tmp_path):
 def test_slurm_backend_submits_every_unfinished_point_as_one_array(
   monkeypatch, tmp_path
 ):
-  """The wiring to launch.sweep_slurm, with a stand-in executor (the task
-  itself, a real point under submitit's local executor, is
-  tests/test_sweep_slurm.py's)."""
+  """The SLURM wiring of launch.sweep.train_points, which reproduce and
+  `launch.sweep run` share, with a stand-in executor (the task itself, a
+  real point under submitit's local executor, is tests/test_sweep_slurm.py's)."""
   made, submitted = [], []
 
   class Job:
@@ -304,7 +305,7 @@ def test_slurm_backend_submits_every_unfinished_point_as_one_array(
     made.append((folder, parameters))
     return Executor()
 
-  monkeypatch.setattr(reproduce.sweep_slurm, 'make_executor', make_executor)
+  monkeypatch.setattr(sweep.sweep_slurm, 'make_executor', make_executor)
   root = str(tmp_path)
   todo = reproduce.entries(TINY, 'cpu', root=root, seeds=3)
   _fake_run(  # seed 0 finished already: not submitted again
@@ -317,8 +318,8 @@ def test_slurm_backend_submits_every_unfinished_point_as_one_array(
       ),
       f,
     )
-  outcomes = reproduce.run_entries(
-    todo,
+  outcomes = sweep.train_points(
+    [e.point for e in todo],
     backend='slurm',
     parallel=1,
     gpus=[],
