@@ -156,13 +156,18 @@ def build_model(
 
 
 def build_algorithm(
-  config, model, participation_probabilities=None, class_counts=None
+  config,
+  model,
+  participation_probabilities=None,
+  class_counts=None,
+  validation=None,
 ):
   """The config's `engine.Algorithm`, with its server optimizer inside.
 
   Every factory receives the run's facts as ``run`` (`contract.RunFacts`:
   T, N, the [N] true participation probabilities or None, the [N, K]
-  clients' class counts or None) and the
+  clients' class counts or None, the `contract.HeldOut` validation split or
+  None) and the
   config's ``algorithm_kwargs`` as keywords; a fact set in algorithm_kwargs
   is an error.
   """
@@ -197,6 +202,7 @@ def build_algorithm(
     num_clients=config.num_clients,
     participation_probabilities=participation_probabilities,
     class_counts=class_counts,
+    validation=validation,
   )
   try:
     algorithm = algorithms.REGISTRY[config.algorithm](
@@ -385,7 +391,17 @@ def build(config, *, one_program=False) -> Experiment:
     model=model,
     eval_model=eval_model,
     variables=variables,
-    algorithm=build_algorithm(config, model, probs, counts),
+    algorithm=build_algorithm(
+      config,
+      model,
+      probs,
+      counts,
+      validation=None
+      if validation_split is None
+      else contract.HeldOut(
+        validation_split.images, validation_split.labels, eval_preprocess
+      ),
+    ),
   )
 
 

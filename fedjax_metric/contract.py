@@ -198,6 +198,16 @@ class DeviceData(NamedTuple):
   labels: jax.Array  # int32 [num_examples]
 
 
+class HeldOut(NamedTuple):
+  """The held-out validation split, as a server may hold it (FedPPO's
+  rewards). ``preprocess(images, key)`` is the evaluation's preprocessing,
+  applied by whoever reads the images."""
+
+  images: Any  # uint8 [V, H, W, C] (NumPy)
+  labels: Any  # int [V] (NumPy)
+  preprocess: Callable[..., Any]
+
+
 class RunFacts(NamedTuple):
   """Facts of the run (not knobs) every algorithm factory receives as ``run``.
 
@@ -213,12 +223,15 @@ class RunFacts(NamedTuple):
       probability (FedAU's ``known_prob`` aggregation), or None.
     class_counts: [N, K] each client's examples per class (FedLC's
       calibration), or None.
+    validation: the `HeldOut` validation split (``dataset.
+      validation_fraction > 0``; FedPPO's rewards), or None.
   """
 
   num_rounds: Optional[int] = None
   num_clients: Optional[int] = None
   participation_probabilities: Optional[Any] = None
   class_counts: Optional[Any] = None
+  validation: Optional[HeldOut] = None
 
 
 # The default ``run`` of a factory called directly (no facts known).

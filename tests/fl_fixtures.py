@@ -149,11 +149,20 @@ def dirichlet_federation(num_examples=96, num_clients=4):
   return images, labels, parts, data
 
 
+def held_out(num_examples=12):
+  """A tiny `contract.HeldOut` validation split (FedPPO's rewards), of
+  other images than `make_data`'s training ones."""
+  images, labels = make_data(num_examples, seed=7)
+  return contract.HeldOut(images, labels, identity_preprocess())
+
+
 def partition_facts(parts, labels):
   """The `RunFacts` a factory gets from a partition: the clients' class
-  counts [N, K] (FedLC's calibration)."""
+  counts [N, K] (FedLC's calibration) and a held-out split (FedPPO's
+  rewards)."""
   return contract.RunFacts(
-    class_counts=partition_lib.class_counts(labels, parts, NUM_CLASSES)
+    class_counts=partition_lib.class_counts(labels, parts, NUM_CLASSES),
+    validation=held_out(),
   )
 
 
@@ -227,8 +236,9 @@ def executor_tolerance():
 
 
 def max_abs_diff(a, b):
+  """Largest |a - b| over the leaves (booleans as 0 / 1)."""
   return max(
-    float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+    float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
   )
 

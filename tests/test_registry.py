@@ -61,6 +61,7 @@ NON_DEFAULT_OPTIONS = {
   'fitnet': dict(beta=0.5, level=0),
   'fedproc': dict(feature='projection'),
   'fedntd': dict(beta=0.5, temperature=3.0),
+  'fedppo': dict(select_fraction=1.0, update_every=2, reward_examples=5),
   'fedprox': dict(mu=0.1),
   'fedquad': dict(squared=True),
   'fedrcl': dict(beta=0.5),

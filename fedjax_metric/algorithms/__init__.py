@@ -19,6 +19,7 @@ from fedjax_metric.algorithms import (
   fedmetric,
   fedmlb,
   fedntd,
+  fedppo,
   fedproc,
   fedprox,
   fedquad,
@@ -59,6 +60,7 @@ REGISTRY = {
   'fedau': fedau.make,
   'mifa': mifa.make,
   'fedvarp': fedvarp.make,
+  'fedppo': fedppo.make,
   'pmfl': pmfl.make,
   'fedalignuniform': fedalignuniform.make,
   'ssd': ssd.make,
@@ -105,6 +107,8 @@ DESCRIPTIONS = {
   'mifa': "MIFA (Gu et al., 2021): every client's latest update, each round.",
   'fedvarp': 'FedVarp (Jhunjhunwala et al., 2022): stored updates as control '
   'variates.',
+  'fedppo': 'FedPPO (Zhao et al., 2025): a PPO agent on the server picks '
+  'the clients whose updates are averaged.',
   'pmfl': 'PMFL (Zhang et al., 2025): historical models in a contrastive '
   'term and the server.',
   'fedalignuniform': 'Alignment + uniformity (Wang & Isola, 2020), federated.',
