@@ -260,3 +260,56 @@ def test_fedppo_refuses_a_run_without_a_validation_split_and_bad_options():
     algorithms.REGISTRY['fedppo'](
       model, server_optimizer=SERVER, run=run, select_fraction=0.0
     )
+
+
+def _one_server_round(alg, state, table, available_ids, num_slots=4):
+  """``server_update`` on a hand-made round: the rows of ``available_ids``
+  hold a loss of 1 (so the selected ones show in ``previous_loss``)."""
+  ids = np.full(num_slots, np.iinfo(np.int32).max, np.int32)
+  ids[: len(available_ids)] = available_ids
+  mask = np.arange(num_slots) < len(available_ids)
+  table = dict(table, loss=table['loss'].at[np.asarray(available_ids)].set(1.0))
+  aggregate = engine.Aggregate(
+    update_sum=jax.tree.map(jnp.zeros_like, state.variables),
+    weight_sum=jnp.float32(mask.sum()),
+    num_participants=jnp.float32(mask.sum()),
+    client_ids=jnp.asarray(ids),
+    slot_mask=jnp.asarray(mask),
+  )
+  new_state = alg.server_update(state, aggregate, table)
+  return set(np.flatnonzero(np.asarray(new_state.extra['previous_loss'])))
+
+
+@pytest.mark.parametrize('selection', ['ppo', 'random'])
+def test_the_policy_makes_the_choice_unless_selection_is_random(selection):
+  """An actor whose output strongly prefers client 2 picks it whenever it is
+  available, in every round (k = 1 of 3); with ``selection='random'`` the
+  same actor is ignored and the picks vary over rounds."""
+  images, labels, parts, _ = fx.dirichlet_federation()
+  model = fx.all_outputs()
+  alg = algorithms.REGISTRY['fedppo'](
+    model,
+    server_optimizer=SERVER,
+    run=fx.partition_facts(parts, labels),
+    weighting='uniform',
+    select_fraction=0.3,
+    selection=selection,
+  )
+  variables = fx.init_variables(model, images)
+  state, table = engine.init_state(alg, variables, len(parts))
+  actor = state.extra['agent']['actor']
+  last = dict(
+    w=jnp.zeros_like(actor[-1]['w']),
+    b=jnp.array([0.0, 0.0, 20.0, 0.0]),
+  )
+  agent = dict(state.extra['agent'], actor=actor[:-1] + [last])
+  picks = []
+  for round_idx in range(8):
+    extra = dict(state.extra, agent=agent)
+    state_t = state._replace(extra=extra, round=jnp.int32(round_idx + 1))
+    picks.append(_one_server_round(alg, state_t, table, [0, 2, 3]))
+  if selection == 'ppo':
+    assert picks == [{2}] * 8
+  else:
+    assert all(len(p) == 1 and p <= {0, 2, 3} for p in picks)
+    assert len(set.union(*picks)) > 1

@@ -269,6 +269,7 @@ def make(
   select_fraction=0.5,
   reward_examples=256,
   update_every=UPDATE_EVERY,
+  selection='ppo',
 ):
   """FedPPO as an `engine.Algorithm`.
 
@@ -286,6 +287,10 @@ def make(
     reward_examples: validation examples the accuracies are measured on
       (the first ones of the stratified split).
     update_every: U, rounds between PPO updates (the code: 5).
+    selection: 'ppo' (the method), or 'random': the same number of clients
+      drawn uniformly from the available ones, an ablation that keeps
+      everything else (the agent still learns, unused) and so isolates what
+      the policy's choice adds.
 
   Raises:
     ValueError: no validation split, or an option out of range.
@@ -293,6 +298,10 @@ def make(
   if not 0.0 < select_fraction <= 1.0:
     raise ValueError(
       f'fedppo: select_fraction must be in (0, 1], got {select_fraction}.'
+    )
+  if selection not in ('ppo', 'random'):
+    raise ValueError(
+      f"fedppo: selection must be 'ppo' or 'random', got {selection!r}."
     )
   if reward_examples < 1 or update_every < 1:
     raise ValueError(
@@ -365,7 +374,8 @@ def make(
     round_key = jax.random.fold_in(
       jax.random.wrap_key_data(extra['key']), server_state.round
     )
-    selected = sample_without_replacement(log_probs, available, k, round_key)
+    drawn_from = log_probs if selection == 'ppo' else jnp.zeros_like(log_probs)
+    selected = sample_without_replacement(drawn_from, available, k, round_key)
 
     rows = engine.gather_rows(client_table, ids)
     in_selection = aggregate.slot_mask & selected.at[ids].get(mode='clip')
