@@ -313,3 +313,38 @@ def test_the_policy_makes_the_choice_unless_selection_is_random(selection):
   else:
     assert all(len(p) == 1 and p <= {0, 2, 3} for p in picks)
     assert len(set.union(*picks)) > 1
+
+
+def test_the_agent_checkpoints_and_resumes_bit_for_bit(tmp_path):
+  """The agent, its Adam state, the buffer and the observation are server
+  state: a run stopped after round 3 and resumed ends where an uninterrupted
+  one does, through the PPO update after round index 5."""
+  import importlib
+  import os
+
+  import orbax.checkpoint as ocp
+
+  from fedjax_metric import train
+
+  config = importlib.import_module('configs.fedppo').get_config('runlocal')
+  config.unlock()
+  config.progress = False
+  config.participation.pattern = 'uniform'
+  config.clients_per_round = 4
+  config.num_rounds = 7
+  config.eval_every = 7
+  config.checkpoint_every = 2
+
+  def final_state(workdir):
+    with ocp.CheckpointManager(os.path.join(workdir, 'checkpoints')) as m:
+      return m.restore(m.latest_step())['server_state']
+
+  straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
+  train.run(config, straight)
+  assert train.run(config, resumed, stop_after_round=3)['rounds_completed'] == 3
+  train.run(config, resumed)
+  a, b = final_state(straight), final_state(resumed)
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
