@@ -33,6 +33,8 @@ def get_config(arg=None):
       'select_fraction': arg.select_fraction,
       'reward_examples': 256,
       'update_every': 5,
+      # 'random': the ablation (the same number drawn uniformly).
+      'selection': 'ppo',
     }
   )
   return common.finalize(c, arg)
