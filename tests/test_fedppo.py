@@ -348,3 +348,19 @@ def test_the_agent_checkpoints_and_resumes_bit_for_bit(tmp_path):
   assert len(leaves_a) == len(leaves_b)
   for x, y in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # launch.fedppo_policy reads the same agent: its entropy and extremes
+  # against a NumPy softmax of the actor at the final observation.
+  from launch import fedppo_policy
+
+  summary = fedppo_policy.policy_summary(straight)
+  extra = fedppo_policy.server_extra(a)
+  actor = fedppo_policy._layers(extra['agent']['actor'])
+  logits = _np_mlp(actor, np.asarray(extra['observation'], np.float64))
+  p = _np_softmax(logits)
+  assert summary['round'] == 7
+  np.testing.assert_allclose(
+    summary['entropy'], -np.sum(p * np.log(p)), rtol=1e-4
+  )
+  np.testing.assert_allclose(summary['max_times_n'], p.max() * 4, rtol=1e-4)
+  assert summary['spearman_participation'] is None  # uniform sampling
+  assert -1.0 <= summary['spearman_last_accuracy'] <= 1.0
