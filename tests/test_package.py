@@ -82,7 +82,7 @@ def test_console_command_runs_a_packaged_config_by_name(installed):
     text=True,
   )
   assert planned.returncode == 0, planned.stderr[-2000:]
-  assert len(planned.stdout.splitlines()) == 6 * 3  # methods x patterns
+  assert len(planned.stdout.splitlines()) == 7 * 3  # methods x patterns
   assert 'runs/reproduce/pmfl_table1_cpu/pmfl_' in planned.stdout
 
 
