@@ -170,16 +170,17 @@ def test_ppo_loss_is_the_clipped_surrogate_plus_value_minus_entropy():
   np.testing.assert_allclose(float(loss), np.mean(terms), rtol=1e-5)
 
 
-def _federation(select_fraction=0.5, update_every=5, weighting='uniform'):
+def _federation(**options):
+  """FedPPO (uniform weighting unless ``options`` say otherwise) on the
+  fixtures' tiny federation: ``(alg, model, variables, parts, labels,
+  data)``."""
   images, labels, parts, data = fx.dirichlet_federation()
   model = fx.all_outputs()
   alg = algorithms.REGISTRY['fedppo'](
     model,
     server_optimizer=SERVER,
     run=fx.partition_facts(parts, labels),
-    weighting=weighting,
-    select_fraction=select_fraction,
-    update_every=update_every,
+    **{'weighting': 'uniform', **options},
   )
   variables = fx.init_variables(model, images)
   return alg, model, variables, parts, labels, data
@@ -285,17 +286,9 @@ def test_the_policy_makes_the_choice_unless_selection_is_random(selection):
   """An actor whose output strongly prefers client 2 picks it whenever it is
   available, in every round (k = 1 of 3); with ``selection='random'`` the
   same actor is ignored and the picks vary over rounds."""
-  images, labels, parts, _ = fx.dirichlet_federation()
-  model = fx.all_outputs()
-  alg = algorithms.REGISTRY['fedppo'](
-    model,
-    server_optimizer=SERVER,
-    run=fx.partition_facts(parts, labels),
-    weighting='uniform',
-    select_fraction=0.3,
-    selection=selection,
+  alg, _, variables, parts, _, _ = _federation(
+    select_fraction=0.3, selection=selection
   )
-  variables = fx.init_variables(model, images)
   state, table = engine.init_state(alg, variables, len(parts))
   actor = state.extra['agent']['actor']
   last = dict(

@@ -51,7 +51,7 @@ import numpy as np
 import optax
 
 from fedjax_metric import engine
-from fedjax_metric.algorithms import fedavg
+from fedjax_metric.algorithms import fedau, fedavg
 from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 from fedjax_metric.losses import masked_mean, softmax_cross_entropy
 from fedjax_metric.models import split_variables
@@ -254,9 +254,10 @@ def training_loss(model, variables, ctx):
   return total / jnp.maximum(count, 1.0)
 
 
-def _scatter(values, client_ids, num_clients, fill=0):
-  """[C] slot values -> [N] by client id (padding ids dropped)."""
-  base = jnp.full((num_clients,), fill, values.dtype)
+def _scatter(values, client_ids, num_clients):
+  """[C] slot values -> [N] by client id, 0 elsewhere (padding ids
+  dropped)."""
+  base = jnp.zeros((num_clients,), values.dtype)
   return base.at[client_ids].set(values, mode='drop')
 
 
@@ -366,7 +367,7 @@ def make(
     extra = server_state.extra
     num_clients = extra['previous_loss'].shape[0]
     ids = aggregate.client_ids
-    available = _scatter(aggregate.slot_mask, ids, num_clients, False)
+    available = fedau.participation_vector(aggregate, num_clients)
     observation = extra['observation']
     agent = extra['agent']
     log_probs = policy_log_probs(agent['actor'], observation, available)
@@ -380,9 +381,12 @@ def make(
     rows = engine.gather_rows(client_table, ids)
     in_selection = aggregate.slot_mask & selected.at[ids].get(mode='clip')
     weights = jnp.where(in_selection, rows['weight'], 0.0)
-    mean_delta = jax.tree.map(
-      lambda d: d / jnp.maximum(jnp.sum(weights), 1e-12),
-      engine.weighted_sum(weights, rows['delta']),
+    # FedAvg's weighted mean, over the selected rows only.
+    mean_delta = fedavg.mean_update(
+      aggregate._replace(
+        update_sum=engine.weighted_sum(weights, rows['delta']),
+        weight_sum=jnp.sum(weights),
+      )
     )
     new_state = fedavg.skip_if_nobody(
       aggregate,
