@@ -30,6 +30,7 @@ table and reduction `gather_rows`, `scatter_rows`, `weighted_sum`,
 Shape letters: N clients, C cohort slots, S local steps, B batch size.
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -383,6 +384,13 @@ def client_inputs(
   )
 
 
+# Jitted with the spec static, so that JAX traces one client's local training
+# once per spec and slot shapes: the vmap and chunked executors, R rounds a
+# call and the host loop's whole-client call all run it on the same
+# per-slot shapes and reuse that trace (vmap batches the traced program)
+# instead of tracing the algorithm, model and optimizer again. Inside those
+# programs the call is inlined, so the compiled round is unchanged.
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=('unroll',))
 def client_update(
   spec,
   data,

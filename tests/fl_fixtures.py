@@ -1,5 +1,7 @@
 """Tiny synthetic federations shared by the engine and algorithm tests."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -87,6 +89,9 @@ def make_spec(
 INPUT_SHAPE = (1, 6, 6, 1)  # make_data's images
 
 
+# One ModelFns per process: its jitted forward pass is traced once per
+# input shape for every test that builds a program on it.
+@functools.cache
 def cnn(norm='none'):
   return models.make_model_fns(
     models.small_cnn.SmallCNN(
@@ -96,10 +101,12 @@ def cnn(norm='none'):
   )
 
 
+@functools.cache
 def all_outputs():
   return models.make_model_fns(AllOutputs(), INPUT_SHAPE)
 
 
+@functools.cache
 def linear():
   return models.make_model_fns(Linear(), INPUT_SHAPE)
 
