@@ -225,6 +225,7 @@ def _loss_terms(terms):
   }
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
 def start_client(spec: RoundSpec, data, server_state, inputs: _ClientInputs):
   """The carry at step 0: the start model, fresh optimizer state."""
   ctx = _context(spec, data, server_state, inputs, (), 0, _BEGIN_KEY)
@@ -253,6 +254,7 @@ def start_client(spec: RoundSpec, data, server_state, inputs: _ClientInputs):
   )
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
 def _local_step(
   spec: RoundSpec,
   data: DeviceData,
@@ -347,6 +349,7 @@ def run_steps(
   return carry
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
 def finish_client(spec: RoundSpec, data, server_state, inputs, carry):
   """-> (update, weight, new_row, (loss_sum, example_count, term_sums))."""
   ctx = _context(
@@ -384,12 +387,14 @@ def client_inputs(
   )
 
 
-# Jitted with the spec static, so that JAX traces one client's local training
-# once per spec and slot shapes: the vmap and chunked executors, R rounds a
-# call and the host loop's whole-client call all run it on the same
-# per-slot shapes and reuse that trace (vmap batches the traced program)
-# instead of tracing the algorithm, model and optimizer again. Inside those
-# programs the call is inlined, so the compiled round is unchanged.
+# Jitted with the spec static (as are `start_client`, `_local_step` and
+# `finish_client`), so that JAX traces one client's local training once per
+# spec and slot shapes: the vmap and chunked executors, R rounds a call and
+# the host loop (its whole-client call, or its begin / steps / finish calls)
+# all run it on the same per-slot shapes and reuse that trace (vmap batches
+# the traced program) instead of tracing the algorithm, model and optimizer
+# again. Inside those programs the calls are inlined, so the compiled round
+# is unchanged.
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=('unroll',))
 def client_update(
   spec,
