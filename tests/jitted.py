@@ -88,20 +88,3 @@ def jitted_module(module, names=None):
       value = jitted(value)
     setattr(namespace, name, value)
   return namespace
-
-
-def jitted_model(model):
-  """A `models.ModelFns` whose ``apply`` runs as one jitted program a call
-  (a flax module applied eagerly dispatches every layer's ops one by one)."""
-  return model._replace(apply=jitted(model.apply))
-
-
-def jitted_models(models_module):
-  """The `fedjax_metric.models` namespace whose ``build`` and
-  ``make_model_fns`` return models with a `jitted_model` apply."""
-  namespace = types.SimpleNamespace(**vars(models_module))
-  namespace.build = lambda *a, **k: jitted_model(models_module.build(*a, **k))
-  namespace.make_model_fns = lambda *a, **k: jitted_model(
-    models_module.make_model_fns(*a, **k)
-  )
-  return namespace

@@ -9,14 +9,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import jitted
 import numpy as np
 import pytest
 
-from fedjax_metric import models as library_models
-
-# Models whose apply runs as one jitted program a call (tests/jitted.py).
-models = jitted.jitted_models(library_models)
+# ModelFns.apply runs as one jitted program a call (models/__init__.py).
+from fedjax_metric import models
 
 SHAPES = [(32, 32, 3), (28, 28, 1), (8, 8, 1)]
 

@@ -9,14 +9,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import jitted
 import numpy as np
 import pytest
 
-from fedjax_metric import models as library_models
-
-# Models whose apply runs as one jitted program a call (tests/jitted.py).
-models = jitted.jitted_models(library_models)
+# ModelFns.apply runs as one jitted program a call (models/__init__.py).
+from fedjax_metric import models
 
 TINY = {
   'ssl_resnet18': {'width': 4, 'projector_hidden': 16, 'projection_dim': 8},
@@ -220,8 +217,8 @@ def test_ssl_resnet18_encoder_is_the_resnet18_trunk():
   # classification ResNet-18 give the same embedding. Eager, so both run
   # the same ops: two compiled programs fuse differently, 1.5e-5 apart in
   # train mode.
-  ssl_model = library_models.build('ssl_resnet18', 10, **TINY['ssl_resnet18'])
-  ref_model = library_models.build('resnet18', 10, width=4, norm='batch')
+  ssl_model = models.build('ssl_resnet18', 10, **TINY['ssl_resnet18'])
+  ref_model = models.build('resnet18', 10, width=4, norm='batch')
   x = jax.random.uniform(jax.random.key(3), (3, 8, 8, 3))
   params, state = _init(ssl_model, x)
   ref_params, _ = _init(ref_model, x)

@@ -89,9 +89,36 @@ def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
       images = jnp.zeros(input_shape, jnp.float32)
     return dict(jitted_init(key, images))
 
-  def forward(params, model_state, images, *, train, mask, graft):
+  def apply(params, model_state, images, *, train, mask=None, graft=None):
+    level, activation = (None, None) if graft is None else graft
+    return jitted_forward(
+      params,
+      model_state,
+      images,
+      mask,
+      activation,
+      train=train,
+      graft_level=level,
+    )
+
+  # The forward pass as a jitted function of its own (inlined when called
+  # inside a jitted program, so the compiled round is unchanged). Why: JAX
+  # caches the traced forward pass by this function and the argument shapes,
+  # so every program built from this ModelFns (the vmap, chunked and host
+  # executors, R rounds a call and its remainder, evaluation) and every
+  # transformation of it (grad, vmap) reuses one trace instead of tracing
+  # the flax module again; and a call outside jit runs as one compiled
+  # program, not op by op. The graft's level picks a branch point in Python
+  # (`layers.graft_at`), so a graft is static: its level and its
+  # activation's shape, not the activation, enter the cache key.
+  @functools.partial(jax.jit, static_argnames=('train', 'graft_level'))
+  def jitted_forward(
+    params, model_state, images, mask, graft_activation, *, train, graft_level
+  ):
     # ``graft`` only reaches modules that take it (FedMLB's hybrid passes).
-    extra = {} if graft is None else {'graft': graft}
+    extra = (
+      {} if graft_level is None else {'graft': (graft_level, graft_activation)}
+    )
     if compute_dtype is not None:
       outputs, updated = apply_in_dtype(
         _cast_floats(params, compute_dtype),
@@ -123,37 +150,6 @@ def make_model_fns(module, input_shape=None, compute_dtype=None) -> ModelFns:
       return outputs, dict(updated)
     outputs = module.apply(variables, images, train=train, mask=mask, **extra)
     return outputs, model_state
-
-  # The forward pass as a jitted function of its own (inlined when called
-  # inside a jitted program, so the compiled round is unchanged). Why: JAX
-  # caches the traced forward pass by this function and the argument shapes,
-  # so every program built from this ModelFns (the vmap, chunked and host
-  # executors, R rounds a call and its remainder, evaluation) and every
-  # transformation of it (grad, vmap) reuses one trace instead of tracing
-  # the flax module again; and a call outside jit runs as one compiled
-  # program, not op by op. The graft's level picks a branch point in Python
-  # (`layers.graft_at`), so a graft is static: its level and its
-  # activation's shape, not the activation, enter the cache key.
-  @functools.partial(jax.jit, static_argnames=('train', 'graft_level'))
-  def jitted_forward(
-    params, model_state, images, mask, graft_activation, *, train, graft_level
-  ):
-    graft = None if graft_level is None else (graft_level, graft_activation)
-    return forward(
-      params, model_state, images, train=train, mask=mask, graft=graft
-    )
-
-  def apply(params, model_state, images, *, train, mask=None, graft=None):
-    level, activation = (None, None) if graft is None else graft
-    return jitted_forward(
-      params,
-      model_state,
-      images,
-      mask,
-      activation,
-      train=train,
-      graft_level=level,
-    )
 
   return ModelFns(
     init=init, apply=apply, module=module, input_shape=input_shape
