@@ -84,6 +84,17 @@ class ChildResult(NamedTuple):
   wall_seconds: float  # the child's whole life, start-up included
 
 
+def child_env(**extra: str) -> Dict[str, str]:
+  """This process's environment plus ``extra``, with the repo root on
+  PYTHONPATH, so a child ``python -m benchmarks.<name>`` imports this
+  checkout from any working directory."""
+  env = dict(os.environ, **extra)
+  env['PYTHONPATH'] = os.pathsep.join(
+    p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p
+  )
+  return env
+
+
 def run_child(
   module: str, args: Sequence[str], *, timeout: Optional[float] = None
 ) -> ChildResult:
@@ -93,10 +104,7 @@ def run_child(
   and keeps a crashing point (out of memory, a compiler error) from taking
   the whole benchmark with it. The child answers with `print_result`.
   """
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-    p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p
-  )
+  env = child_env()
   start = time.perf_counter()
   try:
     proc = subprocess.run(

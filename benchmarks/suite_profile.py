@@ -136,26 +136,27 @@ def table_rows(rows, top: int):
 
 
 def main(argv: List[str]) -> int:
+  import argparse  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
 
   from benchmarks import machine  # pylint: disable=g-import-not-at-top
 
-  empty_cache = '--empty_cache' in argv
-  workers = '2'
-  pytest_args = []
-  for arg in argv:
-    if arg == '--empty_cache':
-      continue
-    if arg.startswith('--workers='):
-      workers = arg.split('=', 1)[1]
-    else:
-      pytest_args.append(arg)
-  out = tempfile.mkdtemp(prefix='suite_profile_')
-  env = dict(os.environ, SUITE_PROFILE_DIR=out)
-  env['PYTHONPATH'] = os.pathsep.join(
-    p for p in (machine.REPO_ROOT, env.get('PYTHONPATH')) if p
+  parser = argparse.ArgumentParser(
+    prog='python -m benchmarks.suite_profile',
+    description='Runs the test suite and tables its time per test file; '
+    'other arguments go to pytest (default: tests).',
   )
-  if empty_cache:
+  parser.add_argument(
+    '--empty_cache',
+    action='store_true',
+    help='a fresh persistent compilation cache, as on a fresh CI machine',
+  )
+  parser.add_argument('--workers', default='2', help='pytest-xdist -n')
+  args, pytest_args = parser.parse_known_args(argv)
+  out = tempfile.mkdtemp(prefix='suite_profile_')
+  env = machine.child_env(SUITE_PROFILE_DIR=out)
+  if args.empty_cache:
     env['FEDJAX_METRIC_TEST_JAX_CACHE'] = os.path.join(out, 'jax_cache')
   command = [
     sys.executable,
@@ -165,7 +166,7 @@ def main(argv: List[str]) -> int:
     '-p',
     'benchmarks.suite_profile',
     '-n',
-    workers,
+    args.workers,
     '--dist',
     'worksteal',
     *(pytest_args or ['tests']),
@@ -179,10 +180,11 @@ def main(argv: List[str]) -> int:
     if name.startswith('profile_')
   ]
   rows = per_file(merge(paths))
+  shutil.rmtree(out)  # The profiles and the empty-cache run's cache.
   notes = [
     f'Device: {machine.cpu_name()}.',
-    f'Compilation cache: {"empty" if empty_cache else "as found"}; '
-    f'{workers} workers; pytest exit {proc.returncode}; wall {wall:.0f} s.',
+    f'Compilation cache: {"empty" if args.empty_cache else "as found"}; '
+    f'{args.workers} workers; pytest exit {proc.returncode}; wall {wall:.0f} s.',
     'Seconds summed over the tests of each file (worker-seconds); other = '
     'wall - compile - lower - trace (execution, Python, child processes).',
     'Command: `python -m benchmarks.suite_profile '
