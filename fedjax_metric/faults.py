@@ -10,6 +10,7 @@ checkpoints and non-finite state (train.run uses each).
 * `all_finite`: checked before every save, so no checkpoint holds NaN.
 """
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -205,6 +206,65 @@ def _saved_digest(step_dir) -> Optional[str]:
     return None
 
 
+def _run_coroutine_then_drain(coroutine):
+  """Runs ``coroutine`` on a fresh event loop, as orbax does, but before
+  closing the loop waits for every task still pending on it.
+
+  orbax (0.12) reads a checkpoint's arrays as concurrent tasks and closes
+  the loop as soon as the first read fails. The abandoned reads finish later
+  in TensorStore's threads and post their results to the closed loop; each
+  prints a "RuntimeError: Event loop is closed" traceback (about 190 lines
+  after the one-line error of a workdir with no readable checkpoint).
+  Waiting for them here leaves nothing in flight."""
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coroutine)
+  finally:
+    pending = asyncio.all_tasks(loop)
+    if pending:  # Only after a failure; their own errors are not news.
+      loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+@contextlib.contextmanager
+def orbax_reads_drained():
+  """Inside, orbax's synchronous calls run on `_run_coroutine_then_drain`.
+
+  orbax has no option for this, so its private loop runner is replaced for
+  the duration: ``_run_sync_via_new_loop`` where it exists (orbax 0.12), else
+  ``run_sync`` itself, which in the older versions only calls
+  ``asyncio.run`` (whose teardown cancels the pending reads but still leaves
+  TensorStore posting to the closed loop). Other orbax layouts are left as
+  they are: the noise stays, the results are the same.
+  """
+  try:
+    from orbax.checkpoint._src import asyncio_utils  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    yield
+    return
+  if hasattr(asyncio_utils, '_run_sync_via_new_loop'):
+    name, replacement = '_run_sync_via_new_loop', _run_coroutine_then_drain
+  else:
+    original_run_sync = asyncio_utils.run_sync
+
+    def replacement(coroutine, *args, **kwargs):
+      try:
+        asyncio.get_running_loop()
+      except RuntimeError:  # No loop running: the case that closes one.
+        return _run_coroutine_then_drain(coroutine)
+      return original_run_sync(coroutine, *args, **kwargs)
+
+    name = 'run_sync'
+  original = getattr(asyncio_utils, name)
+  setattr(asyncio_utils, name, replacement)
+  try:
+    yield
+  finally:
+    setattr(asyncio_utils, name, original)
+
+
 def restore_newest_readable(
   directory: str,
   template: Any,
@@ -237,7 +297,7 @@ def restore_newest_readable(
   )
   for step in steps:
     try:
-      with ocp.StandardCheckpointer() as checkpointer:
+      with orbax_reads_drained(), ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(
           os.path.join(directory, str(step), 'default'), template
         )
