@@ -78,6 +78,10 @@ CASES = {
   'fedmetric_protocol': _case(
     FEDMETRIC, 'eval_every=500', 10000, 1, 'sequential', 0
   ),
+  # The same with the clients side by side: the form meant for GPUs.
+  'fedmetric_protocol_vmap': _case(
+    FEDMETRIC, 'eval_every=500', 10000, 1, 'vmap', 0
+  ),
 }
 
 

@@ -10,7 +10,8 @@ each argument list is parsed by the module's own flags parser, and:
 * ``launch.main``: the config (file, ``:arg`` and ``--config.*``
   overrides) must pass `validation.validate`, as `train.run` checks it;
 * ``launch.sweep run``: every point's config (each ``--config`` with the
-  ``--set`` and ``--grid`` overrides) must pass `validation.validate`.
+  ``--set`` and ``--grid`` overrides) must pass `validation.validate`;
+* ``benchmarks.rounds_bench``: every ``--cases`` name must be a case.
 
 Whether the datasets are on this machine is not checked. Each command is
 checked in a forked child (`in_a_child`).
@@ -68,6 +69,10 @@ def check(module, namespace, parser, args):
       )
       for point in points:
         validation.validate(namespace['resolve'](point.spec, point.overrides))
+    elif module == 'benchmarks.rounds_bench':
+      unknown = set(flags.FLAGS.cases or ()) - set(namespace['CASES'])
+      if unknown:
+        return f'unknown cases {sorted(unknown)}'
   except Exception as e:  # pylint: disable=broad-except
     return f'{type(e).__name__}: {e}'
   return None

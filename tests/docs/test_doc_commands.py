@@ -1,14 +1,15 @@
 """Every command docs/ and the GPU runbook show, parsed (``make docs-check``).
 
 The results pages (docs/results/) keep the commands that produced their
-tables, and benchmarks/gpu_pending.md the commands a GPU session will run
-with little device time to spare: a module renamed or a flag dropped since
+tables, and benchmarks/gpu_pending.md and benchmarks/*.sh the commands a
+GPU session will run with little device time to spare: a module renamed or a flag dropped since
 must fail here, not there. README.md's commands are run for real by
 test_readme_commands.py; these are too long to run, so each is parsed:
 
 * the code blocks (fenced, or indented four spaces) that call
-  ``python -m`` are run by bash with a PATH that holds only a stand-in
-  ``python`` (and ``nice``), which records its arguments: shell variables
+  ``python -m``, and the shell scripts, are run by bash with a PATH that
+  holds only a stand-in ``python`` (and ``nice``, ``timeout``), which
+  records its arguments: shell variables
   and loops expand as they would, and nothing else can run;
 * each recorded ``python -m MODULE ...`` is parsed by the module's own flag
   parser, and the configs of ``launch.main`` and ``launch.sweep run`` are
@@ -33,6 +34,7 @@ ROOT = os.path.dirname(
 DOCUMENTS = sorted(
   glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True)
 ) + [os.path.join(ROOT, 'benchmarks', 'gpu_pending.md')]
+SHELL_SCRIPTS = sorted(glob.glob(os.path.join(ROOT, 'benchmarks', '*.sh')))
 NOT_CHECKED = ('pytest', 'pip')  # Modules whose arguments are not ours.
 RECORDER = r"""#!/bin/sh
 for a in "$@"; do printf '%s\037' "$a"; done >> "$RECORD"
@@ -43,6 +45,14 @@ NICE = r"""#!/bin/sh
 while [ "$#" -gt 0 ]; do
   case "$1" in -n) shift 2 ;; -*) shift ;; *) break ;; esac
 done
+exec "$@"
+"""
+# `timeout 300 python ...`: drop the options and the duration, run the rest.
+TIMEOUT = r"""#!/bin/sh
+while [ "$#" -gt 0 ]; do
+  case "$1" in -k|-s) shift 2 ;; -*) shift ;; *) break ;; esac
+done
+shift
 exec "$@"
 """
 
@@ -68,7 +78,11 @@ def record(block, scratch):
   bin_dir = os.path.join(scratch, 'bin')
   if not os.path.isdir(bin_dir):
     os.makedirs(bin_dir)
-    for name, text in (('python', RECORDER), ('nice', NICE)):
+    for name, text in (
+      ('python', RECORDER),
+      ('nice', NICE),
+      ('timeout', TIMEOUT),
+    ):
       path = os.path.join(bin_dir, name)
       with open(path, 'w') as f:
         f.write(text)
@@ -91,14 +105,15 @@ def record(block, scratch):
 
 
 def documented_commands():
-  """{module: [(document, argument list), ...]} and the script calls."""
+  """{module: [(document, argument list), ...]} and the script calls, from
+  the documents' code blocks and from the shell scripts (whole)."""
   modules, scripts = collections.defaultdict(list), []
   with tempfile.TemporaryDirectory() as scratch:
-    for path in DOCUMENTS:
+    for path in DOCUMENTS + SHELL_SCRIPTS:
       with open(path) as f:
         text = f.read()
       name = os.path.relpath(path, ROOT)
-      for block in shell_blocks(text):
+      for block in [text] if path in SHELL_SCRIPTS else shell_blocks(text):
         for args in record(block, scratch):
           if args[:1] == ['-m'] and len(args) > 1:
             modules[args[1]].append((name, args[2:]))
@@ -107,7 +122,7 @@ def documented_commands():
   return modules, scripts
 
 
-MODULES, SCRIPTS = documented_commands()
+MODULES, SCRIPT_CALLS = documented_commands()
 
 
 def test_the_documents_show_commands_of_each_kind():
@@ -118,7 +133,7 @@ def test_the_documents_show_commands_of_each_kind():
   assert sum(len(v) for v in MODULES.values()) >= 50
 
 
-def test_a_wrong_flag_a_wrong_config_key_and_a_missing_module_fail():
+def test_a_wrong_flag_config_key_case_or_module_fails():
   """command_check reports what a real run would stop at."""
   cases = {
     'launch.main': [
@@ -131,6 +146,7 @@ def test_a_wrong_flag_a_wrong_config_key_and_a_missing_module_fail():
       ['run', '--root=r', '--config=configs/fedavg.py', '--set=no_key=1'],
       ['table', '--root=r', '--no_such_flag=1'],
     ],
+    'benchmarks.rounds_bench': [['--cases=fedmetric_protocol,no_such_case']],
   }
   results = {m: check_module(m, a) for m, a in cases.items()}
   assert results['launch.main'][0] is None, results
@@ -139,6 +155,7 @@ def test_a_wrong_flag_a_wrong_config_key_and_a_missing_module_fail():
   assert results['launch.sweep'][0] is None, results
   assert 'no_key' in results['launch.sweep'][1], results
   assert 'no_such_flag' in results['launch.sweep'][2], results
+  assert 'no_such_case' in results['benchmarks.rounds_bench'][0], results
   with pytest.raises(AssertionError, match='launch.no_such_module'):
     check_module('launch.no_such_module', [[]])
 
@@ -181,6 +198,6 @@ def test_documented_commands_parse(module):
 
 def test_documented_scripts_exist():
   missing = [
-    (d, s) for d, s in SCRIPTS if not os.path.exists(os.path.join(ROOT, s))
+    (d, s) for d, s in SCRIPT_CALLS if not os.path.exists(os.path.join(ROOT, s))
   ]
   assert not missing, missing
