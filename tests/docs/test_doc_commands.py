@@ -19,6 +19,7 @@ test_readme_commands.py; these are too long to run, so each is parsed:
 
 import collections
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -200,4 +201,29 @@ def test_documented_scripts_exist():
   missing = [
     (d, s) for d, s in SCRIPT_CALLS if not os.path.exists(os.path.join(ROOT, s))
   ]
+  assert not missing, missing
+
+
+def test_every_module_a_document_names_exists():
+  """Inline mentions too (``python -m launch.evaluate --workdir=...`` in a
+  sentence): the module must exist, even where the command is not whole.
+  The benchmark tables (benchmarks/*.md but the runbook) are records of what
+  ran, under the names of the day, and are not read."""
+  paths = (
+    [os.path.join(ROOT, 'README.md')]
+    + DOCUMENTS
+    + SHELL_SCRIPTS
+    + sorted(glob.glob(os.path.join(ROOT, 'notebooks', '*.ipynb')))
+  )
+  named = collections.defaultdict(set)
+  for path in paths:
+    with open(path) as f:
+      for module in re.findall(r'python -m ([A-Za-z_][\w.]*\w)', f.read()):
+        named[module].add(os.path.relpath(path, ROOT))
+  assert 'launch.main' in named and 'benchmarks.bench' in named
+  missing = {
+    module: sorted(where)
+    for module, where in named.items()
+    if importlib.util.find_spec(module) is None
+  }
   assert not missing, missing
