@@ -12,8 +12,17 @@ up to three forms: ``torch``, the per-client loop of the reference
 implementations (``--torch`` adds it, on by default); ``torch_vmap``, all
 clients of a round at once with torch.func (vmap + grad over stacked
 parameters, eager); ``torch_vmap_compiled``, that step in torch.compile
-(added wherever ``torch_vmap`` is timed unless ``--notorch_compile``). Every
-row's time is compared with the loop and with the fastest PyTorch form.
+(added wherever ``torch_vmap`` is timed unless ``--notorch_compile``; once
+per ``--torch_compile_modes``, e.g. ``default,max-autotune``). Every row's
+time is compared with the loop and with the fastest PyTorch form.
+
+The PyTorch rows are timed as a PyTorch engineer would time them
+(`torch_reference.time_torch_rounds`): the same arithmetic as the JAX rows
+(``--precision``: TF32 allowed on CUDA for 'default', float32 for
+'highest', bf16 autocast with float32 weights for 'bf16', so a bf16 JAX row
+is never compared with a float32 PyTorch one), ``cudnn.benchmark`` on CUDA,
+channels-last where asked (``--torch_channels_last``, on CUDA by default),
+and the batches of every round drawn before timing.
 
 Each configuration: FedAvg, every client takes exactly ``local_steps`` SGD
 steps of ``batch_size`` on synthetic 28x28x1 data; one warm-up round (its time
@@ -62,6 +71,20 @@ _TORCH_COMPILE = flags.DEFINE_boolean(
   'Where torch_vmap is timed, also time '
   'torch_vmap_compiled (its step in torch.compile).',
 )
+_TORCH_COMPILE_MODES = flags.DEFINE_list(
+  'torch_compile_modes',
+  ['default'],
+  'torch.compile modes to time torch_vmap_compiled in, a row each: default, '
+  'reduce-overhead, max-autotune, max-autotune-no-cudagraphs ("best" '
+  'picks the fastest).',
+)
+_TORCH_CHANNELS_LAST = flags.DEFINE_enum(
+  'torch_channels_last',
+  'auto',
+  ['auto', 'true', 'false'],
+  'PyTorch models and images in channels-last memory format; auto: on CUDA '
+  "(cuDNN's tensor-core convolutions prefer NHWC), not on the CPU.",
+)
 _TORCH_THREADS = flags.DEFINE_integer(
   'torch_threads',
   None,
@@ -89,6 +112,28 @@ TORCH_LABELS = {
   'torch_vmap': 'pytorch vmap',
   'torch_vmap_compiled': 'pytorch vmap + compile',
 }
+COMPILE_MODES = (
+  'default',
+  'reduce-overhead',
+  'max-autotune',
+  'max-autotune-no-cudagraphs',
+)
+
+
+def torch_form(name):
+  """``(variant, compile mode)`` of a PyTorch row's name, None for a JAX
+  executor: 'torch_vmap_compiled@max-autotune' -> ('vmap_compiled',
+  'max-autotune'); the default mode is None."""
+  base, _, mode = name.partition('@')
+  if base not in TORCH_VARIANTS:
+    return None
+  return TORCH_VARIANTS[base], (mode or None)
+
+
+def row_label(name):
+  base, _, mode = name.partition('@')
+  label = TORCH_LABELS.get(base, base)
+  return f'{label} ({mode})' if mode else label
 
 
 def time_jax(executor, num_clients, *, unroll):
@@ -163,7 +208,7 @@ def time_torch(name, clients):
   """Times one PyTorch form on the device JAX uses.
 
   Args:
-    name: a key of `TORCH_VARIANTS`.
+    name: a PyTorch row's name (`torch_form`).
     clients: clients per round.
 
   Returns:
@@ -177,6 +222,12 @@ def time_torch(name, clients):
   h, w, c = (int(x) for x in _IMAGE.value)
   load_before = os.getloadavg()[0]
   device = torch_reference.pick_device(jax.default_backend())
+  variant, mode = torch_form(name)
+  channels_last = (
+    device.type == 'cuda'
+    if _TORCH_CHANNELS_LAST.value == 'auto'
+    else _TORCH_CHANNELS_LAST.value == 'true'
+  )
   r = torch_reference.time_torch_rounds(
     clients_per_round=clients,
     local_steps=_STEPS.value,
@@ -187,9 +238,12 @@ def time_torch(name, clients):
     num_rounds=_ROUNDS.value,
     warmup_rounds=1,
     lr=0.01,
-    variant=TORCH_VARIANTS[name],
+    variant=variant,
     device=device,
     num_threads=_TORCH_THREADS.value,
+    precision=_PRECISION.value,
+    channels_last=channels_last,
+    compile_mode=mode,
   )
   return {
     'median': r['median'],
@@ -201,13 +255,15 @@ def time_torch(name, clients):
     'torch_version': r['torch_version'],
     'num_threads': r['num_threads'],
     'load': [load_before, os.getloadavg()[0]],
+    'channels_last': r['channels_last'],
+    'cudnn_benchmark': r['cudnn_benchmark'],
   }
 
 
 def measure_point(point, unroll):
   """Times one point in this process; adds its peak memory."""
   executor, clients = point.split(',')
-  if executor in TORCH_VARIANTS:
+  if torch_form(executor):
     return {
       **time_torch(executor, int(clients)),
       'rss_mb': machine.peak_rss_mb(),
@@ -304,24 +360,32 @@ def format_row(clients, name, r, loop_median, best_torch, peak=None):
 
 def executor_names():
   """--executors, plus the PyTorch loop (--torch) and, where torch_vmap is
-  timed, its compiled form (--torch_compile); each name once."""
+  timed, its compiled form (--torch_compile); the compiled form once per
+  --torch_compile_modes ('torch_vmap_compiled@max-autotune'); each name
+  once."""
+  unknown = sorted(set(_TORCH_COMPILE_MODES.value) - set(COMPILE_MODES))
+  if unknown:
+    raise app.UsageError(
+      f'--torch_compile_modes: unknown {unknown}; choose from {COMPILE_MODES}.'
+    )
   names = list(_EXECUTORS.value)
   if _TORCH.value and 'torch' not in names:
     names.append('torch')
-  if (
-    _TORCH_COMPILE.value
-    and 'torch_vmap' in names
-    and 'torch_vmap_compiled' not in names
-  ):
+  if _TORCH_COMPILE.value and 'torch_vmap' in names:
     names.append('torch_vmap_compiled')
-  return names
+  compiled = [n for n in names if n == 'torch_vmap_compiled']
+  names = [n for n in names if n != 'torch_vmap_compiled']
+  if compiled:
+    names += [
+      'torch_vmap_compiled' + ('' if mode == 'default' else f'@{mode}')
+      for mode in _TORCH_COMPILE_MODES.value
+    ]
+  return list(dict.fromkeys(names))
 
 
 def torch_note(results, backend):
   """The table's PyTorch line: version, device, threads, what each form is."""
-  done = [
-    r for name, r in results if name in TORCH_VARIANTS and not r.get('failed')
-  ]
+  done = [r for name, r in results if torch_form(name) and not r.get('failed')]
   if not done:
     return None
   first = done[0]
@@ -348,10 +412,24 @@ def torch_note(results, backend):
     'after the other (load_state_dict, SGD, FedAvg); pytorch vmap = all '
     'clients at once with torch.func (vmap(grad(functional_call)) over '
     'stacked parameters), eager; + compile = that step in torch.compile '
-    '(compile s = warm-up round minus median). Ratios are time ratios '
+    '(compile s = warm-up round minus median; its mode in brackets where '
+    'not the default). '
+    f'Same arithmetic as the JAX rows: {TORCH_PRECISION[_PRECISION.value]}. '
+    'Batches of every round drawn before timing; cudnn.benchmark '
+    f'{"on" if first["cudnn_benchmark"] else "off (CPU)"}; channels-last '
+    f'{"on" if first["channels_last"] else "off"}. Ratios are time ratios '
     '(below 1: faster than that PyTorch form); "best" is the fastest '
     'PyTorch form at that cohort size.'
   )
+
+
+# What --precision means for the PyTorch rows (torch_reference.set_precision).
+TORCH_PRECISION = {
+  'default': 'TF32 allowed for matmuls and convolutions on CUDA (JAX uses '
+  'TF32 for float32 there), float32 on the CPU',
+  'highest': 'float32, TF32 off',
+  'bf16': 'bf16 autocast for the forward pass, float32 weights',
+}
 
 
 def model_label():
@@ -362,7 +440,7 @@ def model_label():
 
 def main(argv):
   del argv
-  if _POINT.value and _POINT.value.split(',')[0] in TORCH_VARIANTS:
+  if _POINT.value and torch_form(_POINT.value.split(',')[0]):
     # This process asks JAX only for its backend's name; on a GPU, JAX's
     # default preallocation would hold most of the memory torch needs.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
@@ -381,7 +459,7 @@ def main(argv):
       try:
         r = results[name] = measure_in_child(f'{name},{clients}')
       except RuntimeError as e:
-        if name not in TORCH_VARIANTS:
+        if not torch_form(name):
           raise
         # A PyTorch form that does not run here (say torch.compile without
         # a working C++ compiler) gets a row that says so.
@@ -400,18 +478,18 @@ def main(argv):
     torch_done = {
       name: r['median']
       for name, r in results.items()
-      if name in TORCH_VARIANTS and not r.get('failed')
+      if torch_form(name) and not r.get('failed')
     }
     loop_median = torch_done.get('torch')
     best_torch = None
     if torch_done:
       best = min(torch_done, key=torch_done.get)
-      best_torch = (TORCH_LABELS[best], torch_done[best])
+      best_torch = (row_label(best), torch_done[best])
     for name, r in results.items():
       rows.append(
         format_row(
           clients,
-          TORCH_LABELS.get(name, name),
+          row_label(name),
           r,
           loop_median,
           best_torch,
@@ -448,7 +526,9 @@ def main(argv):
     f'--chunk_size={_CHUNK.value} --precision={_PRECISION.value} '
     f'--conv_impl={_CONV.value} --torch={_TORCH.value} '
     + ('' if _UNROLL.value is None else f'--unroll={_UNROLL.value} ')
-    + f'--torch_compile={_TORCH_COMPILE.value}'
+    + f'--torch_compile={_TORCH_COMPILE.value} '
+    + f'--torch_compile_modes={",".join(_TORCH_COMPILE_MODES.value)} '
+    + f'--torch_channels_last={_TORCH_CHANNELS_LAST.value}'
     + (
       f' --torch_threads={_TORCH_THREADS.value}' if _TORCH_THREADS.value else ''
     )

@@ -32,14 +32,23 @@ import numpy as np
 
 from benchmarks import machine
 
-_CASES = flags.DEFINE_list('cases', None, 'Case names (default: all).')
-_ROUNDS_SCALE = flags.DEFINE_float(
-  'rounds_scale', 1.0, "Multiply every case's rounds (quick checks)."
-)
-_OUT = flags.DEFINE_string(
-  'out', '', 'Markdown log (default benchmarks/<device>_rounds.md; "-": none).'
-)
-_POINT = flags.DEFINE_string('point', '', 'Internal: run one case (JSON).')
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """This script's flags, defined only when it is the program: bench.py
+  defines --out and --point too, and tests import both modules."""
+  flags.DEFINE_list('cases', None, 'Case names (default: all).')
+  flags.DEFINE_float(
+    'rounds_scale', 1.0, "Multiply every case's rounds (quick checks)."
+  )
+  flags.DEFINE_string(
+    'out',
+    '',
+    'Markdown log (default benchmarks/<device>_rounds.md; "-": none).',
+  )
+  flags.DEFINE_string('point', '', 'Internal: run one case (JSON).')
+
 
 FEDMETRIC = 'configs/fedmetric.py'
 # FedAvg with 10 clients of one local step, all of them every round.
@@ -198,11 +207,11 @@ def measure_point(case):
 
 def main(argv):
   del argv
-  if _POINT.value:
-    machine.print_result(measure_point(json.loads(_POINT.value)))
+  if FLAGS.point:
+    machine.print_result(measure_point(json.loads(FLAGS.point)))
     return
   described = machine.describe_backend()
-  names = _CASES.value or list(CASES)
+  names = FLAGS.cases or list(CASES)
   unknown = sorted(set(names) - set(CASES))
   if unknown:
     raise app.UsageError(f'Unknown cases {unknown}; choose from {list(CASES)}.')
@@ -210,7 +219,7 @@ def main(argv):
   measured = None
   for name in names:
     case = dict(CASES[name])
-    case['rounds'] = max(1, int(case['rounds'] * _ROUNDS_SCALE.value))
+    case['rounds'] = max(1, int(case['rounds'] * FLAGS.rounds_scale))
     child = machine.run_child(
       'benchmarks.rounds_bench', [f'--point={json.dumps(case)}']
     )
@@ -273,7 +282,7 @@ def main(argv):
   ]
   section = machine.markdown_section('many small rounds', notes, columns, rows)
   print(section)
-  out = _OUT.value or os.path.join(
+  out = FLAGS.out or os.path.join(
     machine.REPO_ROOT, 'benchmarks', f'{described["backend"]}_rounds.md'
   )
   if out != '-':
@@ -286,4 +295,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

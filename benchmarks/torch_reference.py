@@ -20,9 +20,13 @@ Both use the same model, example pool, steps, batch size and learning rate,
 and, given the same batch indices (`draw_batch_indices`), produce the same
 global model up to float rounding (tests/test_torch_reference.py).
 
-The data are random tensors made once before timing starts and each step's
-batch is a gather with ``torch.randint`` indices, so what is timed is compute,
-not data loading.
+The data are random tensors made once before timing starts, and every
+round's batch indices are drawn before timing too; each step's batch is a
+gather with those indices, so what is timed is compute, not sampling or data
+loading. The peer is set up as a PyTorch engineer would time it: the JAX
+run's precision (TF32, float32 or bf16 autocast, `set_precision`),
+``cudnn.benchmark`` on CUDA, optionally channels-last, and ``torch.compile``
+in the mode asked for.
 
 The small CNN is architecturally identical to the JAX
 ``fedjax_metric.models.small_cnn.SmallCNN`` with ``norm='none'``: same layers,
@@ -39,6 +43,7 @@ Run::
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -50,6 +55,8 @@ import torch.nn.functional as F
 
 POOLS = ('stride', 'avg', 'max')
 VARIANTS = ('loop', 'vmap', 'vmap_compiled')
+# The JAX side's --precision, which the PyTorch peer matches (`set_precision`).
+PRECISIONS = ('default', 'highest', 'bf16')
 
 
 def _down_size(size: int, pool: str) -> int:
@@ -246,6 +253,44 @@ def pick_device(jax_backend: str) -> torch.device:
   return torch.device('cpu')
 
 
+def set_precision(precision: str, device: torch.device):
+  """Sets PyTorch to the arithmetic the JAX run uses; returns the context
+  to run forward passes in.
+
+  * ``'default'``: on NVIDIA GPUs JAX multiplies float32 matrices in TF32,
+    so TF32 is allowed for PyTorch's matmuls and cuDNN convolutions too
+    (PyTorch's own default allows it for convolutions only);
+  * ``'highest'``: plain float32, TF32 off;
+  * ``'bf16'``: JAX computes in bfloat16 with float32 variables, so the
+    forward pass runs under ``torch.autocast(dtype=torch.bfloat16)``
+    (weights and optimizer stay float32). A bf16 JAX row is compared with
+    this peer, never with a float32 one.
+
+  On the CPU the TF32 switches do nothing.
+
+  Args:
+    precision: one of `PRECISIONS`.
+    device: where the rounds run.
+
+  Returns:
+    A context manager factory: ``with forward_context(): logits = model(x)``.
+
+  Raises:
+    ValueError: an unknown precision.
+  """
+  if precision not in PRECISIONS:
+    raise ValueError(
+      f'precision must be one of {PRECISIONS}, got {precision!r}'
+    )
+  if device.type == 'cuda':
+    allow_tf32 = precision == 'default'
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+  if precision == 'bf16':
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+  return contextlib.nullcontext
+
+
 def synchronize(device: torch.device) -> None:
   """Waits for queued CUDA kernels, so a wall-clock timer sees their cost."""
   if device.type == 'cuda':
@@ -299,6 +344,7 @@ def fedavg_round(
   lr: float,
   generator: Optional[torch.Generator] = None,
   batch_indices: Optional[torch.Tensor] = None,
+  forward_context: Callable = contextlib.nullcontext,
 ) -> None:
   """Runs one FL round in place on ``global_model``, one client at a time.
 
@@ -331,6 +377,8 @@ def fedavg_round(
     generator: optional ``torch.Generator`` for the batch indices.
     batch_indices: optional int64 [clients, steps, batch_size] batches to use
       instead of drawing them (as `draw_batch_indices` draws them).
+    forward_context: what the forward pass and loss run in (`set_precision`:
+      bf16 autocast); the backward pass runs outside it, as PyTorch advises.
   """
   num_examples = images.shape[0]
   global_state = {
@@ -351,7 +399,8 @@ def fedavg_round(
         idx = batch_indices[client, step]
       x, y = images[idx], labels[idx]
       optimizer.zero_grad(set_to_none=True)
-      loss = F.cross_entropy(client_model(x), y)
+      with forward_context():
+        loss = F.cross_entropy(client_model(x), y)
       loss.backward()
       optimizer.step()
     with torch.no_grad():
@@ -377,7 +426,12 @@ SgdStep = Callable[
 
 
 def make_vmap_sgd_step(
-  model: nn.Module, *, lr: float, compile_step: bool = False
+  model: nn.Module,
+  *,
+  lr: float,
+  compile_step: bool = False,
+  compile_mode: Optional[str] = None,
+  forward_context: Callable = contextlib.nullcontext,
 ) -> SgdStep:
   """One SGD step of every client at once, vectorised with ``torch.func``.
 
@@ -397,7 +451,11 @@ def make_vmap_sgd_step(
   Args:
     model: the architecture (its own weights are not used); in train mode.
     lr: SGD learning rate.
-    compile_step: wrap the step in ``torch.compile`` (default mode).
+    compile_step: wrap the step in ``torch.compile``.
+    compile_mode: ``torch.compile``'s mode (None: its default;
+      'max-autotune' searches kernels at compile time).
+    forward_context: what each client's forward pass and loss run in
+      (`set_precision`: bf16 autocast).
 
   Returns:
     ``step(params, buffers, images, labels, idx) -> new params`` where params
@@ -407,8 +465,9 @@ def make_vmap_sgd_step(
   """
 
   def client_loss(params, buffers, x, y):
-    logits = torch.func.functional_call(model, (params, buffers), (x,))
-    return F.cross_entropy(logits, y)
+    with forward_context():
+      logits = torch.func.functional_call(model, (params, buffers), (x,))
+      return F.cross_entropy(logits, y)
 
   client_grads = torch.func.vmap(torch.func.grad(client_loss))
 
@@ -416,7 +475,7 @@ def make_vmap_sgd_step(
     grads = client_grads(params, buffers, images[idx], labels[idx])
     return {k: p.add(grads[k], alpha=-lr) for k, p in params.items()}
 
-  return torch.compile(step) if compile_step else step
+  return torch.compile(step, mode=compile_mode) if compile_step else step
 
 
 def fedavg_round_vmap(
@@ -503,8 +562,17 @@ def time_torch_rounds(
   lr: float = 0.01,
   variant: str = 'loop',
   device=None,
+  precision: str = 'default',
+  channels_last: bool = False,
+  compile_mode: Optional[str] = None,
 ) -> Dict:
-  """Times a PyTorch FedAvg round on random data.
+  """Times a PyTorch FedAvg round on random data, set up as a PyTorch
+  engineer would time it.
+
+  The batches of every round are drawn before timing starts (what is timed
+  is the training, not the sampling); on CUDA ``cudnn.benchmark`` is on
+  (cuDNN picks its fastest convolution for these fixed shapes during the
+  warm-up rounds); the arithmetic matches the JAX run's (`set_precision`).
 
   Args:
     clients_per_round: clients trained per round.
@@ -524,12 +592,21 @@ def time_torch_rounds(
       ``torch.compile``).
     device: torch device (default CPU); CUDA rounds are timed after
       ``torch.cuda.synchronize``.
+    precision: the JAX run's precision, one of `PRECISIONS`.
+    channels_last: models and images in ``torch.channels_last`` memory
+      format (NHWC, which cuDNN's tensor-core convolutions prefer); the
+      stacked parameters of the vmap forms are 5-D and keep their layout,
+      so there it changes the images only.
+    compile_mode: ``torch.compile``'s mode for 'vmap_compiled' (None: its
+      default).
 
   Returns:
     A dict with 'seconds_per_round' (list of per-round seconds), 'median',
     'min', 'warmup_seconds' (list), 'client_steps_per_second'
     (clients * steps / median), 'torch_version', 'num_threads', 'device',
-    'variant' and 'peak_device_mb' (CUDA's peak allocated MiB, else None).
+    'variant', 'peak_device_mb' (CUDA's peak allocated MiB, else None), and
+    the settings: 'precision', 'channels_last', 'cudnn_benchmark',
+    'compile_mode'.
 
   Raises:
     ValueError: on an unknown ``variant``.
@@ -539,23 +616,42 @@ def time_torch_rounds(
   device = torch.device(device or 'cpu')
   if num_threads is not None:
     torch.set_num_threads(num_threads)
+  forward_context = set_precision(precision, device)
+  cudnn_benchmark = device.type == 'cuda'
+  torch.backends.cudnn.benchmark = cudnn_benchmark
+  memory_format = (
+    torch.channels_last if channels_last else torch.contiguous_format
+  )
   height, width, channels = image_shape
   torch.manual_seed(0)
   num_examples = max(1024, 4 * batch_size)
   images, labels = make_data(num_examples, image_shape, device=device)
+  images = images.contiguous(memory_format=memory_format)
   generator = torch.Generator(device=device).manual_seed(0)
+  # Every round's batches, drawn before any round is timed.
+  schedule = [
+    draw_batch_indices(
+      num_examples,
+      clients_per_round,
+      local_steps,
+      batch_size,
+      generator=generator,
+      device=device,
+    )
+    for _ in range(warmup_rounds + num_rounds)
+  ]
   make = lambda: (
     make_torch_model(
       model, in_channels=channels, image_size=(height, width), pool=pool
     )
-    .to(device)
+    .to(device, memory_format=memory_format)
     .train()
   )
   global_model = make()
   if variant == 'loop':
     client_model = make()
 
-    def one_round():
+    def one_round(batch_indices):
       fedavg_round(
         global_model,
         client_model,
@@ -565,32 +661,32 @@ def time_torch_rounds(
         local_steps=local_steps,
         batch_size=batch_size,
         lr=lr,
-        generator=generator,
+        batch_indices=batch_indices,
+        forward_context=forward_context,
       )
   else:
     sgd_step = make_vmap_sgd_step(
-      global_model, lr=lr, compile_step=variant == 'vmap_compiled'
+      global_model,
+      lr=lr,
+      compile_step=variant == 'vmap_compiled',
+      compile_mode=compile_mode,
+      forward_context=forward_context,
     )
 
-    def one_round():
-      # One draw per round, as a user of the vectorised round would write it.
-      idx = torch.randint(
-        num_examples,
-        (clients_per_round, local_steps, batch_size),
-        generator=generator,
-        device=device,
+    def one_round(batch_indices):
+      fedavg_round_vmap(
+        global_model, images, labels, batch_indices, sgd_step=sgd_step
       )
-      fedavg_round_vmap(global_model, images, labels, idx, sgd_step=sgd_step)
 
-  def timed_round():
+  def timed_round(batch_indices):
     synchronize(device)
     start = time.perf_counter()
-    one_round()
+    one_round(batch_indices)
     synchronize(device)
     return time.perf_counter() - start
 
-  warmup = [timed_round() for _ in range(warmup_rounds)]
-  seconds = [timed_round() for _ in range(num_rounds)]
+  warmup = [timed_round(b) for b in schedule[:warmup_rounds]]
+  seconds = [timed_round(b) for b in schedule[warmup_rounds:]]
   median = statistics.median(seconds)
   return {
     'seconds_per_round': seconds,
@@ -607,6 +703,10 @@ def time_torch_rounds(
       if device.type == 'cuda'
       else None
     ),
+    'precision': precision,
+    'channels_last': channels_last,
+    'cudnn_benchmark': cudnn_benchmark,
+    'compile_mode': compile_mode if variant == 'vmap_compiled' else None,
   }
 
 
@@ -628,6 +728,9 @@ def main(argv=None):
   parser.add_argument('--warmup_rounds', type=int, default=1)
   parser.add_argument('--num_threads', type=int, default=None)
   parser.add_argument('--lr', type=float, default=0.01)
+  parser.add_argument('--precision', choices=PRECISIONS, default='default')
+  parser.add_argument('--channels_last', action='store_true')
+  parser.add_argument('--compile_mode', default=None)
   args = parser.parse_args(argv)
   result = time_torch_rounds(
     clients_per_round=args.clients_per_round,
@@ -642,6 +745,9 @@ def main(argv=None):
     lr=args.lr,
     variant=args.variant,
     device=args.device,
+    precision=args.precision,
+    channels_last=args.channels_last,
+    compile_mode=args.compile_mode,
   )
   print(json.dumps(result, indent=2))
 

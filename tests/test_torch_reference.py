@@ -304,13 +304,25 @@ def _model(name):
 
 
 def _loop_and_vmap(
-  name, *, lr=0.1, clients=3, steps=2, batch=4, compile_step=False
+  name,
+  *,
+  lr=0.1,
+  clients=3,
+  steps=2,
+  batch=4,
+  compile_step=False,
+  precision='highest',
+  channels_last=False,
 ):
   """Start state, loop result and vmap result from the same weights and
   batches."""
   images, labels = _data()
   torch.manual_seed(0)
   start = _model(name)
+  forward = torch_reference.set_precision(precision, torch.device('cpu'))
+  if channels_last:
+    start = start.to(memory_format=torch.channels_last)
+    images = images.contiguous(memory_format=torch.channels_last)
   idx = torch_reference.draw_batch_indices(
     images.shape[0],
     clients,
@@ -329,10 +341,11 @@ def _loop_and_vmap(
     batch_size=batch,
     lr=lr,
     batch_indices=idx,
+    forward_context=forward,
   )
   vmap_global = copy.deepcopy(start)
   step = torch_reference.make_vmap_sgd_step(
-    vmap_global, lr=lr, compile_step=compile_step
+    vmap_global, lr=lr, compile_step=compile_step, forward_context=forward
   )
   torch_reference.fedavg_round_vmap(
     vmap_global, images, labels, idx, sgd_step=step
@@ -361,6 +374,91 @@ def test_vmap_round_equals_loop(name):
       # Everything else moves (BatchNorm cancels the conv biases' gradient),
       # so the two rounds are not compared as two copies of the start.
       assert not torch.allclose(v, start[k], atol=1e-4), k
+
+
+def test_bf16_autocast_rounds_are_bf16_and_close_to_float32():
+  """The bf16 peer (`set_precision('bf16')`): its forward pass runs in
+  bfloat16, so both forms move away from the float32 round, by about
+  bfloat16's rounding (8 bits of mantissa) and not more; the loop and the
+  vmap form still agree with each other."""
+  _, loop32, vmap32 = _loop_and_vmap('small_cnn')
+  _, loop16, vmap16 = _loop_and_vmap('small_cnn', precision='bf16')
+  for k, v in loop32.items():
+    scale = float(v.abs().max())
+    for got in (loop16[k], vmap16[k]):
+      assert got.dtype == torch.float32, k  # Weights stay float32.
+      difference = float((got - v).abs().max())
+      assert difference < 0.05 * scale + 1e-3, (k, difference, scale)
+    np.testing.assert_allclose(
+      vmap16[k].numpy(), loop16[k].numpy(), rtol=1e-2, atol=1e-2, err_msg=k
+    )
+  assert any(not torch.equal(loop16[k], loop32[k]) for k in loop32)
+  with torch_reference.set_precision('bf16', torch.device('cpu'))():
+    assert torch.nn.Linear(3, 2)(torch.ones(1, 3)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize('name', ['small_cnn', 'fedquad_cnn'])
+def test_channels_last_rounds_equal_contiguous_ones(name):
+  _, loop, vmapped = _loop_and_vmap(name)
+  _, loop_nhwc, vmapped_nhwc = _loop_and_vmap(name, channels_last=True)
+  for k, v in loop.items():
+    np.testing.assert_allclose(
+      loop_nhwc[k].numpy(), v.numpy(), rtol=1e-5, atol=1e-6, err_msg=k
+    )
+    np.testing.assert_allclose(
+      vmapped_nhwc[k].numpy(), vmapped[k].numpy(), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_set_precision_refuses_an_unknown_name():
+  with pytest.raises(ValueError, match='precision must be one of'):
+    torch_reference.set_precision('fp8', torch.device('cpu'))
+
+
+@pytest.mark.parametrize('variant', ['loop', 'vmap_compiled'])
+def test_batches_are_drawn_before_timing_and_settings_recorded(
+  monkeypatch, variant
+):
+  """Every round's batch indices exist before the first round runs, and the
+  result names the settings it was timed with; torch.compile gets the mode
+  asked for (stood in for here: compiling is the slow test's business)."""
+  events, modes = [], []
+  draw = torch_reference.draw_batch_indices
+  monkeypatch.setattr(
+    torch_reference,
+    'draw_batch_indices',
+    lambda *a, **k: events.append('draw') or draw(*a, **k),
+  )
+  for name in ('fedavg_round', 'fedavg_round_vmap'):
+    original = getattr(torch_reference, name)
+    monkeypatch.setattr(
+      torch_reference,
+      name,
+      lambda *a, _f=original, **k: events.append('round') or _f(*a, **k),
+    )
+  monkeypatch.setattr(
+    torch, 'compile', lambda fn, mode=None: modes.append(mode) or fn
+  )
+  result = torch_reference.time_torch_rounds(
+    clients_per_round=2,
+    local_steps=1,
+    batch_size=4,
+    image_shape=(8, 8, 1),
+    num_rounds=2,
+    warmup_rounds=1,
+    variant=variant,
+    precision='bf16',
+    channels_last=True,
+    compile_mode='max-autotune',
+  )
+  assert events == ['draw'] * 3 + ['round'] * 3
+  assert result['precision'] == 'bf16' and result['channels_last'] is True
+  assert result['cudnn_benchmark'] is False  # A CPU run.
+  if variant == 'vmap_compiled':
+    assert modes == ['max-autotune']
+    assert result['compile_mode'] == 'max-autotune'
+  else:
+    assert modes == [] and result['compile_mode'] is None
 
 
 def test_vmap_round_with_lr_zero_keeps_weights_exactly():
@@ -457,25 +555,30 @@ def test_bench_times_torch_forms_and_ratios(tmp_path):
   table = out.read_text()
   rows = {}
   for line in table.splitlines():
-    if line.startswith('| 2 |'):
-      cells = [cell.strip() for cell in line.strip('|').split('|')]
-      rows[cells[1]] = cells
+    cells = [cell.strip() for cell in line.strip('|').split('|')]
+    if cells[0] == 'clients/round':
+      header = cells
+    elif cells[0] == '2':
+      rows[cells[1]] = dict(zip(header, cells))
   assert set(rows) == {
     'host',
     'pytorch vmap',
     'pytorch vmap + compile',
     'pytorch loop',
   }
-  medians = {name: float(cells[2]) for name, cells in rows.items()}
-  best_label = rows['host'][9].split('(', 1)[1].rstrip(')')
+  medians = {name: float(r['s/round (median)']) for name, r in rows.items()}
+  best_label = rows['host']['vs best PyTorch'].split('(', 1)[1].rstrip(')')
   assert (
     medians[best_label]
     <= min(m for n, m in medians.items() if n.startswith('pytorch')) + 1e-3
   )
-  assert rows['pytorch loop'][8] == '1.00x'
-  assert rows[best_label][9] == f'1.00x ({best_label})'
-  for name, cells in rows.items():
+  assert rows['pytorch loop']['vs PyTorch loop'] == '1.00x'
+  assert rows[best_label]['vs best PyTorch'] == f'1.00x ({best_label})'
+  for name, r in rows.items():
     # Time ratios: above 1 exactly where the row is slower than the loop.
-    loop_ratio = float(cells[8].rstrip('x'))
+    loop_ratio = float(r['vs PyTorch loop'].rstrip('x'))
     assert (loop_ratio > 1.005) <= (medians[name] > medians['pytorch loop'])
   assert 'PyTorch: torch' in table and 'on cpu' in table
+  # The peer's settings are in the table's notes.
+  assert 'Same arithmetic as the JAX rows: TF32 allowed' in table
+  assert 'drawn before timing' in table and 'cudnn.benchmark off (CPU)' in table
