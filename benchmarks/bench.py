@@ -45,61 +45,61 @@ import numpy as np
 from benchmarks import machine, scaling, workload_flags
 from fedjax_metric import engine, executors
 
-_CLIENTS = flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
-_WORKLOAD = workload_flags.define(
-  rounds=5, models=['small_cnn', 'fedquad_cnn'], unroll=True
-)
-_STEPS, _BATCH, _IMAGE, _MODEL, _POOL = (
-  _WORKLOAD[name]
-  for name in ('local_steps', 'batch_size', 'image_shape', 'model', 'pool')
-)
-_ROUNDS, _CONV, _PRECISION, _UNROLL = (
-  _WORKLOAD[name] for name in ('rounds', 'conv_impl', 'precision', 'unroll')
-)
-_EXECUTORS = flags.DEFINE_list(
-  'executors',
-  ['host', 'vmap', 'chunked'],
-  'Executors to time: host, vmap, chunked, '
-  'sequential; PyTorch: torch (the per-client '
-  'loop), torch_vmap, torch_vmap_compiled.',
-)
-_CHUNK = flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
-_TORCH = flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
-_TORCH_COMPILE = flags.DEFINE_boolean(
-  'torch_compile',
-  True,
-  'Where torch_vmap is timed, also time '
-  'torch_vmap_compiled (its step in torch.compile).',
-)
-_TORCH_COMPILE_MODES = flags.DEFINE_list(
-  'torch_compile_modes',
-  ['default'],
-  'torch.compile modes to time torch_vmap_compiled in, a row each: default, '
-  'reduce-overhead, max-autotune, max-autotune-no-cudagraphs ("best" '
-  'picks the fastest).',
-)
-_TORCH_CHANNELS_LAST = flags.DEFINE_enum(
-  'torch_channels_last',
-  'auto',
-  ['auto', 'true', 'false'],
-  'PyTorch models and images in channels-last memory format; auto: on CUDA '
-  "(cuDNN's tensor-core convolutions prefer NHWC), not on the CPU.",
-)
-_TORCH_THREADS = flags.DEFINE_integer(
-  'torch_threads',
-  None,
-  'torch.set_num_threads for the PyTorch rows '
-  "(default: torch's own, one per core).",
-)
-_OUT = flags.DEFINE_string(
-  'out', None, 'Markdown file (default benchmarks/<backend>.md).'
-)
-_POINT = flags.DEFINE_string(
-  'point',
-  None,
-  'Internal: time one "executor,clients" point (or '
-  '"torch,clients") in this process and print it as JSON.',
-)
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """This script's flags, defined only when it is the program (importing
+  the module defines nothing: other tools define --out and --point too)."""
+  flags.DEFINE_list('clients', ['10', '100'], 'Clients per round.')
+  workload_flags.define(
+    rounds=5, models=['small_cnn', 'fedquad_cnn'], unroll=True
+  )
+  flags.DEFINE_list(
+    'executors',
+    ['host', 'vmap', 'chunked'],
+    'Executors to time: host, vmap, chunked, '
+    'sequential; PyTorch: torch (the per-client '
+    'loop), torch_vmap, torch_vmap_compiled.',
+  )
+  flags.DEFINE_integer('chunk_size', 10, 'Slots per chunk (chunked).')
+  flags.DEFINE_boolean('torch', True, 'Also time the PyTorch loop.')
+  flags.DEFINE_boolean(
+    'torch_compile',
+    True,
+    'Where torch_vmap is timed, also time '
+    'torch_vmap_compiled (its step in torch.compile).',
+  )
+  flags.DEFINE_list(
+    'torch_compile_modes',
+    ['default'],
+    'torch.compile modes to time torch_vmap_compiled in, a row each: '
+    'default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs '
+    '("best" picks the fastest).',
+  )
+  flags.DEFINE_enum(
+    'torch_channels_last',
+    'auto',
+    ['auto', 'true', 'false'],
+    'PyTorch models and images in channels-last memory format; auto: on '
+    "CUDA (cuDNN's tensor-core convolutions prefer NHWC), not on the CPU.",
+  )
+  flags.DEFINE_integer(
+    'torch_threads',
+    None,
+    'torch.set_num_threads for the PyTorch rows '
+    "(default: torch's own, one per core).",
+  )
+  flags.DEFINE_string(
+    'out', None, 'Markdown file (default benchmarks/<backend>.md).'
+  )
+  flags.DEFINE_string(
+    'point',
+    None,
+    'Internal: time one "executor,clients" point (or '
+    '"torch,clients") in this process and print it as JSON.',
+  )
+
 
 # Executor name -> torch_reference.time_torch_rounds variant.
 TORCH_VARIANTS = {
@@ -139,20 +139,20 @@ def row_label(name):
 def time_jax(executor, num_clients, *, unroll):
   """-> dict(seconds per round, compile seconds, rounds, the convolution
   form and unrolling used) for one executor; ``unroll`` None: see --unroll."""
-  h, w, c = (int(x) for x in _IMAGE.value)
-  steps, batch = _STEPS.value, _BATCH.value
-  choice = executors.choose_executor(executor, chunk_size=_CHUNK.value)
+  h, w, c = (int(x) for x in FLAGS.image_shape)
+  steps, batch = FLAGS.local_steps, FLAGS.batch_size
+  choice = executors.choose_executor(executor, chunk_size=FLAGS.chunk_size)
   conv_impl, unroll = scaling.round_forms(
-    _MODEL.value, _CONV.value, choice, unroll
+    FLAGS.model, FLAGS.conv_impl, choice, unroll
   )
   run = scaling.synthetic_run(
     'fedavg',
-    _MODEL.value,
-    pool=_POOL.value,
+    FLAGS.model,
+    pool=FLAGS.pool,
     image_shape=(h, w, c),
     num_clients=num_clients,
     examples_per_client=steps * batch,
-    precision=_PRECISION.value,
+    precision=FLAGS.precision,
     conv_impl=conv_impl,
   )
   data = jax.device_put(engine.DeviceData(run.images, run.labels))
@@ -161,13 +161,13 @@ def time_jax(executor, num_clients, *, unroll):
     run.spec,
     data,
     executor=executor,
-    chunk_size=_CHUNK.value,
+    chunk_size=FLAGS.chunk_size,
     steps_per_call=steps,
     unroll=unroll,
   )
   state, table = engine.init_state(run.algorithm, run.variables, num_clients)
   times = []
-  for r in range(_ROUNDS.value + 1):
+  for r in range(FLAGS.rounds + 1):
     cohort = jax.device_put(
       scaling.full_cohort(run, r, local_steps=steps, batch_size=batch)
     )
@@ -219,29 +219,29 @@ def time_torch(name, clients):
   """
   from benchmarks import torch_reference  # pylint: disable=g-import-not-at-top
 
-  h, w, c = (int(x) for x in _IMAGE.value)
+  h, w, c = (int(x) for x in FLAGS.image_shape)
   load_before = os.getloadavg()[0]
   device = torch_reference.pick_device(jax.default_backend())
   variant, mode = torch_form(name)
   channels_last = (
     device.type == 'cuda'
-    if _TORCH_CHANNELS_LAST.value == 'auto'
-    else _TORCH_CHANNELS_LAST.value == 'true'
+    if FLAGS.torch_channels_last == 'auto'
+    else FLAGS.torch_channels_last == 'true'
   )
   r = torch_reference.time_torch_rounds(
     clients_per_round=clients,
-    local_steps=_STEPS.value,
-    batch_size=_BATCH.value,
+    local_steps=FLAGS.local_steps,
+    batch_size=FLAGS.batch_size,
     image_shape=(h, w, c),
-    pool=_POOL.value,
-    model=_MODEL.value,
-    num_rounds=_ROUNDS.value,
+    pool=FLAGS.pool,
+    model=FLAGS.model,
+    num_rounds=FLAGS.rounds,
     warmup_rounds=1,
     lr=0.01,
     variant=variant,
     device=device,
-    num_threads=_TORCH_THREADS.value,
-    precision=_PRECISION.value,
+    num_threads=FLAGS.torch_threads,
+    precision=FLAGS.precision,
     channels_last=channels_last,
     compile_mode=mode,
   )
@@ -269,7 +269,7 @@ def measure_point(point, unroll):
       'rss_mb': machine.peak_rss_mb(),
     }
   else:
-    with executors.matmul_precision(_PRECISION.value):
+    with executors.matmul_precision(FLAGS.precision):
       result = time_jax(executor, int(clients), unroll=unroll)
   return {
     **result,
@@ -314,7 +314,7 @@ def flops_cell(clients, r, peak):
   flops = r.get('step_flops')
   if flops is None or not np.isfinite(flops):
     return '-'
-  tflops = clients * _STEPS.value * flops / r['median'] / 1e12
+  tflops = clients * FLAGS.local_steps * flops / r['median'] / 1e12
   return f'{tflops:.3g}' + (f' ({100 * tflops / peak:.1f}%)' if peak else '')
 
 
@@ -348,7 +348,7 @@ def format_row(clients, name, r, loop_median, best_torch, peak=None):
     name,
     f'{r["median"]:.3f}',
     f'{r["min"]:.3f}-{r["max"]:.3f}',
-    f'{clients * _STEPS.value / r["median"]:.0f}',
+    f'{clients * FLAGS.local_steps / r["median"]:.0f}',
     flops_cell(clients, r, peak),
     '-' if r['compile'] is None else f'{r["compile"]:.1f}',
     f'{r["rss_mb"]:.0f}',
@@ -358,27 +358,31 @@ def format_row(clients, name, r, loop_median, best_torch, peak=None):
   ]
 
 
-def executor_names():
-  """--executors, plus the PyTorch loop (--torch) and, where torch_vmap is
-  timed, its compiled form (--torch_compile); the compiled form once per
-  --torch_compile_modes ('torch_vmap_compiled@max-autotune'); each name
-  once."""
-  unknown = sorted(set(_TORCH_COMPILE_MODES.value) - set(COMPILE_MODES))
+def executor_names(executors, *, torch, torch_compile, compile_modes):
+  """The rows to time: ``executors`` (--executors), plus the PyTorch loop
+  (``torch``) and, where torch_vmap is timed, its compiled form
+  (``torch_compile``), once per mode of ``compile_modes``
+  ('torch_vmap_compiled@max-autotune'); each name once.
+
+  Raises:
+    app.UsageError: a mode torch.compile does not have.
+  """
+  unknown = sorted(set(compile_modes) - set(COMPILE_MODES))
   if unknown:
     raise app.UsageError(
       f'--torch_compile_modes: unknown {unknown}; choose from {COMPILE_MODES}.'
     )
-  names = list(_EXECUTORS.value)
-  if _TORCH.value and 'torch' not in names:
+  names = list(executors)
+  if torch and 'torch' not in names:
     names.append('torch')
-  if _TORCH_COMPILE.value and 'torch_vmap' in names:
+  if torch_compile and 'torch_vmap' in names:
     names.append('torch_vmap_compiled')
   compiled = [n for n in names if n == 'torch_vmap_compiled']
   names = [n for n in names if n != 'torch_vmap_compiled']
   if compiled:
     names += [
       'torch_vmap_compiled' + ('' if mode == 'default' else f'@{mode}')
-      for mode in _TORCH_COMPILE_MODES.value
+      for mode in compile_modes
     ]
   return list(dict.fromkeys(names))
 
@@ -414,7 +418,7 @@ def torch_note(results, backend):
     'stacked parameters), eager; + compile = that step in torch.compile '
     '(compile s = warm-up round minus median; its mode in brackets where '
     'not the default). '
-    f'Same arithmetic as the JAX rows: {TORCH_PRECISION[_PRECISION.value]}. '
+    f'Same arithmetic as the JAX rows: {TORCH_PRECISION[FLAGS.precision]}. '
     'Batches of every round drawn before timing; cudnn.benchmark '
     f'{"on" if first["cudnn_benchmark"] else "off (CPU)"}; channels-last '
     f'{"on" if first["channels_last"] else "off"}. Ratios are time ratios '
@@ -433,27 +437,32 @@ TORCH_PRECISION = {
 
 
 def model_label():
-  if _MODEL.value == 'small_cnn':
-    return f'small_cnn ({_POOL.value})'
+  if FLAGS.model == 'small_cnn':
+    return f'small_cnn ({FLAGS.pool})'
   return 'fedquad_cnn (64/128/256, BatchNorm)'
 
 
 def main(argv):
   del argv
-  if _POINT.value and torch_form(_POINT.value.split(',')[0]):
+  if FLAGS.point and torch_form(FLAGS.point.split(',')[0]):
     # This process asks JAX only for its backend's name; on a GPU, JAX's
     # default preallocation would hold most of the memory torch needs.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  if _POINT.value:
-    machine.print_result(measure_point(_POINT.value, _UNROLL.value))
+  if FLAGS.point:
+    machine.print_result(measure_point(FLAGS.point, FLAGS.unroll))
     return
   # The parent never starts a backend itself (see machine.describe_backend).
   described = machine.describe_backend()
   backend = described['backend']
-  peak = peak_tflops(described['device'], _PRECISION.value)
+  peak = peak_tflops(described['device'], FLAGS.precision)
   rows, measured = [], []
-  names = executor_names()
-  for clients in (int(c) for c in _CLIENTS.value):
+  names = executor_names(
+    FLAGS.executors,
+    torch=FLAGS.torch,
+    torch_compile=FLAGS.torch_compile,
+    compile_modes=FLAGS.torch_compile_modes,
+  )
+  for clients in (int(c) for c in FLAGS.clients):
     results = {}
     for name in names:
       try:
@@ -469,7 +478,7 @@ def main(argv):
       print(
         f'{name:>10} C={clients:<5} {r["median"]:.3f} s/round '
         f'(min {r["min"]:.3f}, max {r["max"]:.3f}), compile '
-        f'{r["compile"]} s, {clients * _STEPS.value / r["median"]:.0f} '
+        f'{r["compile"]} s, {clients * FLAGS.local_steps / r["median"]:.0f} '
         f'client-steps/s, peak RSS {r["rss_mb"]:.0f} MB, device '
         f'{r["device_mb"]} MB',
         flush=True,
@@ -508,45 +517,43 @@ def main(argv):
   )
   notes = [
     f'Device: {described["device"]} ({backend}); jax {jax.__version__}; '
-    f'median of {_ROUNDS.value} rounds after 1 warm-up; convolutions and '
+    f'median of {FLAGS.rounds} rounds after 1 warm-up; convolutions and '
     f'unrolled local steps: {forms}. '
     "Each row ran in its own process: peak RSS is that row's; device MB is "
     "XLA's peak on device 0 (not reported on CPU, where it is host memory). "
     "TFLOP/s = clients x local steps x XLA's FLOP count of one client "
     'step (cost analysis of forward + backward + update) / s per round; '
     + (
-      f"% of the device's dense {_PRECISION.value} peak ({peak} TFLOP/s)."
+      f"% of the device's dense {FLAGS.precision} peak ({peak} TFLOP/s)."
       if peak
       else 'no peak tabled for this device.'
     ),
-    f'Command: `python -m benchmarks.bench --model={_MODEL.value} '
-    f'--clients={",".join(_CLIENTS.value)} --local_steps={_STEPS.value} '
-    f'--batch_size={_BATCH.value} --image_shape={",".join(_IMAGE.value)} '
-    f'--pool={_POOL.value} --executors={",".join(_EXECUTORS.value)} '
-    f'--chunk_size={_CHUNK.value} --precision={_PRECISION.value} '
-    f'--conv_impl={_CONV.value} --torch={_TORCH.value} '
-    + ('' if _UNROLL.value is None else f'--unroll={_UNROLL.value} ')
-    + f'--torch_compile={_TORCH_COMPILE.value} '
-    + f'--torch_compile_modes={",".join(_TORCH_COMPILE_MODES.value)} '
-    + f'--torch_channels_last={_TORCH_CHANNELS_LAST.value}'
-    + (
-      f' --torch_threads={_TORCH_THREADS.value}' if _TORCH_THREADS.value else ''
-    )
+    f'Command: `python -m benchmarks.bench --model={FLAGS.model} '
+    f'--clients={",".join(FLAGS.clients)} --local_steps={FLAGS.local_steps} '
+    f'--batch_size={FLAGS.batch_size} --image_shape={",".join(FLAGS.image_shape)} '
+    f'--pool={FLAGS.pool} --executors={",".join(FLAGS.executors)} '
+    f'--chunk_size={FLAGS.chunk_size} --precision={FLAGS.precision} '
+    f'--conv_impl={FLAGS.conv_impl} --torch={FLAGS.torch} '
+    + ('' if FLAGS.unroll is None else f'--unroll={FLAGS.unroll} ')
+    + f'--torch_compile={FLAGS.torch_compile} '
+    + f'--torch_compile_modes={",".join(FLAGS.torch_compile_modes)} '
+    + f'--torch_channels_last={FLAGS.torch_channels_last}'
+    + (f' --torch_threads={FLAGS.torch_threads}' if FLAGS.torch_threads else '')
     + '`',
   ]
   pytorch = torch_note(measured, backend)
   if pytorch:
     notes.insert(1, pytorch)
   table = machine.markdown_section(
-    f'{model_label()}, {"x".join(_IMAGE.value)}, {_STEPS.value} local steps '
-    f'of {_BATCH.value}, FedAvg',
+    f'{model_label()}, {"x".join(FLAGS.image_shape)}, {FLAGS.local_steps} local steps '
+    f'of {FLAGS.batch_size}, FedAvg',
     notes,
     COLUMNS,
     rows,
   )
   print(table)
   machine.append_markdown(
-    _OUT.value or os.path.join('benchmarks', f'{backend}.md'),
+    FLAGS.out or os.path.join('benchmarks', f'{backend}.md'),
     table,
     title=f'Benchmarks on {backend}',
     script='benchmarks/bench.py',
@@ -554,4 +561,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

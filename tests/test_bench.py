@@ -1,30 +1,26 @@
 """benchmarks/bench.py without PyTorch: which rows a command asks for.
 
-The timings and the PyTorch peer itself are tested in
-tests/test_torch_reference.py (with the ``[bench]`` extra)."""
+Importing the module defines no flags (it does so only as the program), so
+this runs beside the tests of the other tools. The timings and the PyTorch
+peer itself are tested in tests/test_torch_reference.py (with the
+``[bench]`` extra)."""
+
+import importlib
 
 from absl import app, flags
-from absl.testing import flagsaver
 import pytest
 
 from benchmarks import bench
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS(['bench'])
+def rows(executors, modes=('default',), torch=True, torch_compile=True):
+  return bench.executor_names(
+    executors, torch=torch, torch_compile=torch_compile, compile_modes=modes
+  )
 
 
 def test_each_compile_mode_is_a_row_of_its_own():
-  with flagsaver.flagsaver(
-    executors=['host', 'torch_vmap'],
-    torch=True,
-    torch_compile=True,
-    torch_compile_modes=['default', 'max-autotune'],
-  ):
-    names = bench.executor_names()
-  assert names == [
+  assert rows(['host', 'torch_vmap'], ['default', 'max-autotune']) == [
     'host',
     'torch_vmap',
     'torch',
@@ -43,10 +39,15 @@ def test_each_compile_mode_is_a_row_of_its_own():
 
 
 def test_no_compiled_row_without_torch_vmap_and_an_unknown_mode_is_refused():
-  with flagsaver.flagsaver(executors=['host'], torch=False):
-    assert bench.executor_names() == ['host']
-  with flagsaver.flagsaver(
-    executors=['torch_vmap'], torch_compile_modes=['fastest']
-  ):
-    with pytest.raises(app.UsageError, match='fastest'):
-      bench.executor_names()
+  assert rows(['host'], torch=False) == ['host']
+  assert rows(['torch_vmap'], torch=False, torch_compile=False) == [
+    'torch_vmap'
+  ]
+  with pytest.raises(app.UsageError, match='fastest'):
+    rows(['torch_vmap'], ['fastest'])
+
+
+def test_importing_defines_no_flags():
+  before = set(flags.FLAGS)
+  importlib.reload(bench)
+  assert set(flags.FLAGS) == before
