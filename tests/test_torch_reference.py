@@ -102,16 +102,27 @@ def test_fedquad_twin_has_the_same_layers_as_jax():
   assert tuple(twin(torch.zeros(3, 1, 28, 28)).shape) == (3, 10)
 
 
+def tiny_rounds(**settings):
+  """`time_torch_rounds` on a tiny workload (2 clients, 2 steps of 4
+  examples of 8x8x1, 2 timed rounds after 1 warm-up); ``settings``
+  override any of it."""
+  return torch_reference.time_torch_rounds(
+    **{
+      'clients_per_round': 2,
+      'local_steps': 2,
+      'batch_size': 4,
+      'image_shape': (8, 8, 1),
+      'num_rounds': 2,
+      'warmup_rounds': 1,
+      **settings,
+    }
+  )
+
+
 def test_time_fedquad_rounds_tiny():
   """BatchNorm's integer counter must not break the FedAvg accumulation."""
-  result = torch_reference.time_torch_rounds(
-    clients_per_round=2,
-    local_steps=1,
-    batch_size=4,
-    image_shape=(8, 8, 1),
-    model='fedquad_cnn',
-    num_rounds=1,
-    warmup_rounds=0,
+  result = tiny_rounds(
+    local_steps=1, model='fedquad_cnn', num_rounds=1, warmup_rounds=0
   )
   assert result['median'] > 0
 
@@ -122,14 +133,7 @@ def test_unknown_pool_raises():
 
 
 def test_time_torch_rounds_tiny():
-  result = torch_reference.time_torch_rounds(
-    clients_per_round=2,
-    local_steps=2,
-    batch_size=4,
-    image_shape=(8, 8, 1),
-    num_rounds=2,
-    warmup_rounds=1,
-  )
+  result = tiny_rounds()
   assert len(result['seconds_per_round']) == 2
   for key in ('median', 'min', 'client_steps_per_second'):
     assert math.isfinite(result[key]) and result[key] > 0
@@ -276,15 +280,7 @@ def test_unknown_variant_raises():
 
 
 def test_time_vmap_rounds_tiny():
-  result = torch_reference.time_torch_rounds(
-    clients_per_round=2,
-    local_steps=2,
-    batch_size=4,
-    image_shape=(8, 8, 1),
-    num_rounds=2,
-    warmup_rounds=1,
-    variant='vmap',
-  )
+  result = tiny_rounds(variant='vmap')
   assert result['variant'] == 'vmap' and result['device'] == 'cpu'
   assert len(result['seconds_per_round']) == 2
   assert len(result['warmup_seconds']) == 1
@@ -439,13 +435,8 @@ def test_batches_are_drawn_before_timing_and_settings_recorded(
   monkeypatch.setattr(
     torch, 'compile', lambda fn, mode=None: modes.append(mode) or fn
   )
-  result = torch_reference.time_torch_rounds(
-    clients_per_round=2,
+  result = tiny_rounds(
     local_steps=1,
-    batch_size=4,
-    image_shape=(8, 8, 1),
-    num_rounds=2,
-    warmup_rounds=1,
     variant=variant,
     precision='bf16',
     channels_last=True,

@@ -29,6 +29,8 @@ import tempfile
 
 import pytest
 
+from benchmarks import machine
+
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -74,20 +76,24 @@ def shell_blocks(text):
   return [b for b in blocks if 'python -m' in b]
 
 
+def write_stand_ins(bin_dir):
+  """The only programs the documents' shell code finds on its PATH."""
+  os.makedirs(bin_dir)
+  for name, text in (
+    ('python', RECORDER),
+    ('nice', NICE),
+    ('timeout', TIMEOUT),
+  ):
+    path = os.path.join(bin_dir, name)
+    with open(path, 'w') as f:
+      f.write(text)
+    os.chmod(path, 0o755)
+
+
 def record(block, scratch):
-  """The argument lists ``python`` receives when bash runs ``block``."""
+  """The argument lists ``python`` receives when bash runs ``block``, with
+  `write_stand_ins` in ``scratch``/bin."""
   bin_dir = os.path.join(scratch, 'bin')
-  if not os.path.isdir(bin_dir):
-    os.makedirs(bin_dir)
-    for name, text in (
-      ('python', RECORDER),
-      ('nice', NICE),
-      ('timeout', TIMEOUT),
-    ):
-      path = os.path.join(bin_dir, name)
-      with open(path, 'w') as f:
-        f.write(text)
-      os.chmod(path, 0o755)
   log = os.path.join(scratch, 'record')
   if os.path.exists(log):
     os.remove(log)
@@ -110,6 +116,7 @@ def documented_commands():
   the documents' code blocks and from the shell scripts (whole)."""
   modules, scripts = collections.defaultdict(list), []
   with tempfile.TemporaryDirectory() as scratch:
+    write_stand_ins(os.path.join(scratch, 'bin'))
     for path in DOCUMENTS + SHELL_SCRIPTS:
       with open(path) as f:
         text = f.read()
@@ -170,13 +177,7 @@ def check_module(module, argument_lists):
     capture_output=True,
     text=True,
     cwd=ROOT,
-    env=dict(
-      os.environ,
-      JAX_PLATFORMS='cpu',
-      PYTHONPATH=os.pathsep.join(
-        filter(None, [ROOT, os.environ.get('PYTHONPATH')])
-      ),
-    ),
+    env=machine.child_env(JAX_PLATFORMS='cpu'),
     check=False,
   )
   assert process.returncode == 0, (module, process.stderr[-2000:])
