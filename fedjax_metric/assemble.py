@@ -19,9 +19,11 @@ import numpy as np
 
 from fedjax_metric import (
   algorithms,
+  client_table,
   contract,
   engine,
   executors,
+  memory,
   models,
   optimizers,
 )
@@ -262,6 +264,7 @@ def build_round_spec(config, algorithm, preprocess):
     local_epoch_decay=lc.epoch_decay,
     batch_size=lc.batch_size,
     per_client=config.logging.per_client,
+    num_clients=config.num_clients,
   )
 
 
@@ -405,13 +408,92 @@ def build(config, *, one_program=False) -> Experiment:
   )
 
 
+def _state_key(config):
+  return jax.random.key(config.seed + 1)
+
+
 def initial_state(config, experiment: Experiment):
-  """``(server_state, client_table)`` at round 0."""
+  """``(server_state, client_table)`` at round 0, the whole table built."""
   return engine.init_state(
     experiment.algorithm,
     experiment.variables,
     config.num_clients,
-    key=jax.random.key(config.seed + 1),
+    key=_state_key(config),
+  )
+
+
+def initial_server_state(config, experiment: Experiment):
+  """The server half of `initial_state` (for a table kept off the device)."""
+  return engine.init_server_state(
+    experiment.algorithm,
+    experiment.variables,
+    config.num_clients,
+    _state_key(config),
+  )
+
+
+def row_layout(experiment: Experiment) -> client_table.RowLayout:
+  """The byte layout of one client's row (abstract evaluation only)."""
+  row = jax.eval_shape(
+    experiment.algorithm.init_client,
+    experiment.variables,
+    jax.random.key(0),
+  )
+  return client_table.RowLayout.of(row)
+
+
+def table_placement(config, experiment: Experiment, workdir: str):
+  """``(client_table.Placement, RowLayout)``: where this run's client table
+  lives (`client_table.choose_placement`), decided before anything is
+  written; a table that fits nowhere is refused here."""
+  layout = row_layout(experiment)
+  row_bytes = memory.tree_bytes(
+    jax.eval_shape(
+      experiment.algorithm.init_client,
+      experiment.variables,
+      jax.random.key(0),
+    )
+  )
+  checkpoint_dir = os.path.join(workdir, 'checkpoints')
+  has_checkpoints = os.path.isdir(checkpoint_dir) and any(
+    name.isdigit() for name in os.listdir(checkpoint_dir)
+  )
+  host_budget = (
+    int(config.client_table.host_budget_gb * 1024**3)
+    or client_table.host_memory_budget()
+  )
+  placement = client_table.choose_placement(
+    config.client_table.placement,
+    row_bytes=row_bytes,
+    num_clients=config.num_clients,
+    device_budget=memory.device_budget(config),
+    host_budget=host_budget,
+    free_disk=client_table.disk_free(workdir),
+    workdir=workdir,
+    has_checkpoints=has_checkpoints,
+    stored=client_table.stored_placement(workdir),
+    process_count=jax.process_count(),
+  )
+  return placement, layout
+
+
+def open_table(config, experiment, placement, layout, workdir, num_slots):
+  """The `client_table.OffDeviceTable` of a 'host' or 'disk' placement, its
+  files in ``workdir/client_table`` (not yet opened at a round)."""
+  client_table.write_meta(workdir, placement.name, layout, config.num_clients)
+  algorithm, variables = experiment.algorithm, experiment.variables
+  key = _state_key(config)
+
+  def init_rows(ids):
+    return engine.init_rows(algorithm, variables, key, jnp.asarray(ids))
+
+  return client_table.OffDeviceTable(
+    placement.name,
+    os.path.join(workdir, client_table.TABLE_DIR),
+    layout,
+    config.num_clients,
+    init_rows,
+    init_batch=max(num_slots, 1024),
   )
 
 

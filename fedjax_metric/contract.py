@@ -81,6 +81,9 @@ class Aggregate(NamedTuple):
   num_participants: jax.Array
   client_ids: jax.Array  # [C]
   slot_mask: jax.Array  # [C]
+  # N, the client population (a Python int): what MIFA, FedVarp and
+  # SCAFFOLD divide by. 0 where unknown (an Aggregate built by hand).
+  num_clients: int = 0
 
 
 class Algorithm(NamedTuple):
@@ -103,8 +106,15 @@ class Algorithm(NamedTuple):
     client_step_end: ``(params, model_state, ctx) -> local_state``, after each
       real optimizer step (ctx.step is the step just taken).
     client_final: ``(end_variables, ctx) -> (update, weight, new_row)``.
-    server_update: ``(server_state, aggregate, client_table) ->
-      server_state``; the table already holds this round's new rows.
+    server_update: ``(server_state, aggregate, cohort_rows) ->
+      server_state``. ``cohort_rows`` are the cohort's rows of the client
+      table after this round's writes, [C, ...] in slot order (aligned with
+      ``aggregate.client_ids``; a padding slot's row is arbitrary: mask it
+      with ``aggregate.slot_mask``), or ``()`` when stateless. Never the
+      whole table: where the table lives in host memory or on disk
+      (client_table.py) only the cohort's rows reach the device, so a
+      quantity over all N clients is kept up to date in the server extra
+      (MIFA's mean of the stored updates, FedMetric's shared proxies).
     client_batches: optional, host-side (NumPy): ``(example_indices, labels,
       rng, *, num_steps, batch_size, local_epochs, local_steps) -> (idx [S, B'],
       mask [S, B'])``, the client's batch schedule; None means
@@ -134,7 +144,7 @@ class Algorithm(NamedTuple):
     margin, broadcast in ctx.server_state; ``client_begin`` computes the
     client's center with the received model; ``client_final`` computes its
     radius and new proxy and writes them to the row; ``server_update`` copies
-    the table's proxies into the extra. DeepSVDD: ``client_begin`` starts
+    the cohort's new proxies into the extra. DeepSVDD: ``client_begin`` starts
     from the client's own model in its row.
   * PMFL: the row is a ring buffer of the client's last local models,
     ``client_begin`` loads it into local_state, ``client_step_end`` pushes
@@ -144,7 +154,8 @@ class Algorithm(NamedTuple):
     (also server extra).
   * FedAU / MIFA / FedVarp: counters or the clients' last updates live in the
     server extra or the table; ``server_update`` divides by N, not by the
-    cohort's weight.
+    cohort's weight. MIFA and FedVarp keep the mean of the stored updates in
+    the server extra, moved by the cohort's change (new minus old rows).
   * SSD: per-client scaling matrices in the server extra (made once by
     ``init_server``), picked by ctx.client_id or ctx.slot; ``client_loss``
     draws two augmented views of ``batch.raw_images`` with ctx.key;
@@ -181,6 +192,9 @@ class RoundSpec(NamedTuple):
     per_client: also return each slot's loss, examples and update norm
       (the round's metrics then hold ``clients``: `engine.client_report`
       per slot, with ``client_id``), for heterogeneity studies.
+    num_clients: N, the population (`Aggregate.num_clients`). 0 means the
+      leading dimension of the client table, which is N only where the
+      whole table is on the device; a run sets it.
   """
 
   algorithm: Algorithm
@@ -191,6 +205,7 @@ class RoundSpec(NamedTuple):
   local_epoch_decay: float = 1.0
   batch_size: int = 0
   per_client: bool = False
+  num_clients: int = 0
 
 
 class DeviceData(NamedTuple):

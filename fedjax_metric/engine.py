@@ -58,6 +58,7 @@ from fedjax_metric.contract import (
 from fedjax_metric.contract import (
   ServerState as ServerState,
 )
+from fedjax_metric.data.cohort import table_rows
 from fedjax_metric.models import merge_variables, split_variables
 
 # Fold-in values outside the range of step (and client) indices.
@@ -98,26 +99,56 @@ class _ClientInputs(NamedTuple):
 def init_state(algorithm: Algorithm, variables, num_clients: int, key=None):
   """Initial ``(server_state, client_table)``; the table has N rows.
 
-  Row k is ``init_client(variables, fold_in(key, k))``; the server state is
-  ``init_server(variables, N, key)``. Check the table's size first with
-  `memory.check_client_table_fits` where memory is tight.
+  Row k is ``init_client(variables, fold_in(key, k))`` (`init_rows`); the
+  server state is ``init_server(variables, N, fold_in(key, -3))``
+  (`init_server_state`). Check the table's size first with
+  `memory.check_client_table_fits` where memory is tight; a table that
+  lives off the device (client_table.py) is never built whole.
   """
+  key = jax.random.key(0) if key is None else key
+  client_table = init_rows(algorithm, variables, key, jnp.arange(num_clients))
+  return init_server_state(algorithm, variables, num_clients, key), client_table
+
+
+def init_server_state(algorithm: Algorithm, variables, num_clients, key):
+  """The server half of `init_state`."""
   # Copies: rounds donate the state's buffers, the caller keeps `variables`.
   variables = jax.tree.map(jnp.array, variables)
-  key = jax.random.key(0) if key is None else key
-  keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(jnp.arange(num_clients))
-  client_table = jax.jit(jax.vmap(algorithm.init_client, in_axes=(None, 0)))(
-    variables, keys
-  )
   # A fold-in value no client index reaches.
   server_key = jax.random.fold_in(key, _SERVER_KEY)
-  server_state = algorithm.init_server(variables, num_clients, server_key)
-  return server_state, client_table
+  return algorithm.init_server(variables, num_clients, server_key)
+
+
+def init_rows(algorithm: Algorithm, variables, key, client_ids):
+  """Initial rows of ``client_ids`` [K]: row k is ``init_client(variables,
+  fold_in(key, k))``, the same whichever rows are made together (a table
+  made in pieces equals one made whole)."""
+  variables = jax.tree.map(jnp.array, variables)
+  return _init_rows(algorithm.init_client, variables, key, client_ids)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _init_rows(init_client, variables, key, client_ids):
+  keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(client_ids)
+  return jax.vmap(init_client, in_axes=(None, 0))(variables, keys)
 
 
 def gather_rows(client_table, client_ids):
   """The rows of ``client_ids`` [C]; padding ids (>= N) read row N - 1."""
   return jax.tree.map(lambda t: t.at[client_ids].get(mode='clip'), client_table)
+
+
+def gathered(client_table, row_ids):
+  """`gather_rows`, materialised before anything reads it.
+
+  Why the barrier: XLA may fuse a gather into what consumes it, and the
+  fused loop can sum in another order depending on the shape of the table
+  gathered from, so the same rows from the whole [N, ...] table (the device
+  placement) and from a call's [R * C, ...] rows (host or disk,
+  client_table.py) could give results differing in the last bit. Behind
+  the barrier both see the same [C, ...] array.
+  """
+  return jax.lax.optimization_barrier(gather_rows(client_table, row_ids))
 
 
 def scatter_rows(client_table, client_ids, rows):
@@ -465,9 +496,13 @@ def finish_round(
     jnp.sum(cohort.slot_mask.astype(jnp.float32)),
     cohort.client_ids,
     cohort.slot_mask,
+    population(spec, client_table, cohort),
   )
+  # The cohort's rows as this round left them: all the server may read of
+  # the table (where the table lives off the device, nothing else is here).
+  cohort_rows = gathered(client_table, table_rows(cohort))
   server_state = spec.algorithm.server_update(
-    server_state, aggregate, client_table
+    server_state, aggregate, cohort_rows
   )
   metrics = {'train_loss_sum': loss_sum, 'train_examples': example_count}
   metrics.update({f'train_{k}_sum': v for k, v in term_sums.items()})
@@ -478,6 +513,20 @@ def finish_round(
       'slot_mask': cohort.slot_mask,
     }
   return server_state, client_table, metrics
+
+
+def population(spec: RoundSpec, client_table, cohort) -> int:
+  """N: ``spec.num_clients``, or the table's rows where the whole table is
+  given (``cohort.row_ids`` None)."""
+  if spec.num_clients:
+    return spec.num_clients
+  if cohort.row_ids is not None:
+    raise ValueError(
+      'RoundSpec.num_clients must be set when the client table holds only '
+      "the cohort's rows (cohort.row_ids)."
+    )
+  leaves = jax.tree.leaves(client_table)
+  return leaves[0].shape[0] if leaves else 0
 
 
 def zero_update(spec, data, server_state, client_table, example_shape):

@@ -403,6 +403,7 @@ def plan(
   num_slots: int,
   mesh=None,
   report=print,
+  table_bytes_per_round: int = 0,
 ):
   """How a run's rounds will be called: ``(choice, R, rounds_fn)``.
 
@@ -412,7 +413,9 @@ def plan(
   (`make_rounds_fn`). ``state`` is ``(server_state, client_table)``;
   ``cohort_for(round)`` builds a round's cohort (the first round's shapes
   are every round's); ``round_range`` is ``(first round, end round)``; ``report``
-  prints each decision in one line.
+  prints each decision in one line. ``table_bytes_per_round``: the client
+  rows a call carries per round when the table lives off the device (they
+  count against R like the cohorts).
   """
   start_round, end_round = round_range
   num_devices = mesh.size if mesh is not None else 1
@@ -445,7 +448,9 @@ def plan(
       end_round,
     ),
     round_bytes=(
-      cohort_bytes(cohort_for(start_round)) if start_round < end_round else 0
+      cohort_bytes(cohort_for(start_round)) + table_bytes_per_round
+      if start_round < end_round
+      else 0
     ),
   )
   if rounds_per_call > 1:

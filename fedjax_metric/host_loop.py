@@ -16,15 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric import engine
-from fedjax_metric.data.cohort import Cohort
+from fedjax_metric.data.cohort import Cohort, table_rows
 
 
-def _accumulate(client_table, client_id, slot, accumulator, outputs):
-  """Writes a slot's new row and adds ``weight * update`` (and its loss
-  sums) into the round's running totals; with per-client reports on (a
-  non-empty last entry of ``accumulator``), writes the slot's report."""
+def _accumulate(client_table, row_id, slot, accumulator, outputs):
+  """Writes a slot's new row (at ``row_id``) and adds ``weight * update``
+  (and its loss sums) into the round's running totals; with per-client
+  reports on (a non-empty last entry of ``accumulator``), writes the slot's
+  report."""
   update, weight, new_row, (loss_sum, count, terms) = outputs
-  client_table = engine.scatter_rows(client_table, client_id, new_row)
+  client_table = engine.scatter_rows(client_table, row_id, new_row)
   (update_sum, weight_sum, loss_total, count_total, term_totals, per_slot) = (
     accumulator
   )
@@ -69,6 +70,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   def begin_body(
     server_state,
     client_table,
+    row_id,
     client_id,
     slot,
     num_examples,
@@ -76,7 +78,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     example_mask,
     data,
   ):
-    row = engine.gather_rows(client_table, client_id)
+    row = engine.gathered(client_table, row_id)
     inputs = engine.client_inputs(
       row, client_id, slot, num_examples, example_idx, example_mask
     )
@@ -97,17 +99,18 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
       unroll=unroll,
     )
 
-  def finish_body(server_state, client_table, inputs, accumulator, carry, data):
+  def finish_body(
+    server_state, client_table, row_id, inputs, accumulator, carry, data
+  ):
     outputs = engine.finish_client(spec, data, server_state, inputs, carry)
-    return _accumulate(
-      client_table, inputs.client_id, inputs.slot, accumulator, outputs
-    )
+    return _accumulate(client_table, row_id, inputs.slot, accumulator, outputs)
 
   @functools.partial(jax.jit, donate_argnums=(1, 2))
   def whole_client(
     server_state,
     client_table,
     accumulator,
+    row_id,
     client_id,
     slot,
     num_examples,
@@ -121,7 +124,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
       spec,
       data,
       server_state,
-      engine.gather_rows(client_table, client_id),
+      engine.gathered(client_table, row_id),
       client_id,
       slot,
       example_idx,
@@ -129,7 +132,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
       num_examples,
       unroll=unroll,
     )
-    return _accumulate(client_table, client_id, slot, accumulator, outputs)
+    return _accumulate(client_table, row_id, slot, accumulator, outputs)
 
   @functools.partial(jax.jit, static_argnums=(3, 4))
   def zero_accumulator(
@@ -160,13 +163,14 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     zero_accumulator,
     jax.jit(begin_body),
     jax.jit(steps_body),
-    jax.jit(finish_body, donate_argnums=(1, 3)),
+    jax.jit(finish_body, donate_argnums=(1, 4)),
     whole_client,
     server,
   )
 
   def round_fn(server_state, client_table, cohort: Cohort):
     host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
+    row_ids = table_rows(host)
     num_steps = host.example_idx.shape[1]
     k = min(steps_per_call, num_steps)
     # Pad S to a multiple of k with all-padding steps, which are no-ops.
@@ -183,6 +187,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     for slot in np.flatnonzero(host.slot_mask):
       # One transfer per slot of its index arrays, which the round needs anyway.
       client = (
+        row_ids[slot],
         host.client_ids[slot],
         np.int32(slot),
         host.num_examples[slot],
@@ -216,7 +221,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
       for block in blocks:
         carry = fns.steps(server_state, inputs, carry, *block, data)
       client_table, accumulator = fns.finish(
-        server_state, client_table, inputs, accumulator, carry, data
+        server_state, client_table, client[0], inputs, accumulator, carry, data
       )
     return fns.server(
       server_state, client_table, jax.device_put(host), accumulator

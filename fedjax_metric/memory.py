@@ -8,9 +8,9 @@ allocated; `chunk_memory_model` reads XLA's own buffer assignment of the
 chunked round so that `choose_chunk_size` can pick the largest chunk that
 fits. Budgets are bytes per device.
 
-Public API: `MemoryBudgetError`, `default_memory_budget`, `tree_bytes`,
-`client_table_bytes`, `check_client_table_fits`, `chunk_memory_model`,
-`choose_chunk_size`.
+Public API: `MemoryBudgetError`, `default_memory_budget`, `device_budget`,
+`tree_bytes`, `client_table_bytes`, `check_client_table_fits`,
+`chunk_memory_model`, `choose_chunk_size`.
 """
 
 import functools
@@ -55,16 +55,11 @@ def client_table_bytes(
   return num_clients * tree_bytes(row)
 
 
-def run_budget(config, algorithm: engine.Algorithm, variables) -> int:
+def device_budget(config) -> int:
   """A run's memory budget per device in bytes (``config.memory_budget_gb``,
-  or `default_memory_budget`), once its client table is known to fit."""
-  budget = int(config.memory_budget_gb * 1024**3) or default_memory_budget()
-  check_client_table_fits(
-    client_table_bytes(algorithm, variables, config.num_clients),
-    config.num_clients,
-    budget,
-  )
-  return budget
+  or `default_memory_budget`). Where the client table goes within it:
+  client_table.choose_placement."""
+  return int(config.memory_budget_gb * 1024**3) or default_memory_budget()
 
 
 def check_client_table_fits(

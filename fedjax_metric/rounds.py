@@ -16,13 +16,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_metric.data.cohort import Cohort
+from fedjax_metric.data.cohort import Cohort, table_rows
 from fedjax_metric.engine import (
   RoundSpec,
   client_report,
   client_update,
   finish_round,
-  gather_rows,
+  gathered,
   mask_slots,
   scatter_rows,
   weighted_sum,
@@ -122,7 +122,7 @@ def _vmapped_slots(
   weight 0 and write no row. ``per_slot`` is {} unless ``spec.per_client``:
   then [C] arrays of `engine.client_report`, zero for padding slots.
   """
-  rows = gather_rows(client_table, cohort.client_ids)
+  rows = gathered(client_table, table_rows(cohort))
   per_client = functools.partial(
     client_update, spec, data, server_state, unroll=unroll
   )
@@ -153,7 +153,7 @@ def _vmapped_slots(
     jax.tree.map(jnp.sum, term_sums),
   )
   return (
-    scatter_rows(client_table, cohort.client_ids, new_rows),
+    scatter_rows(client_table, table_rows(cohort), new_rows),
     sums,
     per_slot,
   )
@@ -173,8 +173,11 @@ def _pad_cohort(cohort: Cohort, num_slots: int) -> Cohort:
     widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
     return jnp.pad(x, widths, constant_values=value)
 
+  out_of_range = jnp.iinfo(jnp.int32).max
+  if cohort.row_ids is not None:
+    cohort = cohort._replace(row_ids=pad_leaf(cohort.row_ids, out_of_range))
   return cohort._replace(
-    client_ids=pad_leaf(cohort.client_ids, jnp.iinfo(jnp.int32).max),
+    client_ids=pad_leaf(cohort.client_ids, out_of_range),
     slot_mask=pad_leaf(cohort.slot_mask, False),
     example_idx=pad_leaf(cohort.example_idx, 0),
     example_mask=pad_leaf(cohort.example_mask, False),

@@ -165,6 +165,14 @@ def base_config():
   # the RAM on CPU): the client table is checked against it before it is
   # allocated, and chunked with chunk_size=0 picks its chunk size from it.
   c.memory_budget_gb = 0.0
+  # Where the per-client state table lives (fedjax_metric/client_table.py,
+  # docs/scale.md): auto (the device while it fits memory_budget_gb, else
+  # host memory within host_budget_gb, else a file in the workdir) | device
+  # | host | disk. prefetch: read the next call's rows while the current
+  # call runs.
+  c.client_table = ml_collections.ConfigDict(
+    dict(placement='auto', host_budget_gb=0.0, prefetch=True)
+  )
   c.eval_every = 1
   # classification | one_class (per-class AUROC) | ssl (kNN monitor; linear
   # probe and fine-tuning at the end) | embedding_knn (a supervised model's

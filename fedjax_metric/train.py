@@ -47,6 +47,7 @@ from fedjax_metric import (
   sharding,
   validation,
 )
+from fedjax_metric import client_table as client_table_lib
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.evaluation import protocols
@@ -130,11 +131,19 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     )
   )
 
-  # ----- State: fresh or restored. -----
-  memory_budget = memory.run_budget(
-    config, experiment.algorithm, experiment.variables
-  )
-  state = assemble.initial_state(config, experiment)
+  # ----- State: fresh or restored; where the client table lives. -----
+  memory_budget = memory.device_budget(config)
+  placement, layout = assemble.table_placement(config, experiment, workdir)
+  if placement.name == 'device':
+    state = assemble.initial_state(config, experiment)
+  else:
+    say(f'Client table: {placement.reason}.')
+    # The checkpoint holds the server state and which rows were written;
+    # the rows themselves are in the workdir's rows file.
+    state = (
+      assemble.initial_server_state(config, experiment),
+      client_table_lib.checkpoint_template(config.num_clients),
+    )
 
   # ----- Only now the workdir is written. -----
   os.makedirs(workdir, exist_ok=True)
@@ -152,6 +161,14 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   checkpoints, restored_round, (server_state, client_table) = (
     workdir_lib.open_checkpoints(config, workdir, state, chief, cleanup)
   )
+  table = None  # The client table when it lives off the device.
+  if placement.name != 'device':
+    table = assemble.open_table(
+      config, experiment, placement, layout, workdir, num_slots
+    )
+    cleanup.callback(table.close)
+    table.open(restored_round, client_table['written'])
+    client_table = ()
   start_round = restored_round or 0
   cohort_for = assemble.cohort_fn(config, experiment, num_slots, num_steps)
 
@@ -163,13 +180,19 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     choice,
     spec,
     data,
-    (server_state, client_table),
+    (
+      server_state,
+      client_table
+      if table is None
+      else client_table_lib.rows_template(layout, num_slots),
+    ),
     cohort_for,
     round_range=(start_round, end_round),
     memory_budget=memory_budget,
     num_slots=num_slots,
     mesh=mesh,
     report=say,
+    table_bytes_per_round=0 if table is None else num_slots * layout.row_bytes,
   )
   log = metrics_log.MetricsLog(
     workdir, start_round, evaluator.headline, config, chief
@@ -180,14 +203,23 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     checkpoints, start_round, log.path
   )
   last_saved = restored_round  # The newest checkpoint on disk, if any.
+  driver = None  # Runs the calls when the table lives off the device.
 
   def save(round_idx):
     nonlocal last_saved
-    if not faults.all_finite((server_state, client_table)):
+    if driver is not None:
+      driver.settle()
+    finite = faults.all_finite((server_state, client_table)) and (
+      table is None or table.nonfinite_round is None
+    )
+    if not finite:
       raise workdir_lib.diverged_error(workdir, last_saved, config)(
         'The model holds NaN or infinite values', round_idx
       )
-    item = {'server_state': server_state, 'client_table': client_table}
+    saved_table = client_table
+    if table is not None:
+      saved_table = {'written': table.before_checkpoint(round_idx)}
+    item = {'server_state': server_state, 'client_table': saved_table}
     checkpoints.save(
       round_idx,
       args=ocp.args.StandardSave(item),
@@ -197,7 +229,19 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
         'sha256': faults.state_digest(item),
       },
     )
+    if table is not None:
+      table.after_checkpoint(round_idx, checkpoints.all_steps())
     last_saved = round_idx
+
+  def table_for_evaluation():
+    """The table an evaluator is given: off the device, only to one that
+    reads it (every row then comes to host memory)."""
+    if table is None:
+      return client_table
+    if not evaluator.reads_client_table:
+      return ()
+    driver.settle()
+    return table.arrays()
 
   def total_time():
     return time_before + time.time() - start_time
@@ -217,21 +261,37 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   cleanup.callback(bar.close)
   done = start_round
   calls = range(start_round, end_round, rounds_per_call)
-  call_cohorts = cohort_lib.prefetch(
-    lambda first: [
-      cohort_for(r) for r in range(first, first + rounds_per_call)
-    ],
-    calls,
-  )
+
+  def cohorts_for_call(first):
+    return [cohort_for(r) for r in range(first, first + rounds_per_call)]
+
+  if table is None:
+    call_cohorts = cohort_lib.prefetch(cohorts_for_call, calls)
+  else:
+    driver = client_table_lib.OffDeviceRounds(
+      rounds_fn,
+      table,
+      cohorts_for_call,
+      calls,
+      rounds_per_call=rounds_per_call,
+      num_slots=num_slots,
+      put=put,
+      overlap=config.client_table.prefetch,
+    )
+    cleanup.callback(driver.close)
   for first in calls:
     if stop.agreed():
       break
     wait_start = time.perf_counter()
-    cohorts = next(call_cohorts)
-    call_start = time.perf_counter()
-    server_state, client_table, round_metrics = rounds_fn(
-      server_state, client_table, cohorts
-    )
+    if table is None:
+      cohorts = next(call_cohorts)
+      call_start = time.perf_counter()
+      server_state, client_table, round_metrics = rounds_fn(
+        server_state, client_table, cohorts
+      )
+    else:
+      call_start = wait_start
+      server_state, round_metrics, cohorts = driver.run(server_state, first)
     round_metrics = jax.block_until_ready(round_metrics)
     throughput.add_call(
       call_start - wait_start,
@@ -257,7 +317,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       # the next row's difference is that row's training and evaluation.
       eval_start = time.time()
       evaluation = evaluator.every(
-        *sharding.local_copy((server_state, client_table))
+        *sharding.local_copy((server_state, table_for_evaluation()))
       )
       last = log.append(
         {
@@ -312,7 +372,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   if stopped_by is not None:
     summary['stopped_by'] = stopped_by
   if rounds_completed == config.num_rounds:
-    state = sharding.local_copy((server_state, client_table))
+    state = sharding.local_copy((server_state, table_for_evaluation()))
     if evaluator.headline not in summary:  # Resumed at the very end.
       summary.update(evaluator.every(*state))
     summary.update(evaluator.final(*state))

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from fedjax_metric import (
   algorithms,
+  client_table,
   executors,
   models,
   optimizers,
@@ -201,6 +202,9 @@ RULES: Dict[str, Check] = {
   'unroll': _integer(1),
   'num_devices': _integer(0),
   'memory_budget_gb': _number(0.0),
+  'client_table.placement': _one_of(client_table.PLACEMENTS),
+  'client_table.host_budget_gb': _number(0.0),
+  'client_table.prefetch': _boolean,
   'eval_every': _integer(1),
   'eval_protocol': _one_of(protocols.PROTOCOLS),
   'eval_batch_size': _integer(1),

@@ -31,6 +31,7 @@ from fedjax_metric import (
   validation,
   workdir_lock,
 )
+from fedjax_metric import client_table as client_table_lib
 from fedjax_metric.data import augment, participation, partition
 
 # Keys whose change between a run and its resumption is harmless.
@@ -112,7 +113,9 @@ def restore(config, workdir, round_=None):
   Returns:
     A dict with ``model`` (ModelFns), ``preprocess`` (train.run's evaluation
     preprocess), ``train`` / ``test`` (datasets), ``clients`` (index arrays),
-    ``server_state``, ``client_table`` and ``round`` (the checkpoint's).
+    ``server_state``, ``client_table`` and ``round`` (the checkpoint's),
+    and ``table_placement``: where the run kept its client table; off the
+    device (client_table.py) ``client_table`` is ``()``.
   """
   directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
   if not os.path.isdir(directory):
@@ -121,7 +124,14 @@ def restore(config, workdir, round_=None):
       'workdir (python -m launch.main --workdir=...)?'
     )
   experiment = assemble.build(config)
-  server_state, client_table = assemble.initial_state(config, experiment)
+  placement = client_table_lib.stored_placement(workdir) or 'device'
+  if placement == 'device':
+    server_state, client_table = assemble.initial_state(config, experiment)
+  else:
+    # The rows file holds the newest round's rows only: the checkpoint
+    # gives the server state (and which rows were written), not the table.
+    server_state = assemble.initial_server_state(config, experiment)
+    client_table = client_table_lib.checkpoint_template(config.num_clients)
   manager = ocp.CheckpointManager(directory)
   saved = list(manager.all_steps())
   round_ = manager.latest_step() if round_ is None else round_
@@ -149,7 +159,8 @@ def restore(config, workdir, round_=None):
     validation=experiment.validation,
     clients=experiment.clients,
     server_state=engine.ServerState(*restored['server_state']),
-    client_table=restored['client_table'],
+    client_table=restored['client_table'] if placement == 'device' else (),
+    table_placement=placement,
     round=int(round_),
   )
 

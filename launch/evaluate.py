@@ -178,6 +178,13 @@ def evaluate(
         clients=run['clients'],
         validation=run['validation'],
       )
+      if evaluator.reads_client_table and run['table_placement'] != 'device':
+        raise ValueError(
+          f"This evaluation reads every client's row, and {workdir} kept its "
+          f'client table off the device ({run["table_placement"]}), where '
+          "only the newest round's rows exist: the run's own metrics.jsonl "
+          'holds its evaluations.'
+        )
       start = time.time()
       state = (run['server_state'], run['client_table'])
       metrics.update(evaluator.every(*state))

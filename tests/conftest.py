@@ -52,9 +52,15 @@ def _xla_knows_cpu_fusion_emitters_flag() -> bool:
   return major_minor < (0, 11)
 
 
+# FEDJAX_METRIC_TEST_PRODUCTION_XLA=1 keeps XLA's own emitters: the tests
+# of bit-identity between two different programs run so (a subprocess of
+# tests/test_client_table.py), since the old emitters can sum a fused loop
+# in another order in the two programs (1e-8 apart) where the production
+# emitters give the same bits.
+PRODUCTION_XLA = bool(os.environ.get('FEDJAX_METRIC_TEST_PRODUCTION_XLA'))
 SUITE_XLA_FLAGS = (
   '--xla_cpu_use_fusion_emitters=false'
-  if _xla_knows_cpu_fusion_emitters_flag()
+  if _xla_knows_cpu_fusion_emitters_flag() and not PRODUCTION_XLA
   else ''
 )
 XLA_FLAGS = ' '.join(

@@ -277,7 +277,9 @@ def _one_server_round(alg, state, table, available_ids, num_slots=4):
     client_ids=jnp.asarray(ids),
     slot_mask=jnp.asarray(mask),
   )
-  new_state = alg.server_update(state, aggregate, table)
+  # server_update reads the cohort's rows only (contract.Algorithm).
+  rows = engine.gather_rows(table, jnp.asarray(ids))
+  new_state = alg.server_update(state, aggregate, rows)
   return set(np.flatnonzero(np.asarray(new_state.extra['previous_loss'])))
 
 

@@ -121,10 +121,15 @@ def test_a_table_over_budget_is_refused_and_one_at_budget_is_built():
 
 
 def test_train_refuses_a_table_over_budget_before_allocating(tmp_path):
+  """On the device by request, a table over the budget is refused before
+  anything is written; 'auto' would put it in host memory
+  (tests/test_client_table.py)."""
   config = load_config('moon')
   config.memory_budget_gb = 1e-6
+  config.client_table.placement = 'device'
   with pytest.raises(memory.MemoryBudgetError, match='clients'):
     train.run(config, str(tmp_path / 'moon'))
+  assert not (tmp_path / 'moon').exists()
 
 
 def test_stateless_algorithms_need_no_table():

@@ -723,8 +723,9 @@ def test_eua_server_update_matches_numpy():
     jnp.asarray(ids),
     jnp.asarray(slot_mask),
   )
+  rows = engine.gather_rows(table, jnp.asarray(ids))  # the cohort's rows
   with jax.default_matmul_precision(HIGHEST):
-    new = alg.server_update(state, aggregate, table)
+    new = alg.server_update(state, aggregate, rows)
   flat = [
     np.concatenate(
       [
@@ -806,8 +807,9 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
     jnp.arange(3),
     jnp.ones(3, bool),
   )
+  rows = engine.gather_rows(table, jnp.arange(3))  # the cohort's rows
   with jax.default_matmul_precision(HIGHEST):
-    new = alg.server_update(state, aggregate, table)
+    new = alg.server_update(state, aggregate, rows)
   glob = jax.tree.map(lambda v: np.asarray(v, np.float64), variables)
   locs = [jax.tree.map(lambda v: np.asarray(v, np.float64), e) for e in ends]
   leaves_g = jax.tree.leaves(glob)

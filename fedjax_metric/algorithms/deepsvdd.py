@@ -126,8 +126,8 @@ def make(
     # Nothing goes to the server; the weight only counts participants.
     return (), jnp.ones((), jnp.float32), row
 
-  def server_update(server_state, aggregate, client_table):
-    del aggregate, client_table
+  def server_update(server_state, aggregate, cohort_rows):
+    del aggregate, cohort_rows
     return server_state._replace(round=server_state.round + 1)
 
   return base._replace(

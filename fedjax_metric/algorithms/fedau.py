@@ -321,8 +321,8 @@ def make(
       omega = jnp.ones((), jnp.float32)
     return delta, omega, row
 
-  def server_update(server_state, aggregate, client_table):
-    del client_table
+  def server_update(server_state, aggregate, cohort_rows):
+    del cohort_rows
     state = _state_from_extra(server_state.extra)
     num_clients = state.counter.shape[0]
     participated = participation_vector(aggregate, num_clients)

@@ -199,8 +199,8 @@ def skip_if_nobody(aggregate: engine.Aggregate, old_state, new_state):
 
 
 def make_server_update(server_optimizer):
-  def server_update(server_state, aggregate, client_table):
-    del client_table
+  def server_update(server_state, aggregate, cohort_rows):
+    del cohort_rows
     new_state = apply_server_optimizer(
       server_optimizer, server_state, mean_update(aggregate)
     )

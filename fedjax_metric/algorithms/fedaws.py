@@ -188,10 +188,10 @@ def make(
     )
     return {'model': delta, **shares}, weight, row
 
-  def server_update(server_state, aggregate, client_table):
+  def server_update(server_state, aggregate, cohort_rows):
     sums = aggregate.update_sum
     state = base.server_update(
-      server_state, aggregate._replace(update_sum=sums['model']), client_table
+      server_state, aggregate._replace(update_sum=sums['model']), cohort_rows
     )
     old = server_state.extra['class_embeddings']
     counts = sums['class_count'][:, None]

@@ -347,9 +347,19 @@ def make(
     )
     return delta, weight, row
 
-  def server_update(server_state, aggregate, client_table):
-    state = base.server_update(server_state, aggregate, client_table)
-    return state._replace(extra=shared(client_table))
+  def server_update(server_state, aggregate, cohort_rows):
+    state = base.server_update(server_state, aggregate, cohort_rows)
+    # The extra mirrors the table: only the cohort's rows changed. Padding
+    # slots' ids are out of range, so their writes are dropped.
+    ids = jnp.where(
+      aggregate.slot_mask, aggregate.client_ids, jnp.iinfo(jnp.int32).max
+    )
+    extra = jax.tree.map(
+      lambda all_rows, new: all_rows.at[ids].set(new, mode='drop'),
+      server_state.extra,
+      shared(cohort_rows),
+    )
+    return state._replace(extra=extra)
 
   return base._replace(
     init_server=init_server,

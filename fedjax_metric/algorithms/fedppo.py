@@ -363,7 +363,7 @@ def make(
     }
     return delta, weight, row
 
-  def server_update(server_state, aggregate, client_table):
+  def server_update(server_state, aggregate, cohort_rows):
     extra = server_state.extra
     num_clients = extra['previous_loss'].shape[0]
     ids = aggregate.client_ids
@@ -378,7 +378,7 @@ def make(
     drawn_from = log_probs if selection == 'ppo' else jnp.zeros_like(log_probs)
     selected = sample_without_replacement(drawn_from, available, k, round_key)
 
-    rows = engine.gather_rows(client_table, ids)
+    rows = cohort_rows
     in_selection = aggregate.slot_mask & selected.at[ids].get(mode='clip')
     weights = jnp.where(in_selection, rows['weight'], 0.0)
     # FedAvg's weighted mean, over the selected rows only.

@@ -145,8 +145,8 @@ def make(
     )
     return {'model': delta, **shares}, weight, row
 
-  def server_update(server_state, aggregate, client_table):
-    del client_table
+  def server_update(server_state, aggregate, cohort_rows):
+    del cohort_rows
     total = aggregate.update_sum
     model_mean = fedavg.mean_update(
       aggregate._replace(update_sum=total['model'])

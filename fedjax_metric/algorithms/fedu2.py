@@ -287,10 +287,10 @@ def make(
     delta_params, _ = split_variables(delta)
     return delta, weight, {'delta': delta_params, 'weight': weight}
 
-  def server_update(server_state, aggregate, client_table):
+  def server_update(server_state, aggregate, cohort_rows):
     mean_delta = fedavg.mean_update(aggregate)
     if aggregation == 'eua':
-      rows = engine.gather_rows(client_table, aggregate.client_ids)
+      rows = cohort_rows
       real = aggregate.slot_mask & (rows['weight'] > 0)
       direction, _ = eua_direction(
         rows['delta'], rows['weight'], real, max_iter=max_iter

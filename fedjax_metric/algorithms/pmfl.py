@@ -359,8 +359,8 @@ def make(
     weight = participant_weight(ctx.server_state.extra, ctx.client_id)
     return delta, weight, row
 
-  def server_update(server_state, aggregate, client_table):
-    del client_table
+  def server_update(server_state, aggregate, cohort_rows):
+    del cohort_rows
     extra = server_state.extra
     state = AdaptiveState(
       extra['interval'], extra['count'], extra['interval_sum']

@@ -110,11 +110,11 @@ def make(
     )
     return {'model': delta, 'control': control_delta}, weight, new_control
 
-  def server_update(server_state, aggregate, client_table):
-    num_clients = jax.tree.leaves(client_table)[0].shape[0]
+  def server_update(server_state, aggregate, cohort_rows):
+    num_clients = aggregate.num_clients
     model_sum = aggregate.update_sum['model']
     state = base.server_update(
-      server_state, aggregate._replace(update_sum=model_sum), client_table
+      server_state, aggregate._replace(update_sum=model_sum), cohort_rows
     )
     control = jax.tree.map(
       lambda c, d: c + d / num_clients,

@@ -39,6 +39,11 @@ class Cohort(NamedTuple):
     example_idx: int32 [C, S, B] indices into the training set.
     example_mask: bool [C, S, B]; False for padded examples and steps.
     num_examples: float32 [C]; each client's dataset size (0 for padding).
+    row_ids: int32 [C] or None: each slot's row in the client table the
+      round is given. None: ``client_ids`` (the whole table is on the
+      device). Where the table lives off the device (client_table.py) a
+      call is given only its cohorts' rows, and row_ids index those;
+      padding slots hold an out-of-range row, whose writes are dropped.
   """
 
   client_ids: np.ndarray
@@ -46,6 +51,12 @@ class Cohort(NamedTuple):
   example_idx: np.ndarray
   example_mask: np.ndarray
   num_examples: np.ndarray
+  row_ids: Optional[np.ndarray] = None
+
+
+def table_rows(cohort: Cohort):
+  """The client-table row of each slot: ``row_ids``, or the client ids."""
+  return cohort.client_ids if cohort.row_ids is None else cohort.row_ids
 
 
 def num_local_steps(

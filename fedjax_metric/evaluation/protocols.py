@@ -37,11 +37,15 @@ class Evaluator(NamedTuple):
   final: ``(server_state, client_table) -> {name: float}``, once at the end
     of a run (slow downstream evaluations); may return ``{}``.
   headline: the metric the progress bar shows.
+  reads_client_table: whether ``every`` / ``final`` read the client table
+    (Deep SVDD's per-client models); where the table lives off the device
+    (client_table.py) the others are given ``()`` and it is not read.
   """
 
   every: Callable[..., Dict[str, float]]
   final: Callable[..., Dict[str, float]]
   headline: str
+  reads_client_table: bool = False
 
 
 def _nothing(server_state, client_table) -> Dict[str, Any]:
@@ -160,7 +164,12 @@ def _one_class_evaluator(config, model, preprocess, train, test, clients):
       return {'codeword_min_distance': int(extra['min_distance'])}
     return {}
 
-  return Evaluator(evaluate, final, 'auroc_mean')
+  return Evaluator(
+    evaluate,
+    final,
+    'auroc_mean',
+    reads_client_table=score == 'client_models',
+  )
 
 
 def _train_accuracy_fn(config, model, preprocess, train):
