@@ -390,6 +390,52 @@ def one_class(
   return _as_int64(parts)
 
 
+def natural(client_ids, num_clients=None, *, seed=0):
+  """One client per writer: the natural partition of data that names them.
+
+  Flower Datasets' `NaturalIdPartitioner` convention: the examples whose
+  client id (e.g. the FEMNIST writer, `ArrayDataset.client_ids`) is the
+  same form one client. Client j holds the j-th distinct id in sorted
+  order, its examples in ascending index order; ``client_ids[part[0]]``
+  is a client's writer.
+
+  Args:
+    client_ids: [N] integer writer id of each example.
+    num_clients: None for every writer; J below their number keeps J
+      writers drawn uniformly without replacement (`seed`), still in id
+      order; the other writers' examples belong to no client.
+    seed: seed of `np.random.default_rng`, for the subset only.
+
+  Returns:
+    One np.int64 index array per client.
+
+  Raises:
+    ValueError: client_ids empty, not 1-D or not integers; num_clients not
+      an integer >= 1 or more than the writers.
+  """
+  ids = np.asarray(client_ids)
+  if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in 'iu':
+    raise ValueError(
+      'client_ids must be a non-empty 1-D integer array (one writer id per '
+      f'example), got {ids.dtype} of shape {ids.shape}.'
+    )
+  _, inverse = np.unique(ids, return_inverse=True)
+  counts = np.bincount(inverse)
+  order = np.argsort(inverse, kind='stable')
+  parts = np.split(order, np.cumsum(counts)[:-1])
+  if num_clients is None:
+    return _as_int64(parts)
+  writers = len(parts)
+  if int(num_clients) != num_clients or not 1 <= num_clients <= writers:
+    raise ValueError(
+      f'num_clients={num_clients} but the data has {writers} writers; a '
+      f'natural partition takes 1 to {writers} of them (None: all).'
+    )
+  rng = np.random.default_rng(seed)
+  chosen = np.sort(rng.choice(writers, int(num_clients), replace=False))
+  return _as_int64([parts[i] for i in chosen])
+
+
 def one_class_labels(partition, labels):
   """The single class (label value) of each client of a one-class partition.
 

@@ -11,6 +11,10 @@ has the name (`tfds:cifar10` against the built-in `cifar10`).
 For built-ins the directory is resolved as: the explicit `data_dir`, else
 `$FEDJAX_METRIC_DATA_DIR/<name>`, else a per-dataset default (only
 `fashion_mnist` has one, where Debian's `dataset-fashion-mnist` installs it).
+
+`NATURAL_DATASETS` (`femnist`, `emnist_fedjax`, `emnist_fedjax_digits`) are
+read by `natural` from LEAF's JSON or FedJAX's SQLite files; their examples
+carry the writer's id (`ArrayDataset.client_ids`) for `partition.natural`.
 """
 
 import difflib
@@ -27,6 +31,8 @@ import numpy as np
 ENV_VAR = 'FEDJAX_METRIC_DATA_DIR'
 SPLITS = ('train', 'test')
 DATASETS = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100')
+# Built in too, with a writer id per example (fedjax_metric.data.natural).
+NATURAL_DATASETS = ('femnist', 'emnist_fedjax', 'emnist_fedjax_digits')
 # 'tfds:<name>' is TFDS's dataset <name> even where a built-in has the name
 # ('tfds:cifar10' reads a prepared TFDS data_dir, 'cifar10' the tarball).
 TFDS_PREFIX = 'tfds:'
@@ -40,6 +46,15 @@ DESCRIPTIONS = {
   'or TFDS as tfds:fashion_mnist.',
   'cifar10': 'CIFAR-10: the python tarball in data_dir, or TFDS as tfds:cifar10.',
   'cifar100': 'CIFAR-100: the python tarball in data_dir, or TFDS as tfds:cifar100.',
+  'femnist': 'FEMNIST (LEAF): 62 classes, one writer per example; the JSON '
+  "files LEAF's data/femnist/preprocess.sh writes (its train/ and test/ "
+  'folders) in data_dir (github.com/TalwalkarLab/leaf).',
+  'emnist_fedjax': 'Federated EMNIST as FedJAX ships it: 62 classes, 3,400 '
+  'writers; federated_emnist_{train,test}.sqlite from '
+  'https://storage.googleapis.com/gresearch/fedjax/emnist/ in data_dir.',
+  'emnist_fedjax_digits': "FedJAX's digits-only federated EMNIST: 10 "
+  'classes; federated_emnist_digitsonly_{train,test}.sqlite from '
+  'https://storage.googleapis.com/gresearch/fedjax/emnist/ in data_dir.',
 }
 
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte data, 3 dimensions.
@@ -76,11 +91,16 @@ class ArrayDataset(NamedTuple):
     images: uint8 [N, H, W, C] pixels.
     labels: int32 [N] class ids in [0, num_classes).
     num_classes: Number of classes.
+    client_ids: None, or int64 [N], each example's writer, an index into
+      client_names (the natural datasets, `partition.natural`).
+    client_names: None, or the writers' names, for `client_ids`.
   """
 
   images: np.ndarray
   labels: np.ndarray
   num_classes: int
+  client_ids: Optional[np.ndarray] = None
+  client_names: Optional[Tuple[str, ...]] = None
 
 
 # The validation split is drawn with this seed whatever the run's seed, so
@@ -133,8 +153,11 @@ def hold_out(
   is_held[np.concatenate(held)] = True
 
   def take(mask):
-    return ArrayDataset(
-      dataset.images[mask], dataset.labels[mask], dataset.num_classes
+    ids = dataset.client_ids
+    return dataset._replace(
+      images=dataset.images[mask],
+      labels=dataset.labels[mask],
+      client_ids=None if ids is None else ids[mask],
     )
 
   return take(~is_held), take(is_held)
@@ -169,6 +192,10 @@ def load(
     )
   if name == 'digits':
     ds = _load_digits(split)
+  elif name in NATURAL_DATASETS:
+    from fedjax_metric.data import natural  # Imports this module.
+
+    ds = natural.load(name, split, _resolve_dir(name, data_dir))
   elif name in ('mnist', 'fashion_mnist'):
     ds = _load_idx_dataset(name, split, _resolve_dir(name, data_dir))
   else:
@@ -191,7 +218,7 @@ def tfds_name(name: str) -> Optional[str]:
         f'e.g. {TFDS_PREFIX}cifar10.'
       )
     return rest
-  return None if name in DATASETS else name
+  return None if name in DATASETS or name in NATURAL_DATASETS else name
 
 
 def check_available(name: str, data_dir: Optional[str] = None) -> None:
@@ -213,7 +240,11 @@ def check_available(name: str, data_dir: Optional[str] = None) -> None:
   """
   if name == 'digits':
     return
-  if name in ('mnist', 'fashion_mnist'):
+  if name in NATURAL_DATASETS:
+    from fedjax_metric.data import natural  # Imports this module.
+
+    natural.check_available(name, _resolve_dir(name, data_dir))
+  elif name in ('mnist', 'fashion_mnist'):
     for split in SPLITS:
       _idx_paths(name, split, _resolve_dir(name, data_dir))
   elif name in _CIFAR:
@@ -235,11 +266,12 @@ def _not_built_in(name: str) -> str:
       f"Dataset {TFDS_PREFIX}{name} is TFDS's {name} (the built-in loader "
       f'is plain {name!r}). '
     )
+  built_in = DATASETS + NATURAL_DATASETS
   close = difflib.get_close_matches(
-    name.lower().replace('-', '_'), DATASETS, n=1
+    name.lower().replace('-', '_'), built_in, n=1
   )
   guess = f'Did you mean {close[0]!r}? ' if close else ''
-  return f'Dataset {name!r} is not built in ({", ".join(DATASETS)}). {guess}'
+  return f'Dataset {name!r} is not built in ({", ".join(built_in)}). {guess}'
 
 
 def _resolve_dir(name: str, data_dir: Optional[str]) -> Optional[str]:
