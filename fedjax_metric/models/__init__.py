@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from fedjax_metric.models import (
   fedquad_cnn,
   lenet,
+  linear,
   moon_cnn,
   resnet,
   resnet32,
@@ -164,6 +165,9 @@ REGISTRY = {
   'resnet18': resnet.ResNet18,
   'ssl_resnet18': ssl.SSLResNet18,
   'ssl_cnn': ssl.SSLSmallCNN,
+  # Vector inputs [B, d] (data/synthetic.py); [B, ...] is flattened.
+  'logistic_regression': linear.LogisticRegression,
+  'mlp': linear.MLP,
   # Embedding networks of the one-class family: no 'logits' output.
   'lenet': lenet.LeNet,
   'resnet32': resnet32.ResNet32,
