@@ -10,6 +10,7 @@ function a notebook can call on its own (`make_partition`, `build_model`,
 
 import math
 import os
+import threading
 from typing import Any, NamedTuple, Optional
 
 from absl import logging
@@ -30,18 +31,29 @@ from fedjax_metric import (
 from fedjax_metric.algorithms import fedagm, fedhyper
 from fedjax_metric.data import (
   augment,
+  on_demand,
   participation,
   partition,
   quantity,
   sources,
+  synthetic,
 )
 from fedjax_metric.data import cohort as cohort_lib
 
 
-def make_partition(config, labels):
-  """The per-client index arrays the config asks for."""
+def make_partition(config, labels, client_ids=None):
+  """The per-client index arrays the config asks for (``client_ids``: the
+  training set's writer of each example, for ``method='natural'``)."""
   p = config.partition
   n = config.num_clients
+  if p.method == 'natural':
+    if client_ids is None:
+      raise ValueError(
+        f'partition.method=natural needs a dataset whose examples carry a '
+        f'client id ({", ".join(sources.NATURAL_DATASETS)}); '
+        f'{config.dataset.name!r} has none. Use another partition.method.'
+      )
+    return partition.natural(client_ids, n, seed=config.seed)
   if p.method == 'iid':
     return partition.iid(labels, n, seed=config.seed)
   if p.method == 'dirichlet':
@@ -69,7 +81,7 @@ def make_partition(config, labels):
     )
   raise ValueError(
     f'Unknown partition.method {p.method!r}; use iid, dirichlet, '
-    'shards, one_class or quantity.'
+    'shards, one_class, quantity or natural.'
   )
 
 
@@ -268,14 +280,84 @@ def build_round_spec(config, algorithm, preprocess):
   )
 
 
-def participation_mask(config, class_counts):
-  """``(probabilities [N], mask [T, N])`` of the config's pattern, or None.
+# Populations up to this many client-rounds keep their whole [T, N] mask
+# (participation.json and .png are drawn from it); larger ones stream it.
+MASK_LIMIT = 20_000_000
+
+
+class ParticipationPlan:
+  """Who is available in each round under a participation pattern.
+
+  Rows come from `participation.ParticipationStream` (bit for bit the rows
+  of `participation.sample`), so 10^6 clients need O(N) memory; a small
+  population also keeps the whole mask (``mask``, for its picture).
+
+  Attributes:
+    probabilities: float64 [N] each client's participation probability.
+    most_active: the largest number of participants in any round (C).
+    mask: bool [T, N] or None (over `MASK_LIMIT` client-rounds).
+  """
+
+  def __init__(self, config, probabilities):
+    p = config.participation
+    self.pattern = p.pattern
+    self.probabilities = probabilities
+    self._kwargs = dict(
+      seed=config.seed, markov_rate=p.markov_rate, cycle=p.cycle
+    )
+    self._num_rounds = config.num_rounds
+    self.mask = None
+    if config.num_rounds * len(probabilities) <= MASK_LIMIT:
+      self.mask = participation.sample(
+        probabilities, config.num_rounds, p.pattern, **self._kwargs
+      ).astype(bool)
+      self.most_active = participation.max_active(self.mask)
+    else:
+      self.most_active = participation.max_active_streamed(
+        probabilities, config.num_rounds, p.pattern, **self._kwargs
+      )
+    self._stream = None
+    self._lock = threading.Lock()
+
+  def clients_at(self, round_idx: int) -> np.ndarray:
+    """int64 ids of the clients available in round ``round_idx``."""
+    if self.mask is not None:
+      return np.flatnonzero(self.mask[round_idx])
+    with self._lock:  # The cohort thread and the main thread both ask.
+      if self._stream is None:
+        self._stream = participation.ParticipationStream(
+          self.probabilities,
+          self._num_rounds,
+          self.pattern,
+          start=round_idx,
+          **self._kwargs,
+        )
+      if self._stream.next_round != round_idx:
+        self._stream.seek(round_idx)
+      return np.flatnonzero(next(self._stream))
+
+  def mean_active(self) -> float:
+    """Participants per round: counted where the mask is kept, else the
+    expectation (the sum of the probabilities)."""
+    if self.mask is not None:
+      return float(self.mask.sum(1).mean())
+    return float(np.sum(self.probabilities))
+
+
+# Label histograms of a population made on demand are estimated from each
+# client's first examples (participation probabilities tied to labels,
+# FedLC's calibration): all of its examples would be 10^8 at 10^6 clients.
+LABEL_COUNT_EXAMPLES = 32
+
+
+def participation_plan(config, class_counts):
+  """The `ParticipationPlan` of the config's pattern, or None.
 
   With ``participation.pattern = 'uniform'`` (the default) every round draws
   ``clients_per_round`` clients uniformly (`cohort.sample_clients`) and no
-  mask exists. Other patterns give each client its own probability, tied to
-  its label histogram, and a fixed availability mask; both are functions of
-  the seed, so a resumed run rebuilds the same mask.
+  plan exists. Other patterns give each client its own probability, tied to
+  its label histogram, and a fixed availability pattern; both are functions
+  of the seed, so a resumed run rebuilds the same.
   """
   p = config.participation
   if p.pattern == 'uniform':
@@ -288,23 +370,34 @@ def participation_mask(config, class_counts):
     seed=config.seed,
     normalize=p.normalize,
   )
-  mask = participation.sample(
-    probs,
-    config.num_rounds,
-    p.pattern,
-    seed=config.seed,
-    markov_rate=p.markov_rate,
-    cycle=p.cycle,
-  )
-  return probs, mask
+  return ParticipationPlan(config, probs)
 
 
-def num_cohort_slots(config, num_devices: int, mask=None) -> int:
+def participation_mask(config, class_counts):
+  """``(probabilities [N], mask [T, N])`` of the config's pattern, or None
+  (the whole mask at once: for a look at a small population; a run streams
+  it, `participation_plan`)."""
+  plan = participation_plan(config, class_counts)
+  if plan is None:
+    return None
+  p = config.participation
+  mask = plan.mask
+  if mask is None:
+    mask = participation.sample(
+      plan.probabilities,
+      config.num_rounds,
+      p.pattern,
+      seed=config.seed,
+      markov_rate=p.markov_rate,
+      cycle=p.cycle,
+    )
+  return plan.probabilities, mask
+
+
+def num_cohort_slots(config, num_devices: int, plan=None) -> int:
   """C: clients per round (the most active in any round under a
   participation pattern), padded up to a multiple of the device count."""
-  most = (
-    config.clients_per_round if mask is None else participation.max_active(mask)
-  )
+  most = config.clients_per_round if plan is None else plan.most_active
   return num_devices * math.ceil(most / num_devices)
 
 
@@ -312,14 +405,18 @@ class Experiment(NamedTuple):
   """What a config builds before any round runs.
 
   Attributes:
-    train, test: `sources.Dataset`s (train without its validation part).
+    train, test: `sources.ArrayDataset`s (train without its validation
+      part); train is None for a population made on demand (synthetic).
     validation: the held-out part of train, or None.
-    clients: [N] int index arrays into train.
-    class_counts: [N, classes] examples of each class per client.
+    clients: [N] int index arrays into train, or the
+      `on_demand.GeneratedClients` (positions in each client's examples).
+    class_counts: [N, classes] examples of each class per client (for a
+      generated population, of its first `LABEL_COUNT_EXAMPLES`, and only
+      where a participation pattern or FedLC needs them), or None.
     probabilities: [N] each client's true participation probability (K / N
       under the uniform sampler).
-    active: [T, N] bool participation mask, or None (uniform sampling).
-    train_preprocess, eval_preprocess: ``(uint8 images, key) -> float``.
+    availability: the `ParticipationPlan`, or None (uniform sampling).
+    train_preprocess, eval_preprocess: ``(inputs, key) -> float``.
     model: the model the clients train (its convolution form fits the
       executor); eval_model: the same parameters in the evaluation's form.
     variables: the initial global model.
@@ -329,10 +426,10 @@ class Experiment(NamedTuple):
   train: Any
   test: Any
   validation: Optional[Any]
-  clients: list
-  class_counts: np.ndarray
+  clients: Any
+  class_counts: Optional[np.ndarray]
   probabilities: np.ndarray
-  active: Optional[np.ndarray]
+  availability: Optional[ParticipationPlan]
   train_preprocess: Any
   eval_preprocess: Any
   model: Any
@@ -347,31 +444,27 @@ def build(config, *, one_program=False) -> Experiment:
   round (`executors.round_is_one_program`), which picks their convolution
   form."""
   ds = config.dataset
-  data_dir = ds.data_dir or None
-  train = sources.load(ds.name, 'train', data_dir)
-  test = sources.load(ds.name, 'test', data_dir)
-  train, validation_split = sources.hold_out(
-    train, ds.get('validation_fraction', 0.0)
-  )
-  clients = make_partition(config, train.labels)
-  counts = partition.class_counts(train.labels, clients, train.num_classes)
+  if ds.name in sources.GENERATED_DATASETS:
+    data = _generated_data(config)
+  else:
+    data = _stored_data(config)
+  train, test, validation_split, clients, counts, preprocess = data
   # The true p_n (FedAU's known_prob): K / N under the uniform sampler.
   probs = np.full(
     config.num_clients, config.clients_per_round / config.num_clients
   )
-  active = participation_mask(config, counts)
-  if active is not None:
-    probs, active = active
-    active = active.astype(bool)
-  mean, std = augment.channel_stats(train.images)
-  eval_preprocess = augment.make_preprocess(mean, std, 'none')
+  plan = participation_plan(config, counts)
+  if plan is not None:
+    probs = plan.probabilities
+  train_preprocess, eval_preprocess = preprocess
+  model_config = model_for_dataset(config)
   # The clients' program and the evaluation (one model, large batches) may
   # want different convolution forms; the parameters are the same.
   model, eval_model = (
     build_model(
-      config.model,
-      train.num_classes,
-      train.images.shape[1:],
+      model_config,
+      test.num_classes,
+      test.images.shape[1:],
       config.precision,
       one_program=program,
     )
@@ -379,8 +472,26 @@ def build(config, *, one_program=False) -> Experiment:
   )
   variables = model.init(
     jax.random.key(config.seed),
-    eval_preprocess(jnp.asarray(train.images[:1]), None),
+    eval_preprocess(jnp.asarray(test.images[:1]), None),
   )
+  algorithm = build_algorithm(
+    config,
+    model,
+    probs,
+    counts,
+    validation=None
+    if validation_split is None
+    else contract.HeldOut(
+      validation_split.images, validation_split.labels, eval_preprocess
+    ),
+  )
+  if train is None and algorithm.client_batches is not None:
+    raise ValueError(
+      f"{config.algorithm}'s batches are drawn from the labels of every "
+      f"example (anchors, positives, negatives); {ds.name} makes a client's "
+      'examples only when it trains. Use an algorithm with plain batches '
+      '(fedavg, scaffold, fedau, ...).'
+    )
   return Experiment(
     train=train,
     test=test,
@@ -388,24 +499,145 @@ def build(config, *, one_program=False) -> Experiment:
     clients=clients,
     class_counts=counts,
     probabilities=probs,
-    active=active,
-    train_preprocess=augment.make_preprocess(mean, std, ds.augmentation),
+    availability=plan,
+    train_preprocess=train_preprocess,
     eval_preprocess=eval_preprocess,
     model=model,
     eval_model=eval_model,
     variables=variables,
-    algorithm=build_algorithm(
-      config,
-      model,
-      probs,
-      counts,
-      validation=None
-      if validation_split is None
-      else contract.HeldOut(
-        validation_split.images, validation_split.labels, eval_preprocess
-      ),
-    ),
+    algorithm=algorithm,
   )
+
+
+def _stored_data(config):
+  """``(train, test, validation, clients, class_counts, (train_preprocess,
+  eval_preprocess))`` of a dataset read from files."""
+  ds = config.dataset
+  data_dir = ds.data_dir or None
+  train = sources.load(ds.name, 'train', data_dir)
+  test = sources.load(ds.name, 'test', data_dir)
+  train, validation_split = sources.hold_out(
+    train, ds.get('validation_fraction', 0.0)
+  )
+  clients = make_partition(config, train.labels, train.client_ids)
+  counts = partition.class_counts(train.labels, clients, train.num_classes)
+  mean, std = augment.channel_stats(train.images)
+  preprocess = (
+    augment.make_preprocess(mean, std, ds.augmentation),
+    augment.make_preprocess(mean, std, 'none'),
+  )
+  return train, test, validation_split, clients, counts, preprocess
+
+
+def synthetic_spec(config) -> synthetic.SyntheticSpec:
+  ds = config.dataset
+  return synthetic.SyntheticSpec(
+    alpha=ds.alpha, beta=ds.beta, max_examples=ds.max_client_examples
+  )
+
+
+TEST_CLIENTS_TAG = 0x7E57
+
+
+def _generated_data(config):
+  """`_stored_data` of a population made on demand (data/on_demand.py):
+  no training set exists; the clients' examples are made when sampled."""
+  spec, seed, n = synthetic_spec(config), config.seed, config.num_clients
+  clients = on_demand.GeneratedClients(
+    synthetic.client_sizes(spec, seed, np.arange(n)),
+    lambda ids, positions: synthetic.client_examples(
+      spec, seed, ids, positions
+    ),
+    spec.num_classes,
+    (spec.num_features,),
+    lambda ids, m: synthetic.client_label_counts(spec, seed, ids, m),
+    lambda ids: synthetic.client_test_set(spec, seed, ids),
+  )
+  # The test set: test_clients training clients (a fixed draw) with their
+  # held-out examples, the FedProx code's per-client 90 / 10 split.
+  tested = np.sort(
+    np.random.default_rng([seed, TEST_CLIENTS_TAG]).choice(
+      n, min(config.dataset.test_clients, n), replace=False
+    )
+  )
+  x, y, owner = synthetic.client_test_set(spec, seed, tested)
+  test = sources.ArrayDataset(x, y, spec.num_classes, client_ids=owner)
+  counts = None
+  if config.participation.pattern != 'uniform' or config.algorithm == 'fedlc':
+    counts = clients.label_counts(np.arange(n), LABEL_COUNT_EXAMPLES)
+  # The features are already standardised floats: nothing to scale.
+  preprocess = (features_preprocess, features_preprocess)
+  return None, test, None, clients, counts, preprocess
+
+
+def round_data_template(experiment, num_slots, num_steps, config):
+  """Zeros shaped like one round's examples of a population made on demand
+  ([C * S * B', ...]; B' the algorithm's batch width), for planning and
+  compiling; each call then brings its own (`on_demand.call_data`)."""
+  probe = cohort_lib.make_cohort(
+    np.zeros(0, np.int64),
+    experiment.clients,
+    num_slots=num_slots,
+    num_steps=num_steps,
+    batch_size=config.local.batch_size,
+    local_epochs=config.local.epochs,
+    local_steps=config.local.steps,
+    seed=config.seed,
+    round_idx=0,
+    batches_fn=experiment.algorithm.client_batches,
+    cohort_batches_fn=experiment.algorithm.cohort_batches,
+    sampler=config.cohort_sampler,
+  )
+  size = probe.example_idx.size
+  clients = experiment.clients
+  return engine.DeviceData(
+    jnp.zeros((size,) + clients.feature_shape, jnp.float32),
+    jnp.zeros((size,), jnp.int32),
+  )
+
+
+def model_for_dataset(config):
+  """``config.model``, or the dataset's own model block where the config's
+  model cannot take the dataset's inputs (`models.model_for_dataset`)."""
+  return models.model_for_dataset(config.model, config.dataset.name)
+
+
+def trace_one_client(config, experiment, spec, data, num_slots, num_steps):
+  """Traces one client's local training abstractly (no compile, no
+  arithmetic: `jax.eval_shape`), so that an error a hook raises at trace
+  time is reported before anything is written."""
+  cohort = cohort_fn(config, experiment, num_slots, num_steps)(0)
+  key = _state_key(config)
+  variables = experiment.variables
+  server_state = jax.eval_shape(
+    lambda: engine.init_server_state(
+      experiment.algorithm, variables, config.num_clients, key
+    )
+  )
+  row = jax.eval_shape(experiment.algorithm.init_client, variables, key)
+  jax.eval_shape(
+    lambda data, state, row: engine.client_update(
+      spec,
+      data,
+      state,
+      row,
+      jnp.int32(0),
+      jnp.int32(0),
+      cohort.example_idx[0],
+      cohort.example_mask[0],
+      cohort.num_examples[0],
+      unroll=1,
+    ),
+    data,
+    server_state,
+    row,
+  )
+
+
+def features_preprocess(features, key):
+  """The preprocessing of vector datasets (synthetic): float32, as is."""
+  del key
+  return features.astype(jnp.float32)
 
 
 def _state_key(config):
@@ -500,15 +732,16 @@ def open_table(config, experiment, placement, layout, workdir, num_slots):
 def cohort_fn(config, experiment, num_slots, num_steps):
   """``round -> Cohort``: who trains in a round and on which batches, a
   function of (seed, round) alone, so a resumed run draws the same."""
-  lc, active = config.local, experiment.active
+  lc, plan = config.local, experiment.availability
+  labels = None if experiment.train is None else experiment.train.labels
 
   def cohort_for(round_idx):
-    if active is None:
+    if plan is None:
       ids = cohort_lib.sample_clients(
         config.seed, round_idx, config.num_clients, config.clients_per_round
       )
     else:
-      ids = np.flatnonzero(active[round_idx])
+      ids = plan.clients_at(round_idx)
     return cohort_lib.make_cohort(
       ids,
       experiment.clients,
@@ -519,7 +752,7 @@ def cohort_fn(config, experiment, num_slots, num_steps):
       local_steps=lc.steps,
       seed=config.seed,
       round_idx=round_idx,
-      labels=experiment.train.labels,
+      labels=labels,
       batches_fn=experiment.algorithm.client_batches,
       cohort_batches_fn=experiment.algorithm.cohort_batches,
       sampler=config.cohort_sampler,
@@ -550,7 +783,7 @@ def unused_gpu_note(backend, *, exists=os.path.exists, environ=os.environ):
 def num_local_steps(config, clients) -> int:
   """Local steps a round runs on every client (`cohort.num_local_steps`)."""
   return cohort_lib.num_local_steps(
-    [len(c) for c in clients],
+    on_demand.client_sizes(clients),
     batch_size=config.local.batch_size,
     local_epochs=config.local.epochs,
     local_steps=config.local.steps,
@@ -563,9 +796,9 @@ def describe(config, experiment, choice, num_devices, num_slots, num_steps):
   lc = config.local
   per_round = (
     config.clients_per_round
-    if experiment.active is None
+    if experiment.availability is None
     else f'{config.participation.pattern} participation, '
-    f'{experiment.active.sum(1).mean():.1f}'
+    f'{experiment.availability.mean_active():.1f}'
   )
   conv_impl = getattr(experiment.model.module, 'conv_impl', None)
   return (
@@ -582,7 +815,7 @@ def describe(config, experiment, choice, num_devices, num_slots, num_steps):
 
 def _full_batch_note(batch_size, clients):
   """A second start line when no client holds a whole batch, else ''."""
-  largest = max(len(c) for c in clients)
+  largest = int(on_demand.client_sizes(clients).max())
   if batch_size <= largest:
     return ''
   return (

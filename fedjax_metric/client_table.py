@@ -757,17 +757,18 @@ def device_rows(layout: RowLayout, packed: np.ndarray, capacity: int, put):
 class OffDeviceRounds:
   """Runs calls of R rounds against an `OffDeviceTable`.
 
-  ``run(server_state, first)`` builds the call's cohorts
-  (``cohorts_for_call(first)``), takes their rows (read ahead during the
-  previous call), runs ``rounds_fn`` on a [R * C, ...] table of them and
-  writes the new rows back (in the background, in order). Returns the new
-  server state, the call's metrics and its cohorts.
+  ``run(server_state, first)`` builds the call's inputs
+  (``inputs_for_call(first)``: its cohorts and, for clients made on demand,
+  their examples), takes their rows (read ahead during the previous call),
+  runs ``rounds_fn`` on a [R * C, ...] table of them and writes the new rows
+  back (in the background, in order). Returns the new server state, the
+  call's metrics and its cohorts.
 
   Args:
-    rounds_fn: ``(server_state, table, cohorts) -> (state, table, metrics)``
-      (`executors.make_rounds_fn`).
+    rounds_fn: ``(server_state, table, cohorts, call_data) -> (state,
+      table, metrics)`` (`executors.make_rounds_fn`).
     table: the `OffDeviceTable`, opened.
-    cohorts_for_call: ``first round -> [R cohorts]``.
+    inputs_for_call: ``first round -> (R cohorts, call data or None)``.
     call_starts: the first round of every call this run makes, in order.
     rounds_per_call, num_slots: R and C.
     put: places the call's rows on the device(s).
@@ -778,7 +779,7 @@ class OffDeviceRounds:
     self,
     rounds_fn,
     table: OffDeviceTable,
-    cohorts_for_call: Callable[[int], list],
+    inputs_for_call: Callable[[int], Any],
     call_starts: Sequence[int],
     *,
     rounds_per_call: int,
@@ -787,7 +788,7 @@ class OffDeviceRounds:
     overlap: bool = True,
   ):
     self.rounds_fn, self.table = rounds_fn, table
-    self.cohorts_for_call = cohorts_for_call
+    self.inputs_for_call = inputs_for_call
     starts = list(call_starts)
     self.following = dict(zip(starts, starts[1:]))
     self.capacity = rounds_per_call * num_slots
@@ -802,10 +803,10 @@ class OffDeviceRounds:
     self.wait_seconds = 0.0
 
   def _prepare(self, first):
-    cohorts = self.cohorts_for_call(first)
+    cohorts, call_data = self.inputs_for_call(first)
     rows = call_rows(cohorts, self.table.num_clients)
     last = first + self.rounds_per_call - 1
-    return cohorts, rows, self.table.gather(rows.ids, last)
+    return cohorts, call_data, rows, self.table.gather(rows.ids, last)
 
   def run(self, server_state, first):
     start = time.perf_counter()
@@ -816,7 +817,7 @@ class OffDeviceRounds:
     if following is not None:
       # Queued after the previous call's write and before this call's.
       self.pending[following] = self.io.submit(self._prepare, following)
-    cohorts, rows, packed = future.result()
+    cohorts, call_data, rows, packed = future.result()
     packed = patch_from(rows.ids, packed, *self.previous)
     cohorts = [
       c._replace(row_ids=rows.row_ids[r]) for r, c in enumerate(cohorts)
@@ -824,7 +825,7 @@ class OffDeviceRounds:
     table_rows = device_rows(self.table.layout, packed, self.capacity, self.put)
     self.wait_seconds += time.perf_counter() - start
     server_state, table_rows, metrics = self.rounds_fn(
-      server_state, table_rows, cohorts
+      server_state, table_rows, cohorts, call_data
     )
     new_rows = jax.device_get(table_rows)  # Waits for the call.
     start = time.perf_counter()

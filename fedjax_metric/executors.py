@@ -235,8 +235,13 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
     rounds.single_program_round, spec, chunk_size=chunk_size, unroll=unroll
   )
 
-  def round_fn(server_state, client_table, cohort):
-    return jitted(server_state, client_table, cohort, data)
+  def round_fn(server_state, client_table, cohort, call_data=None):
+    return jitted(
+      server_state,
+      client_table,
+      cohort,
+      data if call_data is None else call_data,
+    )
 
   round_fn.jitted = jitted
   return round_fn
@@ -309,7 +314,10 @@ def make_rounds_fn(
   """``(server_state, client_table, cohorts) -> (state, table, metrics)``.
 
   ``cohorts`` is a list of R = ``rounds_per_call`` host (NumPy) cohorts,
-  rounds t .. t + R - 1; each metric comes back with shape [R]. With R > 1
+  rounds t .. t + R - 1; each metric comes back with shape [R]. A call may
+  pass its own ``call_data`` (`DeviceData` of the shape ``data`` has), the
+  examples made for its cohorts (data/on_demand.py); ``data`` is then only
+  a template. With R > 1
   and a single-program executor the R rounds are one jitted program
   (`rounds.multi_round`; ``.jitted`` is exposed); otherwise the one-round
   function of `make_round_fn` is called R times. Both give the same result.
@@ -330,13 +338,24 @@ def make_rounds_fn(
     unroll=unroll,
   )
 
-  def rounds_fn(server_state, client_table, cohorts):
+  def rounds_fn(server_state, client_table, cohorts, call_data=None):
     metrics = []
-    for cohort in cohorts:
+    for r, cohort in enumerate(cohorts):
       if mesh is not None:
         cohort = sharding.shard_cohort(cohort, mesh)
+      round_data = None
+      if call_data is not None:
+        # One round's share of the call's examples (its indices start at
+        # r * C * S * B): the one-round program's data shape.
+        size = np.asarray(cohort.example_idx).size
+        round_data = jax.tree.map(
+          lambda x: x[r * size : (r + 1) * size], call_data
+        )
+        cohort = cohort._replace(
+          example_idx=np.asarray(cohort.example_idx) - r * size
+        )
       server_state, client_table, m = round_fn(
-        server_state, client_table, cohort
+        server_state, client_table, cohort, round_data
       )
       metrics.append(m)
     return (
@@ -376,7 +395,7 @@ def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
     rounds.multi_round, spec, chunk_size=choice.chunk_size, unroll=unroll
   )
 
-  def rounds_fn(server_state, client_table, cohorts):
+  def rounds_fn(server_state, client_table, cohorts, call_data=None):
     if len(cohorts) != rounds_per_call:
       raise ValueError(
         f'{len(cohorts)} cohorts for a call of {rounds_per_call} rounds.'
@@ -384,7 +403,12 @@ def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
     stacked = jax.tree.map(lambda *x: np.stack(x), *cohorts)
     if mesh is not None:
       stacked = sharding.shard_cohort(stacked, mesh, stacked=True)
-    return jitted(server_state, client_table, stacked, data)
+    return jitted(
+      server_state,
+      client_table,
+      stacked,
+      data if call_data is None else call_data,
+    )
 
   rounds_fn.jitted = jitted
   return rounds_fn
@@ -403,7 +427,7 @@ def plan(
   num_slots: int,
   mesh=None,
   report=print,
-  table_bytes_per_round: int = 0,
+  extra_bytes_per_round: int = 0,
 ):
   """How a run's rounds will be called: ``(choice, R, rounds_fn)``.
 
@@ -413,9 +437,10 @@ def plan(
   (`make_rounds_fn`). ``state`` is ``(server_state, client_table)``;
   ``cohort_for(round)`` builds a round's cohort (the first round's shapes
   are every round's); ``round_range`` is ``(first round, end round)``; ``report``
-  prints each decision in one line. ``table_bytes_per_round``: the client
-  rows a call carries per round when the table lives off the device (they
-  count against R like the cohorts).
+  prints each decision in one line. ``extra_bytes_per_round``: what else a
+  call carries per round (the client rows of a table off the device, the
+  examples of clients made on demand); it counts against R like the
+  cohorts.
   """
   start_round, end_round = round_range
   num_devices = mesh.size if mesh is not None else 1
@@ -448,7 +473,7 @@ def plan(
       end_round,
     ),
     round_bytes=(
-      cohort_bytes(cohort_for(start_round)) + table_bytes_per_round
+      cohort_bytes(cohort_for(start_round)) + extra_bytes_per_round
       if start_round < end_round
       else 0
     ),

@@ -168,7 +168,10 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     server,
   )
 
-  def round_fn(server_state, client_table, cohort: Cohort):
+  bound_data = data
+
+  def round_fn(server_state, client_table, cohort: Cohort, call_data=None):
+    data = bound_data if call_data is None else call_data
     host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
     row_ids = table_rows(host)
     num_steps = host.example_idx.shape[1]

@@ -119,29 +119,38 @@ class Throughput:
   the time spent waiting for the host's cohorts (what the prefetch thread
   did not hide), ``in_rounds`` the time in the round calls until their
   results were ready (the programs; the host executor's loop is inside).
+  With a client table off the device (``table=True``), ``table_seconds`` is
+  the time the loop spent on its rows (reads not hidden behind the previous
+  call, packing, placing and queueing the writes; client_table.py).
   """
 
-  def __init__(self):
+  def __init__(self, table: bool = False):
+    self.table = table
     self.restart()
 
   def restart(self):
     self.start = time.time()
     self.cohort_wait, self.in_rounds, self.clients = 0.0, 0.0, 0
+    self.table_seconds = 0.0
 
-  def add_call(self, cohort_wait, in_rounds, clients):
+  def add_call(self, cohort_wait, in_rounds, clients, table_seconds=0.0):
     self.cohort_wait += cohort_wait
     self.in_rounds += in_rounds
     self.clients += clients
+    self.table_seconds += table_seconds
 
   def columns(self, examples, rounds):
     interval = max(time.time() - self.start, 1e-9)
-    return {
+    columns = {
       'examples_per_second': examples / interval,
       'rounds_per_second': rounds / interval,
       'clients_per_second': self.clients / interval,
       'round_seconds': self.in_rounds,
       'cohort_wait_seconds': self.cohort_wait,
     }
+    if self.table:
+      columns['table_seconds'] = self.table_seconds
+    return columns
 
 
 PER_CLIENT_COLUMNS = ('round', 'client_id', 'examples', 'loss', 'update_norm')

@@ -62,6 +62,13 @@ def base_config():
       # every evaluation metric on it too, as val_*: tune on val_*, never
       # on test_*.
       validation_fraction=0.0,
+      # synthetic (Synthetic(alpha, beta), data/synthetic.py): the stds of
+      # the clients' model and input means; each client's size is capped at
+      # max_client_examples; test_clients held-out clients make the test set.
+      alpha=1.0,
+      beta=1.0,
+      max_client_examples=1000,
+      test_clients=100,
     )
   )
   c.partition = ml_collections.ConfigDict(
@@ -180,6 +187,11 @@ def base_config():
   # fedjax_metric/evaluation/protocols.py.
   c.eval_protocol = 'classification'
   c.eval_batch_size = 1000
+  # Federated evaluation (evaluation/federated.py): every `every` rounds
+  # (0: at every evaluation), the global model on `clients` held-out
+  # clients drawn afresh from (seed, round): mean and 10th / 50th / 90th
+  # percentiles of per-client accuracy. 0 clients: off.
+  c.federated_eval = ml_collections.ConfigDict(dict(clients=0, every=0))
   # Every evaluation row also logs <headline>_ema, the debiased exponential
   # moving average of the headline metric over the evaluations so far (the
   # statistic of FedRCL's tables at weight 0.9), and <headline>_top<k>_mean,

@@ -50,6 +50,7 @@ from fedjax_metric import (
 from fedjax_metric import client_table as client_table_lib
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import cohort as cohort_lib
+from fedjax_metric.data import on_demand
 from fedjax_metric.evaluation import protocols
 
 say = workdir_lib.say
@@ -113,7 +114,6 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   num_devices = mesh.size if mesh else 1
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
   train = experiment.train
-  data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
   evaluator = protocols.make_evaluator(
     config,
     model=experiment.eval_model,
@@ -124,7 +124,18 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     validation=experiment.validation,
   )
   num_steps = assemble.num_local_steps(config, experiment.clients)
-  num_slots = assemble.num_cohort_slots(config, num_devices, experiment.active)
+  num_slots = assemble.num_cohort_slots(
+    config, num_devices, experiment.availability
+  )
+  generated = train is None  # Clients made on demand (data/on_demand.py).
+  if generated:
+    # Each call brings the examples made for it; this is one round's
+    # shape, for planning.
+    data = put(
+      assemble.round_data_template(experiment, num_slots, num_steps, config)
+    )
+  else:
+    data = put(engine.DeviceData(train.images, train.labels.astype(np.int32)))
   say(
     assemble.describe(
       config, experiment, choice, num_devices, num_slots, num_steps
@@ -144,6 +155,12 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       assemble.initial_server_state(config, experiment),
       client_table_lib.checkpoint_template(config.num_clients),
     )
+
+  # An error a hook raises while tracing (a model without the outputs an
+  # algorithm reads) appears here, before the workdir is written.
+  assemble.trace_one_client(
+    config, experiment, spec, data, num_slots, num_steps
+  )
 
   # ----- Only now the workdir is written. -----
   os.makedirs(workdir, exist_ok=True)
@@ -192,7 +209,8 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     num_slots=num_slots,
     mesh=mesh,
     report=say,
-    table_bytes_per_round=0 if table is None else num_slots * layout.row_bytes,
+    extra_bytes_per_round=(0 if table is None else num_slots * layout.row_bytes)
+    + (memory.tree_bytes(data) if generated else 0),
   )
   log = metrics_log.MetricsLog(
     workdir, start_round, evaluator.headline, config, chief
@@ -248,7 +266,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
 
   # ----- Rounds: R per call (one program), the host acts between calls. -----
   start_time = time.time()
-  throughput = metrics_log.Throughput()
+  throughput = metrics_log.Throughput(table=table is not None)
   train_sums = []  # Dicts of device arrays [R]; read only at evaluation.
   last = {}
   bar = tqdm.tqdm(
@@ -262,16 +280,21 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   done = start_round
   calls = range(start_round, end_round, rounds_per_call)
 
-  def cohorts_for_call(first):
-    return [cohort_for(r) for r in range(first, first + rounds_per_call)]
+  def inputs_for_call(first):
+    """A call's cohorts, and for clients made on demand their examples."""
+    cohorts = [cohort_for(r) for r in range(first, first + rounds_per_call)]
+    if not generated:
+      return on_demand.CallData(cohorts, None)
+    call = on_demand.call_data(cohorts, experiment.clients)
+    return call._replace(data=put(call.data))
 
   if table is None:
-    call_cohorts = cohort_lib.prefetch(cohorts_for_call, calls)
+    call_inputs = cohort_lib.prefetch(inputs_for_call, calls)
   else:
     driver = client_table_lib.OffDeviceRounds(
       rounds_fn,
       table,
-      cohorts_for_call,
+      inputs_for_call,
       calls,
       rounds_per_call=rounds_per_call,
       num_slots=num_slots,
@@ -284,19 +307,20 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       break
     wait_start = time.perf_counter()
     if table is None:
-      cohorts = next(call_cohorts)
+      cohorts, call_data = next(call_inputs)
       call_start = time.perf_counter()
       server_state, client_table, round_metrics = rounds_fn(
-        server_state, client_table, cohorts
+        server_state, client_table, cohorts, call_data
       )
     else:
-      call_start = wait_start
+      call_start, table_before = wait_start, driver.wait_seconds
       server_state, round_metrics, cohorts = driver.run(server_state, first)
     round_metrics = jax.block_until_ready(round_metrics)
     throughput.add_call(
       call_start - wait_start,
       time.perf_counter() - call_start,
       sum(int(np.count_nonzero(c.slot_mask)) for c in cohorts),
+      0.0 if table is None else driver.wait_seconds - table_before,
     )
     train_sums.append(
       log.round_metrics(first, sharding.local_copy(round_metrics))

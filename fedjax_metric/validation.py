@@ -143,9 +143,15 @@ RULES: Dict[str, Check] = {
   'clients_per_round': _integer(1),
   'dataset.augmentation': _one_of(augment.AUGMENTATIONS),
   'dataset.validation_fraction': _number(0.0, 1.0, high_open=True),
+  'dataset.alpha': _number(0.0),
+  'dataset.beta': _number(0.0),
+  'dataset.max_client_examples': _integer(1),
+  'dataset.test_clients': _integer(1),
   'partition.method': _one_of(
-    ('iid', 'dirichlet', 'shards', 'one_class', 'quantity')
+    ('iid', 'dirichlet', 'shards', 'one_class', 'quantity', 'natural')
   ),
+  'federated_eval.clients': _integer(0),
+  'federated_eval.every': _integer(0),
   'partition.size_distribution': _one_of(quantity.SIZE_DISTRIBUTIONS),
   'partition.power_law_exponent': _number(0.0),
   'partition.alpha': _number(0.0, low_open=True),
@@ -259,7 +265,7 @@ def validate(config) -> None:
       if problem:
         raise ConfigError(_fix(path, problem))
   _check_relations(config)
-  _check_model(config.model)
+  _check_model(models.model_for_dataset(config.model, config.dataset.name))
   _check_algorithm(config)
   _check_dataset(config)
   why = wandb_log.missing(config.logging.wandb)
@@ -274,6 +280,13 @@ def _check_relations(config) -> None:
       f'--config.clients_per_round={config.clients_per_round} is more than '
       f'--config.num_clients={config.num_clients}; lower the first or raise '
       'the second.'
+    )
+  fed = config.federated_eval
+  if fed.clients and fed.every % config.eval_every:
+    raise ConfigError(
+      f'--config.federated_eval.every={fed.every} is not a multiple of '
+      f'--config.eval_every={config.eval_every}: it would never run. Use a '
+      'multiple of eval_every (0: at every evaluation).'
     )
   lc = config.local
   if lc.steps == 0 and lc.epochs < 1:
@@ -312,6 +325,25 @@ def _check_algorithm(config) -> None:
     )
 
 
+def _check_generated(config) -> None:
+  """What a population made on demand (synthetic) cannot do: it has no
+  stored training set to hold out, embed or augment (data/on_demand.py)."""
+  name = config.dataset.name
+  if config.eval_protocol != 'classification':
+    raise ConfigError(
+      f'--config.eval_protocol={config.eval_protocol!r} reads a stored '
+      f'training set (images to embed or augment); {name} makes its '
+      "clients' examples only when they are sampled and is evaluated by "
+      "'classification'. Use a supervised algorithm's config (fedavg, "
+      'scaffold, fedau, ...) or an image dataset.'
+    )
+  if config.dataset.validation_fraction:
+    raise ConfigError(
+      f'--config.dataset.validation_fraction holds out part of a stored '
+      f'training set; {name} has none. Set it to 0.'
+    )
+
+
 def _check_dataset(config) -> None:
   """Files present, and enough training examples for the partition."""
   ds = config.dataset
@@ -325,6 +357,8 @@ def _check_dataset(config) -> None:
       )
     )
   sources.check_available(ds.name, ds.data_dir or None)
+  if ds.name in sources.GENERATED_DATASETS:
+    _check_generated(config)
   target = config.ssl_eval.target_dataset
   if target and config.eval_protocol != 'ssl':
     raise ConfigError(

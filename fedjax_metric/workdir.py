@@ -32,7 +32,7 @@ from fedjax_metric import (
   workdir_lock,
 )
 from fedjax_metric import client_table as client_table_lib
-from fedjax_metric.data import augment, participation, partition
+from fedjax_metric.data import augment, on_demand, participation, partition
 
 # Keys whose change between a run and its resumption is harmless.
 RESUMABLE_CHANGES = (
@@ -349,45 +349,67 @@ def previous_wall_time(checkpoints, start_round, metrics_path):
   )
 
 
+# Populations over this many clients get a summary of their sizes in
+# partition.json, not every client's class counts (nor the pictures).
+PER_CLIENT_FILE_LIMIT = 10_000
+
+
 def write_partition_files(workdir, config, experiment):
   """partition.json (+ .png) and, under a participation pattern,
-  participation.json (+ .png): what the clients hold and when they train."""
+  participation.json (+ .png): what the clients hold and when they train.
+  A population over `PER_CLIENT_FILE_LIMIT` clients (or made on demand)
+  gets a summary of its sizes only."""
   train, clients, counts = (
     experiment.train,
     experiment.clients,
     experiment.class_counts,
   )
-  write_json(
-    os.path.join(workdir, 'partition.json'),
-    {
+  sizes = on_demand.client_sizes(clients)
+  small = len(sizes) <= PER_CLIENT_FILE_LIMIT and train is not None
+  if small:
+    summary = {
       **partition.summarize(clients, train.labels),
       'class_counts': counts.tolist(),
-    },
-  )
-  if config.plot_partition:
+    }
+  else:
+    summary = {
+      'num_clients': len(sizes),
+      'num_examples': int(sizes.sum()),
+      'min_size': int(sizes.min()),
+      'median_size': float(np.median(sizes)),
+      'max_size': int(sizes.max()),
+      'size_percentiles': {
+        str(q): float(np.percentile(sizes, q)) for q in (10, 50, 90, 99)
+      },
+    }
+  write_json(os.path.join(workdir, 'partition.json'), summary)
+  if config.plot_partition and small:
     partition.plot_class_counts(
       counts,
       os.path.join(workdir, 'partition.png'),
       title=f'{config.dataset.name}: '
       f'{assemble.partition_label(config.partition)}',
     )
-  active = experiment.active
-  if active is None:
+  plan = experiment.availability
+  if plan is None:
     return
-  write_json(
-    os.path.join(workdir, 'participation.json'),
-    {
-      'pattern': config.participation.pattern,
-      'probabilities': experiment.probabilities.tolist(),
-      'participation_rate': active.mean(0).tolist(),
-      'active_per_round': active.sum(1).tolist(),
-    },
-  )
-  participation.plot(
-    active,
-    os.path.join(workdir, 'participation.png'),
-    title=f'{config.participation.pattern} participation',
-  )
+  record = {
+    'pattern': config.participation.pattern,
+    'mean_probability': float(np.mean(plan.probabilities)),
+  }
+  if small:
+    record['probabilities'] = plan.probabilities.tolist()
+  if plan.mask is not None:
+    record['active_per_round'] = plan.mask.sum(1).tolist()
+    if small:
+      record['participation_rate'] = plan.mask.mean(0).tolist()
+  write_json(os.path.join(workdir, 'participation.json'), record)
+  if plan.mask is not None and small:
+    participation.plot(
+      plan.mask,
+      os.path.join(workdir, 'participation.png'),
+      title=f'{config.participation.pattern} participation',
+    )
 
 
 def open_checkpoints(config, workdir, state, chief, cleanup):

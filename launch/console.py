@@ -2,6 +2,7 @@
 
   fedjax-metric --config=fedquad:runlocal --workdir=runs/x   # launch.main
   fedjax-metric reproduce fedrcl table1 --seeds=3            # launch.reproduce
+  fedjax-metric scale --out=runs/scale                       # fedjax_metric.scale
 
 Each subcommand defines its own flags, so only the one asked for is
 imported (launch.main's --config and --workdir are required flags).
@@ -11,6 +12,11 @@ import sys
 
 
 def main():
+  if sys.argv[1:2] == ['scale']:
+    from fedjax_metric import scale  # pylint: disable=g-import-not-at-top
+
+    scale.main(sys.argv[2:])
+    return
   if sys.argv[1:2] == ['reproduce']:
     from . import reproduce  # pylint: disable=g-import-not-at-top
 

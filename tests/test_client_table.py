@@ -383,7 +383,7 @@ def _off_device_run(
     return client_table.OffDeviceRounds(
       rounds_fn,
       table,
-      lambda first: cohorts[first : first + rounds_per_call],
+      lambda first: (cohorts[first : first + rounds_per_call], None),
       first_calls,
       rounds_per_call=rounds_per_call,
       num_slots=num_slots,

@@ -23,6 +23,13 @@ from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 def _make(model, level_loss, server_optimizer, weighting):
   def multilevel(outputs, batch):
+    if not outputs['features']:
+      raise ValueError(
+        "FedRCL and FedSCL contrast the model's feature levels "
+        "(outputs['features']); this model has none. Use a model with "
+        "feature taps (--config.model.name='small_cnn', 'resnet18', or "
+        "'mlp' for vectors)."
+      )
     return level_loss(outputs['features'], batch.labels, mask=batch.mask)
 
   return fedavg.make_with_term(

@@ -33,6 +33,9 @@ SPLITS = ('train', 'test')
 DATASETS = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100')
 # Built in too, with a writer id per example (fedjax_metric.data.natural).
 NATURAL_DATASETS = ('femnist', 'emnist_fedjax', 'emnist_fedjax_digits')
+# Made on demand from (seed, client id): no files, no stored examples
+# (fedjax_metric.data.synthetic, data/on_demand.py).
+GENERATED_DATASETS = ('synthetic',)
 # 'tfds:<name>' is TFDS's dataset <name> even where a built-in has the name
 # ('tfds:cifar10' reads a prepared TFDS data_dir, 'cifar10' the tarball).
 TFDS_PREFIX = 'tfds:'
@@ -55,6 +58,9 @@ DESCRIPTIONS = {
   'emnist_fedjax_digits': "FedJAX's digits-only federated EMNIST: 10 "
   'classes; federated_emnist_digitsonly_{train,test}.sqlite from '
   'https://storage.googleapis.com/gresearch/fedjax/emnist/ in data_dir.',
+  'synthetic': 'Synthetic(alpha, beta) of the FedProx paper (Li et al., '
+  '2020): 60 features, 10 classes, log-normal client sizes; every client '
+  'made from (seed, client id) when sampled (dataset.alpha, dataset.beta).',
 }
 
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte data, 3 dimensions.
@@ -218,7 +224,8 @@ def tfds_name(name: str) -> Optional[str]:
         f'e.g. {TFDS_PREFIX}cifar10.'
       )
     return rest
-  return None if name in DATASETS or name in NATURAL_DATASETS else name
+  built_in = DATASETS + NATURAL_DATASETS + GENERATED_DATASETS
+  return None if name in built_in else name
 
 
 def check_available(name: str, data_dir: Optional[str] = None) -> None:
@@ -238,7 +245,7 @@ def check_available(name: str, data_dir: Optional[str] = None) -> None:
   Raises:
     DatasetNotFoundError: The files are missing, or the name is unknown.
   """
-  if name == 'digits':
+  if name == 'digits' or name in GENERATED_DATASETS:
     return
   if name in NATURAL_DATASETS:
     from fedjax_metric.data import natural  # Imports this module.

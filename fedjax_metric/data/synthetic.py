@@ -506,3 +506,34 @@ def test_set(spec: SyntheticSpec, seed: int, num_clients: int):
 
 
 test_set.__test__ = False  # not a pytest test when imported into a test file
+
+
+def test_positions(sizes) -> np.ndarray:
+  """int64 [n] how many test examples each client has: the code keeps 10%
+  of a client's data for testing (a 90 / 10 split), so a client of n_k
+  training examples has ceil(n_k / 9) more."""
+  return -(-np.asarray(sizes, np.int64) // 9)
+
+
+def client_test_set(spec: SyntheticSpec, seed: int, client_ids):
+  """The test examples of training clients ``client_ids`` [n], pooled.
+
+  Client k's test examples are its positions n_k .. n_k + ceil(n_k / 9) - 1:
+  examples of the same client beyond its training data, as the code's
+  per-client 10% split. (Held-out *clients* are another question: under
+  the non-IID generator every client draws its own W_k, so a new client's
+  labels share nothing with the training clients' beyond the prior.)
+
+  Returns:
+    (x float32 [T, d], y int32 [T], owner int64 [T]) NumPy arrays, client
+    after client; owner is each example's client id.
+  """
+  ids = _check_uint32('client_ids', client_ids).reshape(-1).astype(np.int64)
+  sizes = client_sizes(spec, seed, ids)
+  counts = test_positions(sizes)
+  owner = np.repeat(ids, counts)
+  position = np.repeat(sizes, counts) + (
+    np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
+  )
+  x, y = _flat_examples(spec, seed, owner, position, False)
+  return x, y, owner

@@ -24,7 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric.data import sources
-from fedjax_metric.evaluation import classification, embedding_knn, oneclass
+from fedjax_metric.evaluation import (
+  classification,
+  embedding_knn,
+  federated,
+  oneclass,
+)
 from fedjax_metric.evaluation import ssl as ssl_eval
 
 PROTOCOLS = ('classification', 'one_class', 'ssl', 'embedding_knn')
@@ -172,7 +177,7 @@ def _one_class_evaluator(config, model, preprocess, train, test, clients):
   )
 
 
-def _train_accuracy_fn(config, model, preprocess, train):
+def _train_accuracy_fn(config, model, preprocess, train, clients=None):
   """``variables -> {'train_accuracy', 'train_eval_loss'}``, or ``{}``.
 
   ``config.eval_train_examples`` = n > 0 evaluates the global model on n
@@ -180,22 +185,28 @@ def _train_accuracy_fn(config, model, preprocess, train):
   fixed uniform subset drawn with config.seed), as FedAU and PMFL report
   training accuracy beside test accuracy. 'train_eval_loss' is the global
   model's loss there, unlike 'train_loss' (the clients' local losses).
+  For clients made on demand (``train`` None) the n examples are drawn
+  uniformly over all training examples, with replacement, and made.
   """
   n = config.eval_train_examples
   if n < 0:
     raise ValueError(f'eval_train_examples must be >= 0, got {n}.')
   if n == 0:
     return lambda variables: {}
-  idx = np.arange(len(train.labels))
-  if n < idx.size:
-    idx = np.sort(
-      np.random.default_rng(config.seed).choice(idx, n, replace=False)
-    )
+  if train is None:
+    images, labels = _generated_train_sample(clients, n, config.seed)
+  else:
+    idx = np.arange(len(train.labels))
+    if n < idx.size:
+      idx = np.sort(
+        np.random.default_rng(config.seed).choice(idx, n, replace=False)
+      )
+    images, labels = train.images[idx], train.labels[idx]
   evaluate = classification.make_evaluate_fn(
     model,
     preprocess,
-    train.images[idx],
-    train.labels[idx],
+    images,
+    labels,
     batch_size=config.eval_batch_size,
   )
 
@@ -207,6 +218,19 @@ def _train_accuracy_fn(config, model, preprocess, train):
     }
 
   return evaluate_train
+
+
+def _generated_train_sample(clients, n: int, seed: int):
+  """n training examples of a population made on demand, uniform over all
+  its examples (client k with probability n_k / sum n), with replacement."""
+  sizes = clients.sizes
+  rng = np.random.default_rng([seed, 0x7A1])
+  flat = np.sort(rng.integers(0, int(sizes.sum()), n))
+  ends = np.cumsum(sizes)
+  owner = np.searchsorted(ends, flat, side='right')
+  position = flat - (ends[owner] - sizes[owner])
+  x, y = clients.examples(owner, position)
+  return np.asarray(x), np.asarray(y)
 
 
 def validation_name(name: str) -> str:
@@ -239,6 +263,9 @@ def make_evaluator(
     test=test,
     clients=clients,
   )
+  evaluator = _with_federated_eval(
+    config, evaluator, model, preprocess, test, clients
+  )
   if validation is None:
     return evaluator
   quiet = config.copy_and_resolve_references()
@@ -264,6 +291,58 @@ def make_evaluator(
   return evaluator._replace(every=every)
 
 
+def federated_source(clients, test):
+  """``(pool, client_examples)`` of the federated evaluation
+  (evaluation/federated.py): the clients that can be drawn and their
+  held-out examples; None where the data has no per-client held-out split.
+  """
+  test_examples = getattr(clients, 'test_examples', None)
+  if test_examples is not None:  # Made on demand: every client has some.
+    return np.arange(len(clients)), test_examples
+  writers = getattr(test, 'client_ids', None)
+  if writers is None:
+    return None
+  pool = np.unique(writers)
+
+  def client_examples(ids):
+    keep = np.isin(writers, ids)
+    return test.images[keep], test.labels[keep], writers[keep]
+
+  return pool, client_examples
+
+
+def _with_federated_eval(config, evaluator, model, preprocess, test, clients):
+  """``evaluator`` with the federated evaluation's metrics added to every
+  evaluation at its rounds (``config.federated_eval``; 0 clients: off)."""
+  fed = config.federated_eval
+  if not fed.clients:
+    return evaluator
+  source = federated_source(clients, test)
+  if source is None:
+    raise ValueError(
+      f'federated_eval needs held-out data per client: {config.dataset.name!r} '
+      'has no per-client test split (synthetic and the naturally partitioned '
+      'datasets femnist, emnist_fedjax have). Set '
+      '--config.federated_eval.clients=0.'
+    )
+  pool, client_examples = source
+  evaluate = federated.make_federated_eval(
+    model=model,
+    preprocess=preprocess,
+    pool=pool,
+    client_examples=client_examples,
+    num_clients=fed.clients,
+    every=fed.every,
+    seed=config.seed,
+    batch_size=config.eval_batch_size,
+  )
+
+  def every(state, table):
+    return {**evaluator.every(state, table), **evaluate(state)}
+
+  return evaluator._replace(every=every)
+
+
 def _make_test_evaluator(
   config, *, model, preprocess, train, test, clients
 ) -> Evaluator:
@@ -280,7 +359,9 @@ def _make_test_evaluator(
       representation_examples=config.representation_examples,
       num_classes=test.num_classes,
     )
-    evaluate_train = _train_accuracy_fn(config, model, preprocess, train)
+    evaluate_train = _train_accuracy_fn(
+      config, model, preprocess, train, clients
+    )
 
     def every(state, table):
       del table

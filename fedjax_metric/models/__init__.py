@@ -174,6 +174,29 @@ REGISTRY = {
 }
 
 
+# Models of vectors ([B, d] inputs; images are flattened).
+VECTOR_MODELS = ('logistic_regression', 'mlp')
+# The model a dataset of vectors brings where the config's model expects
+# images (a packaged config's CNN): the FedProx paper's for Synthetic.
+DATASET_MODELS = {'synthetic': 'logistic_regression'}
+
+
+def model_for_dataset(model_config, dataset_name: str):
+  """The model block a run builds: ``model_config``, or for a dataset of
+  vectors its own model where the config's takes images. A vector model
+  named on such a dataset keeps only the fields it declares (the config's
+  block was written for another model)."""
+  own = DATASET_MODELS.get(dataset_name)
+  if own is None:
+    return model_config
+  name = model_config.name if model_config.name in VECTOR_MODELS else own
+  fields = set(REGISTRY[name].__dataclass_fields__)
+  kept = {k: v for k, v in model_config.items() if k in fields}
+  if name != model_config.name:
+    kept = {}
+  return type(model_config)({'name': name, **kept})
+
+
 def build(
   name: str, num_classes: int, input_shape=None, *, compute_dtype=None, **kwargs
 ) -> ModelFns:

@@ -1,0 +1,464 @@
+r"""The population-scale study: seconds per round, the client table's share
+and peak memory, against the population N and the clients per round C.
+
+  fedjax-metric scale --out=runs/scale                  # the default study
+  python -m fedjax_metric.scale --out=runs/scale \
+      --populations=1000,1000000 --cohorts=1000 --algorithms=scaffold \
+      --placements=disk --rounds=12
+  fedjax-metric scale --out=/tmp/s --dry_run            # tiny shapes, seconds
+
+Every point is a real run (`train.run`) of Synthetic(1, 1) (data/synthetic.py:
+each client's examples are made from (seed, client id) when it is sampled,
+so a population costs no storage) with logistic regression or a small MLP,
+in its own child process so that its peak RSS is its own. FedAU runs under
+Bernoulli participation with mean C / N, so that about C clients train a
+round. Per point:
+
+  * seconds per round: the wall time of the evaluation intervals after the
+    first (which holds the compilation), divided by their rounds, evaluation
+    excluded;
+  * table share: the part of those seconds the loop spent on the client
+    table's rows (reads not hidden behind the previous call, packing,
+    placing, queueing the writes: ``table_seconds`` of metrics.jsonl);
+  * peak RSS of the process (``getrusage``), and the table's bytes.
+
+Results go to ``<out>/scale.json`` (one entry per point; a point already
+there is not run again, so an interrupted study resumes), a markdown table
+``<out>/scale.md`` and a two-panel plot ``<out>/scale.png``. `study` and
+`run_point` are the same from Python (notebooks/scaling.ipynb).
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+ALGORITHMS = ('fedavg', 'scaffold', 'fedau')
+PLACEMENTS = ('auto', 'device', 'host', 'disk')
+MODELS = ('logistic_regression', 'mlp')
+
+
+class Point(NamedTuple):
+  """One run of the study.
+
+  Attributes:
+    algorithm: 'fedavg', 'scaffold' or 'fedau' (Bernoulli participation).
+    num_clients: N.
+    clients_per_round: C (FedAU: the expected number, mean C / N).
+    placement: the client table's placement (`client_table.PLACEMENTS`).
+    model: 'logistic_regression' or 'mlp'.
+    rounds: rounds run (the first evaluation interval is not timed).
+    eval_every: the evaluation and checkpoint interval.
+    local_steps, batch_size: each client's work per round.
+    executor: the round executor ('vmap': one program per round).
+    prefetch: read the next call's rows during the current call.
+    seed: the run's seed.
+  """
+
+  algorithm: str
+  num_clients: int
+  clients_per_round: int
+  placement: str = 'auto'
+  model: str = 'logistic_regression'
+  rounds: int = 12
+  eval_every: int = 4
+  local_steps: int = 10
+  batch_size: int = 10
+  executor: str = 'vmap'
+  prefetch: bool = True
+  seed: int = 0
+
+  def key(self) -> str:
+    """The point's name in scale.json."""
+    return json.dumps(self._asdict(), sort_keys=True)
+
+
+def point_config(point: Point):
+  """The run's config: the packaged config of the algorithm on Synthetic(1,
+  1), N clients, C per round, the point's model, work and placement."""
+  from fedjax_metric import api  # pylint: disable=g-import-not-at-top
+
+  config = api.get_config(point.algorithm)
+  with config.unlocked():
+    config.seed = point.seed
+    config.dataset.name = 'synthetic'
+    config.dataset.alpha = 1.0
+    config.dataset.beta = 1.0
+    config.num_clients = point.num_clients
+    config.clients_per_round = min(point.clients_per_round, point.num_clients)
+    config.num_rounds = point.rounds
+    config.model = type(config.model)({'name': point.model})
+    config.local.steps = point.local_steps
+    config.local.batch_size = point.batch_size
+    config.local.learning_rate = 0.01  # the FedProx paper's for Synthetic
+    config.executor = point.executor
+    config.client_table.placement = point.placement
+    config.client_table.prefetch = point.prefetch
+    config.eval_every = point.eval_every
+    config.checkpoint_every = point.eval_every
+    config.rounds_per_call = 1
+    config.progress = False
+    config.plot_partition = False
+    if point.algorithm == 'fedau':
+      config.participation.pattern = 'bernoulli'
+      config.participation.mean = point.clients_per_round / point.num_clients
+      config.participation.floor = min(
+        config.participation.floor, config.participation.mean
+      )
+  return config
+
+
+def run_point(point: Point, workdir: str) -> Dict:
+  """Runs ``point`` in this process into ``workdir`` and measures it.
+
+  Returns a dict: the point's fields, ``seconds_per_round``,
+  ``table_seconds_per_round``, ``table_share``, ``peak_rss_gb``,
+  ``table_bytes``, ``placement`` (as resolved), ``test_accuracy`` and
+  ``wall_seconds``.
+  """
+  from fedjax_metric import metrics_log, train  # pylint: disable=g-import-not-at-top
+
+  start = time.time()
+  summary = train.run(point_config(point), workdir)
+  rows = metrics_log.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+  timed = rows[1:] or rows  # The first interval holds the compilation.
+  rounds = (
+    sum(b['round'] - a['round'] for a, b in zip(rows[:-1], rows[1:]))
+    or rows[-1]['round']
+  )
+  seconds = sum(
+    1.0 / r['rounds_per_second'] * _rounds_in(rows, r) for r in timed
+  )
+  table_seconds = sum(r.get('table_seconds', 0.0) for r in timed)
+  meta_path = os.path.join(workdir, 'client_table', 'meta.json')
+  placement, table_bytes = 'device', None
+  if os.path.exists(meta_path):
+    with open(meta_path) as f:
+      meta = json.load(f)
+    placement = meta['placement']
+    table_bytes = meta['row_bytes'] * meta['num_clients']
+  return {
+    **point._asdict(),
+    'placement_used': placement,
+    'seconds_per_round': seconds / rounds,
+    'table_seconds_per_round': table_seconds / rounds,
+    'table_share': table_seconds / seconds if seconds else 0.0,
+    'peak_rss_gb': _peak_rss_bytes() / 1024**3,
+    'table_bytes': table_bytes,
+    'test_accuracy': summary.get('test_accuracy'),
+    'wall_seconds': time.time() - start,
+  }
+
+
+def _rounds_in(rows, row):
+  """The rounds of the evaluation interval ending at ``row``."""
+  i = rows.index(row)
+  return row['round'] - (rows[i - 1]['round'] if i else 0)
+
+
+def _peak_rss_bytes() -> int:
+  # Linux reports kilobytes.
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _run_child(point: Point, workdir: str, timeout: float) -> Dict:
+  """`run_point` in a child process (its own peak RSS)."""
+  command = [
+    sys.executable,
+    '-m',
+    'fedjax_metric.scale',
+    f'--point={point.key()}',
+    f'--workdir={workdir}',
+  ]
+  try:
+    done = subprocess.run(
+      command,
+      capture_output=True,
+      text=True,
+      timeout=timeout or None,
+      stdin=subprocess.DEVNULL,
+    )
+  except subprocess.TimeoutExpired:
+    return {**point._asdict(), 'error': f'stopped after {timeout:.0f} s'}
+  lines = [l for l in done.stdout.splitlines() if l.startswith('{')]
+  if done.returncode or not lines:
+    tail = (done.stderr.strip().splitlines() or ['no output'])[-1]
+    return {**point._asdict(), 'error': tail[:300]}
+  return json.loads(lines[-1])
+
+
+def make_grid(
+  populations: Sequence[int],
+  cohorts: Sequence[int],
+  algorithms: Sequence[str],
+  placements: Sequence[str],
+  **fields,
+) -> List[Point]:
+  """Every (algorithm, placement, N, C) with C <= N; FedAvg keeps no
+  client table, so it runs once per (N, C), with placement 'auto'."""
+  points = []
+  for algorithm in algorithms:
+    for placement in placements if algorithm != 'fedavg' else ('auto',):
+      for n in populations:
+        for c in cohorts:
+          if c <= n:
+            points.append(Point(algorithm, n, c, placement, **fields))
+  return points
+
+
+def study(
+  points: Sequence[Point],
+  out_dir: str,
+  *,
+  timeout: float = 0,
+  keep_workdirs: bool = False,
+  report=print,
+) -> List[Dict]:
+  """Runs every point not already in ``out_dir/scale.json`` (each in its
+  own process and temporary workdir), appending each result as it ends."""
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, 'scale.json')
+  results = load_results(path)
+  done = {r['key'] for r in results}
+  for point in points:
+    if point.key() in done:
+      continue
+    workdir = tempfile.mkdtemp(prefix='scale_', dir=out_dir)
+    report(
+      f'running {point.algorithm} N={point.num_clients:,} '
+      f'C={point.clients_per_round:,} table={point.placement}'
+    )
+    result = _run_child(point, workdir, timeout)
+    result['key'] = point.key()
+    if not keep_workdirs:
+      shutil.rmtree(workdir, ignore_errors=True)
+    results.append(result)
+    _write_json(path, results)
+    report('  ' + describe(result))
+  return results
+
+
+def load_results(path: str) -> List[Dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_json(path, obj):
+  with open(path + '.tmp', 'w') as f:
+    json.dump(obj, f, indent=1)
+  os.replace(path + '.tmp', path)
+
+
+def describe(result: Dict) -> str:
+  if 'error' in result:
+    return f'error: {result["error"]}'
+  return (
+    f'{result["seconds_per_round"]:.3f} s/round, table '
+    f'{100 * result["table_share"]:.0f}%, peak RSS '
+    f'{result["peak_rss_gb"]:.2f} GB'
+  )
+
+
+def table(results: Sequence[Dict], *, device: str, command: str) -> str:
+  """A markdown section of the results."""
+  lines = [
+    f'### {time.strftime("%Y-%m-%d")}: {device}',
+    '',
+    f'`{command}`',
+    '',
+    '| algorithm | model | N | C | table | s / round | table share | '
+    'peak RSS (GB) | table (GB) | test acc |',
+    '|---|---|---:|---:|---|---:|---:|---:|---:|---:|',
+  ]
+  for r in results:
+    if 'error' in r:
+      lines.append(
+        f'| {r["algorithm"]} | {r["model"]} | {r["num_clients"]:,} | '
+        f'{r["clients_per_round"]:,} | {r["placement"]} | '
+        f'{r["error"]} | | | | |'
+      )
+      continue
+    gb = '' if r['table_bytes'] is None else f'{r["table_bytes"] / 1024**3:.3f}'
+    lines.append(
+      f'| {r["algorithm"]} | {r["model"]} | {r["num_clients"]:,} | '
+      f'{r["clients_per_round"]:,} | {r["placement_used"]}'
+      f'{"" if r["prefetch"] else " (no prefetch)"} | '
+      f'{r["seconds_per_round"]:.3f} | {100 * r["table_share"]:.1f}% | '
+      f'{r["peak_rss_gb"]:.2f} | {gb} | {r["test_accuracy"]:.3f} |'
+    )
+  return '\n'.join(lines) + '\n'
+
+
+def plot(results: Sequence[Dict], path: str, *, title: str = ''):
+  """Two panels: seconds per round against N (at each C) and against C
+  (at the largest N), one line per algorithm and placement."""
+  from matplotlib import figure  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends import backend_agg  # pylint: disable=g-import-not-at-top
+
+  ok = [r for r in results if 'error' not in r]
+  fig = figure.Figure(figsize=(11, 4.2))
+  backend_agg.FigureCanvasAgg(fig)
+  by_n, by_c = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+  lines = sorted(
+    {(r['algorithm'], r['placement_used'], r['prefetch']) for r in ok}
+  )
+  cohorts = sorted({r['clients_per_round'] for r in ok})
+  largest = max((r['num_clients'] for r in ok), default=0)
+  for algorithm, placement, prefetch in lines:
+    name = f'{algorithm}, {placement}' + ('' if prefetch else ', no prefetch')
+    mine = [
+      r
+      for r in ok
+      if (r['algorithm'], r['placement_used'], r['prefetch'])
+      == (algorithm, placement, prefetch)
+    ]
+    for c in cohorts:
+      pts = sorted(
+        (r['num_clients'], r['seconds_per_round'])
+        for r in mine
+        if r['clients_per_round'] == c
+      )
+      if len(pts) > 1:
+        by_n.plot(*zip(*pts), marker='o', label=f'{name}, C={c:,}')
+    pts = sorted(
+      (r['clients_per_round'], r['seconds_per_round'])
+      for r in mine
+      if r['num_clients'] == largest
+    )
+    if len(pts) > 1:
+      by_c.plot(*zip(*pts), marker='o', label=name)
+  for ax, xlabel in ((by_n, 'population N'), (by_c, 'clients per round C')):
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel('seconds per round')
+    ax.grid(True, which='both', alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=7)
+  by_c.set_title(f'N = {largest:,}')
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def save_outputs(results, out_dir, *, device, command):
+  """``<out_dir>/scale.md`` (the section appended) and ``scale.png``."""
+  section = table(results, device=device, command=command)
+  with open(os.path.join(out_dir, 'scale.md'), 'a') as f:
+    f.write(section + '\n')
+  plot(results, os.path.join(out_dir, 'scale.png'), title=device)
+  return section
+
+
+def describe_device() -> str:
+  """The device the study ran on, in words: an accelerator's kind, or the
+  CPU's model and core count."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if jax.default_backend() != 'cpu':
+    return f'{jax.devices()[0].device_kind} ({jax.default_backend()})'
+  model = 'CPU'
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          model = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  return f'{model}, {os.cpu_count()} cores (cpu)'
+
+
+def _ints(text):
+  return [int(float(x)) for x in text.split(',') if x]
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(
+    prog='fedjax-metric scale',
+    description='Seconds per round, client-table share and peak memory '
+    'against population and clients per round (Synthetic(1, 1)).',
+  )
+  parser.add_argument('--out', help='Folder of scale.json / .md / .png.')
+  parser.add_argument('--populations', default='1000,10000,100000,1000000')
+  parser.add_argument('--cohorts', default='1000')
+  parser.add_argument('--algorithms', default='fedavg,scaffold')
+  parser.add_argument('--placements', default='host,disk')
+  parser.add_argument('--model', default='logistic_regression', choices=MODELS)
+  parser.add_argument('--rounds', type=int, default=12)
+  parser.add_argument('--eval_every', type=int, default=4)
+  parser.add_argument('--local_steps', type=int, default=10)
+  parser.add_argument('--batch_size', type=int, default=10)
+  parser.add_argument('--executor', default='vmap')
+  parser.add_argument(
+    '--no_prefetch', action='store_true', help='Read rows in the loop.'
+  )
+  parser.add_argument('--timeout', type=float, default=0, help='s per point')
+  parser.add_argument(
+    '--dry_run',
+    action='store_true',
+    help='The same study on tiny shapes (N <= 300, C <= 30, 2 steps).',
+  )
+  parser.add_argument('--point', help=argparse.SUPPRESS)
+  parser.add_argument('--workdir', help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.point is None and not args.out:
+    parser.error('--out is required')
+  for name in args.algorithms.split(','):
+    if name not in ALGORITHMS:
+      parser.error(f'--algorithms: {name!r} is not one of {ALGORITHMS}')
+  for name in args.placements.split(','):
+    if name not in PLACEMENTS:
+      parser.error(f'--placements: {name!r} is not one of {PLACEMENTS}')
+  return args
+
+
+def grid_from_args(args) -> List[Point]:
+  populations, cohorts = _ints(args.populations), _ints(args.cohorts)
+  fields = dict(
+    model=args.model,
+    rounds=args.rounds,
+    eval_every=args.eval_every,
+    local_steps=args.local_steps,
+    batch_size=args.batch_size,
+    executor=args.executor,
+    prefetch=not args.no_prefetch,
+  )
+  if args.dry_run:
+    populations = sorted({min(n, 300) for n in populations})
+    cohorts = sorted({min(c, 30) for c in cohorts})
+    fields.update(rounds=4, eval_every=2, local_steps=2, batch_size=4)
+  return make_grid(
+    populations,
+    cohorts,
+    args.algorithms.split(','),
+    args.placements.split(','),
+    **fields,
+  )
+
+
+def main(argv: Optional[Sequence[str]] = None):
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.point is not None:
+    point = Point(**json.loads(args.point))
+    print(json.dumps(run_point(point, args.workdir)))
+    return
+  device = describe_device()
+  results = study(grid_from_args(args), args.out, timeout=args.timeout)
+  command = 'fedjax-metric scale ' + ' '.join(
+    a for a in (sys.argv[1:] if argv is None else argv)
+  )
+  print(save_outputs(results, args.out, device=device, command=command))
+
+
+if __name__ == '__main__':
+  main()
