@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fedjax_metric import contract, models
-from fedjax_metric.evaluation import federated, protocols
 from fedjax_metric.data import sources
+from fedjax_metric.evaluation import federated, protocols
 
 D, K = 5, 4
 
