@@ -602,19 +602,17 @@ def model_for_dataset(config):
   return models.model_for_dataset(config.model, config.dataset.name)
 
 
-def trace_one_client(config, experiment, spec, data, num_slots, num_steps):
+def trace_one_client(
+  config, experiment, spec, data, server_state, num_slots, num_steps
+):
   """Traces one client's local training abstractly (no compile, no
   arithmetic: `jax.eval_shape`), so that an error a hook raises at trace
   time is reported before anything is written."""
   cohort = cohort_fn(config, experiment, num_slots, num_steps)(0)
   key = _state_key(config)
-  variables = experiment.variables
-  server_state = jax.eval_shape(
-    lambda: engine.init_server_state(
-      experiment.algorithm, variables, config.num_clients, key
-    )
+  row = jax.eval_shape(
+    experiment.algorithm.init_client, experiment.variables, key
   )
-  row = jax.eval_shape(experiment.algorithm.init_client, variables, key)
   jax.eval_shape(
     lambda data, state, row: engine.client_update(
       spec,

@@ -28,7 +28,6 @@ there is not run again, so an interrupted study resumes), a markdown table
 `run_point` are the same from Python (notebooks/scaling.ipynb).
 """
 
-import argparse
 import json
 import os
 import resource
@@ -38,6 +37,8 @@ import sys
 import tempfile
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
+
+from absl import app, flags
 
 ALGORITHMS = ('fedavg', 'scaffold', 'fedau')
 PLACEMENTS = ('auto', 'device', 'host', 'disk')
@@ -378,87 +379,75 @@ def describe_device() -> str:
   return f'{model}, {os.cpu_count()} cores (cpu)'
 
 
-def _ints(text):
-  return [int(float(x)) for x in text.split(',') if x]
+def define_flags():
+  """The command's flags (defined only when it runs as the program)."""
+  flags.DEFINE_string('out', None, 'Folder of scale.json / .md / .png.')
+  flags.DEFINE_list('populations', ['1000', '10000', '100000', '1000000'], 'N.')
+  flags.DEFINE_list('cohorts', ['1000'], 'C: clients per round.')
+  flags.DEFINE_list('algorithms', ['fedavg', 'scaffold'], str(ALGORITHMS))
+  flags.DEFINE_list('placements', ['host', 'disk'], str(PLACEMENTS))
+  flags.DEFINE_enum('model', 'logistic_regression', list(MODELS), 'Model.')
+  flags.DEFINE_integer('rounds', 12, 'Rounds per point.')
+  flags.DEFINE_integer('eval_every', 4, 'Evaluation and checkpoint interval.')
+  flags.DEFINE_integer('local_steps', 10, 'Local steps per client per round.')
+  flags.DEFINE_integer('batch_size', 10, 'Examples per local step.')
+  flags.DEFINE_string('executor', 'vmap', 'The round executor.')
+  flags.DEFINE_bool('prefetch', True, 'Read rows during the previous call.')
+  flags.DEFINE_float('timeout', 0, 'Seconds per point (0: none).')
+  flags.DEFINE_bool(
+    'dry_run', False, 'The same study on tiny shapes (N <= 300, C <= 30).'
+  )
+  flags.DEFINE_string('point', None, 'Internal: run one point (JSON).')
+  flags.DEFINE_string('workdir', None, "Internal: the point's workdir.")
 
 
-def parse_args(argv):
-  parser = argparse.ArgumentParser(
-    prog='fedjax-metric scale',
-    description='Seconds per round, client-table share and peak memory '
-    'against population and clients per round (Synthetic(1, 1)).',
-  )
-  parser.add_argument('--out', help='Folder of scale.json / .md / .png.')
-  parser.add_argument('--populations', default='1000,10000,100000,1000000')
-  parser.add_argument('--cohorts', default='1000')
-  parser.add_argument('--algorithms', default='fedavg,scaffold')
-  parser.add_argument('--placements', default='host,disk')
-  parser.add_argument('--model', default='logistic_regression', choices=MODELS)
-  parser.add_argument('--rounds', type=int, default=12)
-  parser.add_argument('--eval_every', type=int, default=4)
-  parser.add_argument('--local_steps', type=int, default=10)
-  parser.add_argument('--batch_size', type=int, default=10)
-  parser.add_argument('--executor', default='vmap')
-  parser.add_argument(
-    '--no_prefetch', action='store_true', help='Read rows in the loop.'
-  )
-  parser.add_argument('--timeout', type=float, default=0, help='s per point')
-  parser.add_argument(
-    '--dry_run',
-    action='store_true',
-    help='The same study on tiny shapes (N <= 300, C <= 30, 2 steps).',
-  )
-  parser.add_argument('--point', help=argparse.SUPPRESS)
-  parser.add_argument('--workdir', help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
-  if args.point is None and not args.out:
-    parser.error('--out is required')
-  for name in args.algorithms.split(','):
+def grid_from_flags() -> List[Point]:
+  """The study's points from the flags (tiny shapes with --dry_run)."""
+  f = flags.FLAGS
+  for name in f.algorithms:
     if name not in ALGORITHMS:
-      parser.error(f'--algorithms: {name!r} is not one of {ALGORITHMS}')
-  for name in args.placements.split(','):
+      raise app.UsageError(f'--algorithms: {name!r} is not one of {ALGORITHMS}')
+  for name in f.placements:
     if name not in PLACEMENTS:
-      parser.error(f'--placements: {name!r} is not one of {PLACEMENTS}')
-  return args
-
-
-def grid_from_args(args) -> List[Point]:
-  populations, cohorts = _ints(args.populations), _ints(args.cohorts)
+      raise app.UsageError(f'--placements: {name!r} is not one of {PLACEMENTS}')
+  populations = [int(float(x)) for x in f.populations]
+  cohorts = [int(float(x)) for x in f.cohorts]
   fields = dict(
-    model=args.model,
-    rounds=args.rounds,
-    eval_every=args.eval_every,
-    local_steps=args.local_steps,
-    batch_size=args.batch_size,
-    executor=args.executor,
-    prefetch=not args.no_prefetch,
+    model=f.model,
+    rounds=f.rounds,
+    eval_every=f.eval_every,
+    local_steps=f.local_steps,
+    batch_size=f.batch_size,
+    executor=f.executor,
+    prefetch=f.prefetch,
   )
-  if args.dry_run:
+  if f.dry_run:
     populations = sorted({min(n, 300) for n in populations})
     cohorts = sorted({min(c, 30) for c in cohorts})
     fields.update(rounds=4, eval_every=2, local_steps=2, batch_size=4)
-  return make_grid(
-    populations,
-    cohorts,
-    args.algorithms.split(','),
-    args.placements.split(','),
-    **fields,
-  )
+  return make_grid(populations, cohorts, f.algorithms, f.placements, **fields)
 
 
-def main(argv: Optional[Sequence[str]] = None):
-  args = parse_args(sys.argv[1:] if argv is None else argv)
-  if args.point is not None:
-    point = Point(**json.loads(args.point))
-    print(json.dumps(run_point(point, args.workdir)))
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected argument(s) {" ".join(argv[1:])}')
+  f = flags.FLAGS
+  if f.point is not None:
+    point = Point(**json.loads(f.point))
+    print(json.dumps(run_point(point, f.workdir)))
     return
-  device = describe_device()
-  results = study(grid_from_args(args), args.out, timeout=args.timeout)
-  command = 'fedjax-metric scale ' + ' '.join(
-    a for a in (sys.argv[1:] if argv is None else argv)
-  )
-  print(save_outputs(results, args.out, device=device, command=command))
+  if not f.out:
+    raise app.UsageError('--out is required: where the results go.')
+  results = study(grid_from_flags(), f.out, timeout=f.timeout)
+  given = [a for a in sys.argv[1:] if a.startswith('--')]
+  command = ' '.join(['fedjax-metric scale', *given])
+  print(save_outputs(results, f.out, device=describe_device(), command=command))
+
+
+def run_main(argv: Optional[Sequence[str]] = None):
+  define_flags()
+  app.run(main, argv=list(argv) if argv is not None else None)
 
 
 if __name__ == '__main__':
-  main()
+  run_main()

@@ -159,7 +159,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   # An error a hook raises while tracing (a model without the outputs an
   # algorithm reads) appears here, before the workdir is written.
   assemble.trace_one_client(
-    config, experiment, spec, data, num_slots, num_steps
+    config, experiment, spec, data, state[0], num_slots, num_steps
   )
 
   # ----- Only now the workdir is written. -----

@@ -281,8 +281,8 @@ def _check_relations(config) -> None:
       f'--config.num_clients={config.num_clients}; lower the first or raise '
       'the second.'
     )
-  fed = config.federated_eval
-  if fed.clients and fed.every % config.eval_every:
+  fed = config.get('federated_eval')
+  if fed and fed.clients and fed.every % config.eval_every:
     raise ConfigError(
       f'--config.federated_eval.every={fed.every} is not a multiple of '
       f'--config.eval_every={config.eval_every}: it would never run. Use a '

@@ -15,7 +15,7 @@ def main():
   if sys.argv[1:2] == ['scale']:
     from fedjax_metric import scale  # pylint: disable=g-import-not-at-top
 
-    scale.main(sys.argv[2:])
+    scale.run_main([sys.argv[0], *sys.argv[2:]])
     return
   if sys.argv[1:2] == ['reproduce']:
     from . import reproduce  # pylint: disable=g-import-not-at-top

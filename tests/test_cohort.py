@@ -256,3 +256,21 @@ def test_vectorized_needs_the_algorithms_own_cohort_schedule():
     cohort_lib.make_cohort(np.array([0]), [np.arange(2)], sampler='fast', **kw)
   empty = vectorized([], [np.arange(2)], **kw)  # a round nobody joins
   assert not empty.slot_mask.any() and empty.example_idx.shape == (1, 1, 2)
+
+
+def test_sampling_costs_the_cohort_not_the_population():
+  """C of N without replacement allocates O(C), not O(N): NumPy's
+  Generator.choice uses Floyd's algorithm for C <= N / 50 (a tail shuffle
+  of at most 50 C entries otherwise). At N = 2^31 - 1 a permutation of the
+  population would need 16 GiB; drawing 1,000 must stay under 1 MiB."""
+  import tracemalloc
+
+  tracemalloc.start()
+  ids = cohort_lib.sample_clients(3, 7, 2**31 - 1, 1000)
+  _, peak = tracemalloc.get_traced_memory()
+  tracemalloc.stop()
+  assert peak < 2**20, peak
+  assert len(np.unique(ids)) == 1000 and ids.max() < 2**31 - 1
+  np.testing.assert_array_equal(
+    ids, cohort_lib.sample_clients(3, 7, 2**31 - 1, 1000)
+  )

@@ -1,10 +1,8 @@
-"""benchmarks/scaling.py: its pure pieces, a tiny grid point, and the notebook.
-
-The notebook test executes notebooks/scaling.ipynb's code cells in a Jupyter
-kernel (nbclient, tests/notebook_runner.py) with SCALING_TINY=1 (which the
-parameter cell reads to shrink the grid) and MPLBACKEND=Agg; a broken cell
-fails the run (which `test_broken_notebook_cell_fails` checks).
-"""
+"""benchmarks/scaling.py (per-client cost against the cohort size, data in
+memory): its pure pieces and a tiny grid point. `run_cells` runs a
+notebook's code cells in a Jupyter kernel (nbclient,
+tests/notebook_runner.py); notebooks/scaling.ipynb, the population study of
+fedjax_metric/scale.py, is tested in test_scale.py."""
 
 import dataclasses
 import json
@@ -288,28 +286,6 @@ def run_cells(cells, tmp_path):
       SCALING_OUTPUT_DIR=str(tmp_path / 'out'),
     ),
   )
-
-
-def test_notebook_runs_on_tiny_settings(tmp_path):
-  proc = run_cells(notebook_code_cells(), tmp_path)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = tmp_path / 'out'
-  backend = jax.default_backend()  # The notebook names files after it.
-  results = json.loads((out / f'scaling_{backend}.json').read_text())
-  assert len(results) == 4  # 2 algorithms x C in {2, 4}, N = C.
-  assert all(r['status'] == 'ok' for r in results)
-  table = (out / f'scaling_{backend}.md').read_text()
-  assert table.count('| fedquad |') == 2
-  assert (out / f'scaling_{backend}.png').read_bytes()[:4] == b'\x89PNG'
-  assert '| fedavg | 4 | 4 |' in proc.stdout  # The table is shown.
-
-
-def test_broken_notebook_cell_fails(tmp_path):
-  cells = notebook_code_cells()
-  broken = cells[:2] + ['raise RuntimeError("broken cell")'] + cells[2:]
-  proc = run_cells(broken, tmp_path)
-  assert proc.returncode != 0
-  assert 'broken cell' in proc.stderr
 
 
 # ---------------------------------------------------------------------------

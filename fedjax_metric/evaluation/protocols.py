@@ -314,8 +314,8 @@ def federated_source(clients, test):
 def _with_federated_eval(config, evaluator, model, preprocess, test, clients):
   """``evaluator`` with the federated evaluation's metrics added to every
   evaluation at its rounds (``config.federated_eval``; 0 clients: off)."""
-  fed = config.federated_eval
-  if not fed.clients:
+  fed = config.get('federated_eval')
+  if not fed or not fed.clients:
     return evaluator
   source = federated_source(clients, test)
   if source is None:
