@@ -84,7 +84,7 @@ def final(workdir):
   """Final metrics row, server state leaves and the table's written rows."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-  directory = os.path.join(workdir, 'checkpoints')
+  directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
   step = max(int(s) for s in os.listdir(directory) if s.isdigit())
   with ocp.StandardCheckpointer() as checkpointer:
     item = checkpointer.restore(os.path.join(directory, str(step), 'default'))

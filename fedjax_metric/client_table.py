@@ -375,6 +375,9 @@ class OffDeviceTable:
     self.dirty = None  # host: rows changed since the last checkpoint.
     self.journal: Optional[_Journal] = None
     self.nonfinite_round: Optional[int] = None
+    # Seconds spent reading and writing rows (gather, scatter, the
+    # checkpoint's flush and sync), in whichever thread did it.
+    self.io_seconds = 0.0
 
   # ----- Opening: fresh or at a checkpoint. -----
 
@@ -423,26 +426,32 @@ class OffDeviceTable:
   def gather(self, ids: np.ndarray, round_idx: int = -1) -> np.ndarray:
     """Packed rows of ``ids`` [U] as the table holds them now (for the
     call that ends at ``round_idx``: the kill tests' label)."""
+    start = time.perf_counter()
     ids = np.asarray(ids, np.int64)
     if self.placement == 'host':
       packed = self.memory[ids]
     else:
-      packed = self.rows_file.read(ids)
-      fresh = ~self.written[ids]
-      if fresh.any():
-        packed[fresh] = self._initial(ids[fresh])
+      packed = np.empty((len(ids), self.layout.row_bytes), np.uint8)
+      written = self.written[ids]
+      if written.any():  # A row never written is not read: its initial value.
+        packed[written] = self.rows_file.read(ids[written])
+      if not written.all():
+        packed[~written] = self._initial(ids[~written])
     crash_point('gather', round_idx)
+    self.io_seconds += time.perf_counter() - start
     return packed
 
   def scatter(self, round_idx: int, ids, new_rows, old_rows):
     """Writes packed ``new_rows`` at ``ids``; ``old_rows`` are their values
     before (what `gather` returned), journaled first where written."""
+    start = time.perf_counter()
     ids = np.asarray(ids, np.int64)
     if self.nonfinite_round is None and not _finite_rows(self.layout, new_rows):
       self.nonfinite_round = round_idx
     if self.placement == 'host':
       self.memory[ids] = new_rows
       self.dirty[ids] = True
+      self.io_seconds += time.perf_counter() - start
       return
     was_written = self.written[ids]
     self.journal.append(round_idx, ids[was_written], old_rows[was_written])
@@ -452,6 +461,7 @@ class OffDeviceTable:
       crash_point('scatter', round_idx)
     self.rows_file.write(ids, new_rows)
     self.written[ids] = True
+    self.io_seconds += time.perf_counter() - start
 
   # ----- Checkpoints. -----
 
@@ -459,6 +469,7 @@ class OffDeviceTable:
     """Makes the rows file hold round ``round_idx``'s table durably, and
     returns the bitmap of written rows (uint8 [ceil(N / 8)]) to save with
     the checkpoint."""
+    start = time.perf_counter()
     if self.placement == 'host':
       ids = np.flatnonzero(self.dirty)
       was_written = self.written[ids]
@@ -473,6 +484,7 @@ class OffDeviceTable:
       self.dirty[:] = False
     self.rows_file.sync()
     crash_point('before_checkpoint', round_idx)
+    self.io_seconds += time.perf_counter() - start
     return np.packbits(self.written)
 
   def after_checkpoint(self, round_idx: int, kept_rounds: Sequence[int]):
@@ -797,10 +809,12 @@ class OffDeviceRounds:
     self.io = RowPrefetcher(table, overlap=overlap)
     self.pending = {}
     self.previous = (None, None)  # (ids, new rows) of the last call.
-    # Seconds the calling thread spent waiting for rows (reads not hidden
-    # behind the previous call) and packing / writing them: the table's
-    # share of a round (benchmarks/scale.py reads them).
+    # Seconds the calling thread waited for a call's inputs (cohorts,
+    # examples and rows that the read ahead did not have ready), and spent
+    # on the rows itself (patching, placing, packing, queueing the write):
+    # metrics.jsonl's cohort_wait_seconds and table_seconds.
     self.wait_seconds = 0.0
+    self.table_seconds = 0.0
 
   def _prepare(self, first):
     cohorts, call_data = self.inputs_for_call(first)
@@ -818,12 +832,14 @@ class OffDeviceRounds:
       # Queued after the previous call's write and before this call's.
       self.pending[following] = self.io.submit(self._prepare, following)
     cohorts, call_data, rows, packed = future.result()
+    ready = time.perf_counter()
+    self.wait_seconds += ready - start
     packed = patch_from(rows.ids, packed, *self.previous)
     cohorts = [
       c._replace(row_ids=rows.row_ids[r]) for r, c in enumerate(cohorts)
     ]
     table_rows = device_rows(self.table.layout, packed, self.capacity, self.put)
-    self.wait_seconds += time.perf_counter() - start
+    self.table_seconds += time.perf_counter() - ready
     server_state, table_rows, metrics = self.rounds_fn(
       server_state, table_rows, cohorts, call_data
     )
@@ -833,7 +849,7 @@ class OffDeviceRounds:
     last_round = first + self.rounds_per_call - 1
     self.io.write(last_round, rows.ids, new, packed)
     self.previous = (rows.ids, new)
-    self.wait_seconds += time.perf_counter() - start
+    self.table_seconds += time.perf_counter() - start
     return server_state, metrics, cohorts
 
   def settle(self):

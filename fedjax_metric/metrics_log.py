@@ -119,9 +119,12 @@ class Throughput:
   the time spent waiting for the host's cohorts (what the prefetch thread
   did not hide), ``in_rounds`` the time in the round calls until their
   results were ready (the programs; the host executor's loop is inside).
-  With a client table off the device (``table=True``), ``table_seconds`` is
-  the time the loop spent on its rows (reads not hidden behind the previous
-  call, packing, placing and queueing the writes; client_table.py).
+  With a client table off the device (``table=True``; client_table.py),
+  ``cohort_wait`` also holds the wait for rows the read ahead did not have
+  ready, ``table_seconds`` is the time the loop spent on the rows itself
+  (patching, placing, packing, queueing the writes) and ``table_io_seconds``
+  the time spent reading and writing them, in whichever thread (hidden
+  behind the rounds where it ran in the read-ahead thread).
   """
 
   def __init__(self, table: bool = False):
@@ -132,12 +135,21 @@ class Throughput:
     self.start = time.time()
     self.cohort_wait, self.in_rounds, self.clients = 0.0, 0.0, 0
     self.table_seconds = 0.0
+    self.table_io_seconds = 0.0
 
-  def add_call(self, cohort_wait, in_rounds, clients, table_seconds=0.0):
+  def add_call(
+    self,
+    cohort_wait,
+    in_rounds,
+    clients,
+    table_seconds=0.0,
+    table_io_seconds=0.0,
+  ):
     self.cohort_wait += cohort_wait
     self.in_rounds += in_rounds
     self.clients += clients
     self.table_seconds += table_seconds
+    self.table_io_seconds += table_io_seconds
 
   def columns(self, examples, rounds):
     interval = max(time.time() - self.start, 1e-9)
@@ -150,6 +162,7 @@ class Throughput:
     }
     if self.table:
       columns['table_seconds'] = self.table_seconds
+      columns['table_io_seconds'] = self.table_io_seconds
     return columns
 
 

@@ -17,10 +17,17 @@ round. Per point:
   * seconds per round: the wall time of the evaluation intervals after the
     first (which holds the compilation), divided by their rounds, evaluation
     excluded;
-  * table share: the part of those seconds the loop spent on the client
-    table's rows (reads not hidden behind the previous call, packing,
-    placing, queueing the writes: ``table_seconds`` of metrics.jsonl);
+  * the client table's cost per round: the time spent reading and writing
+    its rows (``table_io_seconds`` of metrics.jsonl; hidden behind the
+    round where it ran in the read-ahead thread), the time the loop spent
+    on them itself (patching, placing, packing: ``table_seconds``), and the
+    time the loop waited for a call's inputs (cohorts, examples, rows) that
+    the read ahead did not have ready (``cohort_wait_seconds``);
   * peak RSS of the process (``getrusage``), and the table's bytes.
+
+Batches are drawn by the vectorized cohort sampler (`cohort.make_cohort`:
+the same distribution as the per-client one, far less host time for
+thousands of clients).
 
 Results go to ``<out>/scale.json`` (one entry per point; a point already
 there is not run again, so an interrupted study resumes), a markdown table
@@ -39,6 +46,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags
+import numpy as np
 
 ALGORITHMS = ('fedavg', 'scaffold', 'fedau')
 PLACEMENTS = ('auto', 'device', 'host', 'disk')
@@ -104,6 +112,7 @@ def point_config(point: Point):
     config.eval_every = point.eval_every
     config.checkpoint_every = point.eval_every
     config.rounds_per_call = 1
+    config.cohort_sampler = 'vectorized'
     config.progress = False
     config.plot_partition = False
     if point.algorithm == 'fedau':
@@ -119,9 +128,9 @@ def run_point(point: Point, workdir: str) -> Dict:
   """Runs ``point`` in this process into ``workdir`` and measures it.
 
   Returns a dict: the point's fields, ``seconds_per_round``,
-  ``table_seconds_per_round``, ``table_share``, ``peak_rss_gb``,
-  ``table_bytes``, ``placement`` (as resolved), ``test_accuracy`` and
-  ``wall_seconds``.
+  ``table_io_per_round``, ``table_loop_per_round``, ``wait_per_round`` (all
+  seconds), ``peak_rss_gb``, ``table_bytes``, ``placement_used``,
+  ``test_accuracy`` and ``wall_seconds``.
   """
   from fedjax_metric import metrics_log, train  # pylint: disable=g-import-not-at-top
 
@@ -136,7 +145,10 @@ def run_point(point: Point, workdir: str) -> Dict:
   seconds = sum(
     1.0 / r['rounds_per_second'] * _rounds_in(rows, r) for r in timed
   )
-  table_seconds = sum(r.get('table_seconds', 0.0) for r in timed)
+
+  def total(name):
+    return sum(r.get(name, 0.0) for r in timed)
+
   meta_path = os.path.join(workdir, 'client_table', 'meta.json')
   placement, table_bytes = 'device', None
   if os.path.exists(meta_path):
@@ -148,8 +160,9 @@ def run_point(point: Point, workdir: str) -> Dict:
     **point._asdict(),
     'placement_used': placement,
     'seconds_per_round': seconds / rounds,
-    'table_seconds_per_round': table_seconds / rounds,
-    'table_share': table_seconds / seconds if seconds else 0.0,
+    'table_io_per_round': total('table_io_seconds') / rounds,
+    'table_loop_per_round': total('table_seconds') / rounds,
+    'wait_per_round': total('cohort_wait_seconds') / rounds,
     'peak_rss_gb': _peak_rss_bytes() / 1024**3,
     'table_bytes': table_bytes,
     'test_accuracy': summary.get('test_accuracy'),
@@ -199,18 +212,62 @@ def make_grid(
   cohorts: Sequence[int],
   algorithms: Sequence[str],
   placements: Sequence[str],
+  seeds: Sequence[int] = (0,),
   **fields,
 ) -> List[Point]:
-  """Every (algorithm, placement, N, C) with C <= N; FedAvg keeps no
-  client table, so it runs once per (N, C), with placement 'auto'."""
+  """Every (algorithm, placement, N, C, seed) with C <= N; FedAvg keeps no
+  client table, so it runs once per (N, C, seed), with placement 'auto'.
+  Seeds are repeats: the table and plot show their median."""
   points = []
   for algorithm in algorithms:
     for placement in placements if algorithm != 'fedavg' else ('auto',):
       for n in populations:
         for c in cohorts:
-          if c <= n:
-            points.append(Point(algorithm, n, c, placement, **fields))
+          for seed in seeds:
+            if c <= n:
+              points.append(
+                Point(algorithm, n, c, placement, seed=seed, **fields)
+              )
   return points
+
+
+def _line(r):
+  """What a result is a repeat of: every field but the seed."""
+  return (
+    r['algorithm'],
+    r['model'],
+    r['placement_used'],
+    r['prefetch'],
+    r['num_clients'],
+    r['clients_per_round'],
+  )
+
+
+def medians(results: Sequence[Dict]) -> List[Dict]:
+  """One result per repeated point: the median of its seeds' numbers, with
+  ``seeds`` (how many) and ``seconds_min`` / ``seconds_max`` per round."""
+  groups: Dict[tuple, List[Dict]] = {}
+  for r in results:
+    if 'error' not in r:
+      groups.setdefault(_line(r), []).append(r)
+  out = []
+  for group in groups.values():
+    merged = dict(group[0])
+    for name in (
+      'seconds_per_round',
+      'table_io_per_round',
+      'table_loop_per_round',
+      'wait_per_round',
+      'peak_rss_gb',
+      'test_accuracy',
+    ):
+      merged[name] = float(np.median([r[name] for r in group]))
+    seconds = [r['seconds_per_round'] for r in group]
+    merged.update(
+      seeds=len(group), seconds_min=min(seconds), seconds_max=max(seconds)
+    )
+    out.append(merged)
+  return out
 
 
 def study(
@@ -262,37 +319,42 @@ def describe(result: Dict) -> str:
   if 'error' in result:
     return f'error: {result["error"]}'
   return (
-    f'{result["seconds_per_round"]:.3f} s/round, table '
-    f'{100 * result["table_share"]:.0f}%, peak RSS '
+    f'{result["seconds_per_round"]:.3f} s/round, rows read/written '
+    f'{1e3 * result["table_io_per_round"]:.0f} ms/round, peak RSS '
     f'{result["peak_rss_gb"]:.2f} GB'
   )
 
 
 def table(results: Sequence[Dict], *, device: str, command: str) -> str:
-  """A markdown section of the results."""
+  """A markdown section of the results (repeats as their median; the
+  seconds' range over them in brackets)."""
   lines = [
     f'### {time.strftime("%Y-%m-%d")}: {device}',
     '',
     f'`{command}`',
     '',
-    '| algorithm | model | N | C | table | s / round | table share | '
-    'peak RSS (GB) | table (GB) | test acc |',
-    '|---|---|---:|---:|---|---:|---:|---:|---:|---:|',
+    '| algorithm | model | N | C | table | seeds | s / round [min, max] | '
+    'rows I/O ms | loop on rows ms | wait ms | peak RSS (GB) | table (GB) | '
+    'test acc |',
+    '|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|',
   ]
   for r in results:
     if 'error' in r:
       lines.append(
         f'| {r["algorithm"]} | {r["model"]} | {r["num_clients"]:,} | '
         f'{r["clients_per_round"]:,} | {r["placement"]} | '
-        f'{r["error"]} | | | | |'
+        f'{r.get("seed", 0)} | {r["error"]} | | | | | | |'
       )
-      continue
+  for r in medians(results):
     gb = '' if r['table_bytes'] is None else f'{r["table_bytes"] / 1024**3:.3f}'
     lines.append(
       f'| {r["algorithm"]} | {r["model"]} | {r["num_clients"]:,} | '
       f'{r["clients_per_round"]:,} | {r["placement_used"]}'
-      f'{"" if r["prefetch"] else " (no prefetch)"} | '
-      f'{r["seconds_per_round"]:.3f} | {100 * r["table_share"]:.1f}% | '
+      f'{"" if r["prefetch"] else " (no prefetch)"} | {r["seeds"]} | '
+      f'{r["seconds_per_round"]:.3f} [{r["seconds_min"]:.3f}, '
+      f'{r["seconds_max"]:.3f}] | {1e3 * r["table_io_per_round"]:.0f} | '
+      f'{1e3 * r["table_loop_per_round"]:.0f} | '
+      f'{1e3 * r["wait_per_round"]:.0f} | '
       f'{r["peak_rss_gb"]:.2f} | {gb} | {r["test_accuracy"]:.3f} |'
     )
   return '\n'.join(lines) + '\n'
@@ -304,7 +366,7 @@ def plot(results: Sequence[Dict], path: str, *, title: str = ''):
   from matplotlib import figure  # pylint: disable=g-import-not-at-top
   from matplotlib.backends import backend_agg  # pylint: disable=g-import-not-at-top
 
-  ok = [r for r in results if 'error' not in r]
+  ok = medians(results)
   fig = figure.Figure(figsize=(11, 4.2))
   backend_agg.FigureCanvasAgg(fig)
   by_n, by_c = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
@@ -393,6 +455,7 @@ def define_flags():
   flags.DEFINE_integer('batch_size', 10, 'Examples per local step.')
   flags.DEFINE_string('executor', 'vmap', 'The round executor.')
   flags.DEFINE_bool('prefetch', True, 'Read rows during the previous call.')
+  flags.DEFINE_list('seeds', ['0'], 'Repeats of every point (median shown).')
   flags.DEFINE_float('timeout', 0, 'Seconds per point (0: none).')
   flags.DEFINE_bool(
     'dry_run', False, 'The same study on tiny shapes (N <= 300, C <= 30).'
@@ -420,6 +483,7 @@ def grid_from_flags() -> List[Point]:
     batch_size=f.batch_size,
     executor=f.executor,
     prefetch=f.prefetch,
+    seeds=[int(x) for x in f.seeds],
   )
   if f.dry_run:
     populations = sorted({min(n, 300) for n in populations})

@@ -313,14 +313,21 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
         server_state, client_table, cohorts, call_data
       )
     else:
-      call_start, table_before = wait_start, driver.wait_seconds
+      before = (driver.wait_seconds, driver.table_seconds, table.io_seconds)
       server_state, round_metrics, cohorts = driver.run(server_state, first)
+      waited, handled, io = (
+        driver.wait_seconds - before[0],
+        driver.table_seconds - before[1],
+        table.io_seconds - before[2],
+      )
+      call_start = wait_start + waited
     round_metrics = jax.block_until_ready(round_metrics)
     throughput.add_call(
       call_start - wait_start,
       time.perf_counter() - call_start,
       sum(int(np.count_nonzero(c.slot_mask)) for c in cohorts),
-      0.0 if table is None else driver.wait_seconds - table_before,
+      0.0 if table is None else handled,
+      0.0 if table is None else io,
     )
     train_sums.append(
       log.round_metrics(first, sharding.local_copy(round_metrics))

@@ -41,6 +41,10 @@ RESUMABLE_CHANGES = (
   'checkpoint_every',
   'progress',
   'logging',
+  # Where the table lives changes no number (a resumed run keeps its
+  # placement: client_table.choose_placement); nor does what is evaluated.
+  'client_table',
+  'federated_eval',
 )
 
 # Blocks a method config replaces as a whole (fedjax_metric/settings.py).

@@ -554,3 +554,40 @@ def test_bit_identical_under_other_patterns_and_executors(
     )
     assert _bitwise_equal(result[0], state), (name, pattern, executor)
     assert _bitwise_equal(result[1], jax.tree.map(np.array, table))
+
+
+def test_a_run_whose_table_fits_nowhere_is_refused_before_writing(
+  tmp_path, monkeypatch
+):
+  from fedjax_metric import api, train
+
+  config = api.get_config('scaffold', 'runlocal')
+  with config.unlocked():
+    config.memory_budget_gb = 1e-9
+  monkeypatch.setattr(client_table, 'host_memory_budget', lambda: 1)
+  monkeypatch.setattr(client_table, 'disk_free', lambda directory: 1)
+  with pytest.raises(memory.MemoryBudgetError) as error:
+    train.run(config, str(tmp_path / 'run'))
+  message = str(error.value)
+  assert '\n' not in message and 'num_clients' in message
+  assert 'free disk space' in message
+  assert not (tmp_path / 'run').exists()
+
+
+def test_auto_puts_a_table_over_the_device_budget_in_host_memory(tmp_path):
+  """And the run is bit-identical to one with the table on the device."""
+  from fedjax_metric import api, train
+
+  results = {}
+  for name, budget in (('device', 0.0), ('auto', 1e-9)):
+    config = api.get_config('scaffold', 'runlocal')
+    with config.unlocked():
+      config.memory_budget_gb = budget
+      config.client_table.placement = name
+      config.progress = False
+    workdir = str(tmp_path / name)
+    train.run(config, workdir)
+    results[name] = api.load_run(workdir).variables
+  assert client_table.stored_placement(str(tmp_path / 'auto')) == 'host'
+  assert client_table.stored_placement(str(tmp_path / 'device')) is None
+  assert _bitwise_equal(results['auto'], results['device'])

@@ -716,3 +716,46 @@ def test_registered_names_agree():
   assert natural.DATASETS == sources.NATURAL_DATASETS
   assert set(sources.NATURAL_DATASETS) <= set(sources.DESCRIPTIONS)
   assert not set(sources.NATURAL_DATASETS) & set(sources.DATASETS)
+
+
+def test_a_run_partitions_femnist_by_writer_and_evaluates_per_writer(
+  leaf, tmp_path
+):
+  """fedavg on the LEAF files with partition.method=natural: one client per
+  writer (partition.json), and the federated evaluation scores writers on
+  their own test examples."""
+  import json as json_lib
+
+  from fedjax_metric import api, train
+
+  root, _, _ = leaf
+  config = api.get_config('fedavg', 'runlocal')
+  with config.unlocked():
+    config.dataset.name = 'femnist'
+    config.dataset.data_dir = str(root / 'data')
+    config.partition.method = 'natural'
+    config.num_clients = len(WRITERS)
+    config.clients_per_round = 2
+    config.local.batch_size = 2
+    config.federated_eval.clients = 3
+    config.plot_partition = False
+    config.progress = False
+  train.run(config, str(tmp_path / 'run'))
+  with open(tmp_path / 'run' / 'partition.json') as f:
+    written = json_lib.load(f)
+  assert written['num_clients'] == len(WRITERS)
+  assert sorted(np.sum(written['class_counts'], axis=1)) == sorted(
+    WRITERS.values()
+  )
+  with open(tmp_path / 'run' / 'metrics.jsonl') as f:
+    row = json_lib.loads(f.readlines()[-1])
+  assert row['fed_clients'] == 3
+  assert 0.0 <= row['fed_accuracy_p10'] <= row['fed_accuracy_p90'] <= 1.0
+  too_many = config.copy_and_resolve_references()
+  with too_many.unlocked():
+    too_many.num_clients = len(WRITERS) + 1
+    too_many.clients_per_round = 1
+  with pytest.raises(ValueError, match='writers') as error:
+    train.run(too_many, str(tmp_path / 'too_many'))
+  _one_line(error)
+  assert not (tmp_path / 'too_many').exists()

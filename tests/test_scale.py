@@ -79,7 +79,11 @@ def test_the_dry_run_study_runs_resumes_and_writes_its_outputs(tmp_path):
   assert all(r['placement_used'] == 'disk' for r in scaffold)
   assert all(r['table_bytes'] > 0 for r in scaffold)
   assert all(r['seconds_per_round'] > 0 for r in results)
-  assert all(0 <= r['table_share'] < 1 for r in results)
+  assert all(r['table_io_per_round'] > 0 for r in scaffold)
+  assert all(r['table_io_per_round'] == 0 for r in results if r not in scaffold)
+  assert all(
+    r['table_loop_per_round'] < r['seconds_per_round'] for r in results
+  )
   assert (out / 'scale.png').read_bytes()[:4] == b'\x89PNG'
   assert (
     '| scaffold | logistic_regression | 300 | 30 | disk |'
@@ -126,3 +130,34 @@ def test_broken_notebook_cell_fails(tmp_path):
   proc = run_cells(broken, tmp_path)
   assert proc.returncode != 0
   assert 'broken cell' in proc.stderr
+
+
+def test_repeats_show_as_their_median_and_range():
+  base = dict(
+    algorithm='scaffold',
+    model='mlp',
+    placement='disk',
+    placement_used='disk',
+    prefetch=True,
+    num_clients=10,
+    clients_per_round=5,
+    table_io_per_round=0.01,
+    table_loop_per_round=0.0,
+    wait_per_round=0.0,
+    peak_rss_gb=1.0,
+    table_bytes=100,
+    test_accuracy=0.5,
+  )
+  results = [
+    dict(base, seed=s, seconds_per_round=t) for s, t in enumerate((3, 1, 2))
+  ]
+  (merged,) = scale.medians(results)
+  assert merged['seconds_per_round'] == 2
+  assert (merged['seconds_min'], merged['seconds_max'], merged['seeds']) == (
+    1,
+    3,
+    3,
+  )
+  assert '2.000 [1.000, 3.000]' in scale.table(results, device='d', command='c')
+  seeds = scale.make_grid([10], [5], ['scaffold'], ['disk'], seeds=(0, 1))
+  assert [p.seed for p in seeds] == [0, 1]
