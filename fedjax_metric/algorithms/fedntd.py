@@ -4,13 +4,16 @@ Lee, Jeong, Shin, Bae and Yun, 'Preservation of the Global Knowledge by
 Not-True Distillation in Federated Learning', NeurIPS 2022. The client
 objective is
 
-  L = CE(f_l(x), y) + beta L_NTD(f_l(x), f_g(x), y)
+  L = CE(f_l(x), y) + beta tau^2 L_NTD(f_l(x), f_g(x), y)
 
 with f_g the received global model, frozen, and L_NTD the KL divergence
 between the two models' temperature-tau softmaxes over the not-true classes
-(`losses.not_true_distillation`). The authors' configuration
-(github.com/Lee-Gihun/FedNTD, config/fedntd.json) uses tau = 1, beta = 1:
-the defaults here. Aggregation is FedAvg's.
+(`losses.not_true_distillation`). The tau^2 is the authors' released code's
+(github.com/Lee-Gihun/FedNTD, criterion.py `NTD_Loss._ntd_loss`: the usual
+knowledge-distillation scaling that keeps the gradient's size independent
+of tau); it is 1 at their configuration (config/fedntd.json: tau = 1,
+beta = 1, the defaults here). Checked against that code:
+tests/test_golden_baselines.py. Aggregation is FedAvg's.
 
 The global model's logits come from a forward pass in evaluation mode
 (BatchNorm's running statistics), as for MOON's frozen global model here;
@@ -21,6 +24,21 @@ which matters only for models with BatchNorm (their CNNs have none).
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+
+
+def ntd_term(local_logits, global_logits, labels, mask, *, temperature):
+  """tau^2 times the masked mean of `losses.not_true_distillation`: what
+  beta weighs in FedNTD's objective (the authors' ``NTD_Loss``: the KL of
+  ``KLDivLoss(reduction='batchmean')`` times ``tau ** 2``).
+
+  Args:
+    local_logits, global_logits: [B, K]; labels: [B] int; mask: [B] bool.
+    temperature: tau > 0.
+  """
+  kl = losses.not_true_distillation(
+    local_logits, global_logits, labels, temperature
+  )
+  return temperature**2 * losses.masked_mean(kl, mask)
 
 
 def make(
@@ -62,11 +80,12 @@ def make(
     teacher = fedavg.frozen_outputs(
       model, ctx.server_state.variables, batch.images
     )['logits']
-    ntd = losses.masked_mean(
-      losses.not_true_distillation(
-        outputs['logits'], teacher, batch.labels, temperature
-      ),
+    ntd = ntd_term(
+      outputs['logits'],
+      teacher,
+      batch.labels,
       batch.mask,
+      temperature=temperature,
     )
     return ce + beta * ntd, (model_state, {'ce': ce, 'ntd': ntd})
 

@@ -89,8 +89,9 @@ def not_true_distillation(local_logits, global_logits, labels, temperature):
 
   the KL divergence from the global model's not-true distribution to the
   local one's (the authors' code: KLDivLoss of log_softmax(l / tau) against
-  softmax(g / tau) after removing the true class; no tau^2 factor). The
-  global logits are a constant: no gradient flows into them.
+  softmax(g / tau) after removing the true class; their NTD_Loss then
+  multiplies it by tau^2, which `fedntd.ntd_term` does). The global logits
+  are a constant: no gradient flows into them.
 
   Args:
     local_logits, global_logits: [B, K].
