@@ -15,7 +15,21 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# make demo needs the package alone, not the test stack. It runs from the
+# checkout (python -m launch.main), so a regular install serves: an editable
+# one makes setuptools print a 10-line note about its import hook (configs/
+# and launch/ map into the package). After make install / test, their
+# editable install serves and is kept.
+DEMO_STAMP := $(VENV)/.installed-package
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if [ ! -f $(STAMP) ] || [ pyproject.toml -nt $(STAMP) ]; then \
+	  $(PY) -m pip install --quiet --upgrade pip && \
+	  $(PY) -m pip install --quiet . ; \
+	fi
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) -m launch.main --config=configs/fedavg.py --workdir=runs/demo
 
 lint: $(STAMP)

@@ -17,6 +17,8 @@ to a file of one's own (``my_config.py``) works wherever a name does.
 import importlib.util
 import json
 import os
+import re
+import shutil
 import tempfile
 from typing import Any, Dict, List, NamedTuple, Optional
 
@@ -120,14 +122,57 @@ def load_run(workdir: str) -> RunResult:
   )
 
 
+# The command line's names in the library's messages, and Python's.
+_FLAG_NAMES = (
+  (re.compile(r'--config\.'), 'config.'),
+  (re.compile(r'(?<!launch\.main )--workdir'), 'workdir'),
+)
+
+
+def _python_names(error: BaseException) -> None:
+  """Rewrites ``error``'s message in place to name fields as Python does:
+  the library's messages are written for the command line (``--config.x``,
+  ``--workdir``); from `run` they read ``config.x``, ``workdir``. Only a
+  message that is one string is changed (an OSError's errno form is not)."""
+  if len(error.args) != 1 or not isinstance(error.args[0], str):
+    return
+  text = error.args[0]
+  for pattern, name in _FLAG_NAMES:
+    text = pattern.sub(name, text)
+  error.args = (text,)
+
+
 def run(
   config: ml_collections.ConfigDict, workdir: Optional[str] = None
 ) -> RunResult:
-  """Trains ``config`` into ``workdir`` (resumed if it holds this run; a new
-  temporary directory when None) and returns the run's `RunResult`."""
-  if workdir is None:
+  """Trains ``config`` into ``workdir`` (resumed if it holds this run) and
+  returns the run's `RunResult`.
+
+  Without a ``workdir`` the run gets a new temporary directory,
+  ``fedjax_metric_*`` in `tempfile.gettempdir()`. It is the result's
+  ``workdir`` and is kept: `load_run` reads it again, and deleting it
+  (``shutil.rmtree(result.workdir)``) is the caller's. A run that fails
+  before writing anything there (a config error, a busy or missing
+  resource) removes it; one that fails later keeps it (a diverged run's
+  error names its checkpoints), and the error's note names it.
+
+  Errors name config fields as Python spells them (``config.num_rounds``,
+  ``workdir``), where the command line's say ``--config.num_rounds``.
+  """
+  temporary = workdir is None
+  if temporary:
     workdir = tempfile.mkdtemp(prefix='fedjax_metric_')
-  summary = train.run(config, workdir)
+  try:
+    summary = train.run(config, workdir)
+  except BaseException as e:
+    if temporary:
+      if os.path.isdir(workdir) and not os.listdir(workdir):
+        shutil.rmtree(workdir, ignore_errors=True)
+      elif hasattr(e, 'add_note'):  # Python >= 3.11.
+        e.add_note(f'The run wrote its files to {workdir}.')
+    if isinstance(e, Exception):
+      _python_names(e)
+    raise
   result = load_run(workdir)
   return result._replace(summary=summary)
 

@@ -513,10 +513,18 @@ class OffDeviceTable:
     self.rows_file.close()
 
 
+# What faults.state_problem calls a good value: finite, below 2^64 in
+# magnitude (its square overflows float32 beyond).
+_LARGEST_GOOD = 2.0**64
+
+
 def _finite_rows(layout: RowLayout, packed: np.ndarray) -> bool:
+  """Whether every float of the packed rows is a good value to keep."""
   for leaf in jax.tree.leaves(layout.unpack(packed)):
-    if np.issubdtype(leaf.dtype, np.inexact) and not np.isfinite(leaf).all():
-      return False
+    if np.issubdtype(leaf.dtype, np.inexact):
+      values = np.abs(leaf.astype(np.float64))
+      if not (np.isfinite(values).all() and (values < _LARGEST_GOOD).all()):
+        return False
   return True
 
 

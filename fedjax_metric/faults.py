@@ -5,16 +5,22 @@ checkpoints and non-finite state (train.run uses each).
   (Ctrl-C) ask the round loop to stop after the round in progress; it saves
   a checkpoint and returns. A second signal acts at once, except while that
   checkpoint is being written: the save finishes first (a third kills).
-* `restore_newest_readable`: restores the newest checkpoint that can be read
-  and holds finite values; newer ones that cannot are moved aside.
-* `all_finite`: checked before every save, so no checkpoint holds NaN.
+* `restore_newest_readable`: restores the newest checkpoint that can be read,
+  matches the checksum saved with it and holds a good state; newer ones that
+  cannot are moved aside.
+* `state_problem`: what makes a state not good (NaN / infinite values, or
+  values of magnitude 2^64 or more); checked before every save, so no
+  checkpoint holds one. train.run also refuses to save a round whose
+  evaluation loss is not finite (`nonfinite_losses`).
 """
 
 import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -151,21 +157,93 @@ def _finite(leaves):
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
-def all_finite(tree) -> bool:
-  """Whether every floating-point value in ``tree`` is finite."""
-  leaves = [
+def _float_leaves(tree):
+  return [
     x
     for x in jax.tree.leaves(tree)
-    if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    if jnp.issubdtype(jnp.result_type(x), jnp.inexact) and np.size(x)
   ]
+
+
+def all_finite(tree) -> bool:
+  """Whether every floating-point value in ``tree`` is finite."""
+  leaves = _float_leaves(tree)
   return not leaves or bool(np.asarray(_finite(leaves)))
 
 
+# The magnitude from which a value is not a trained model's: its square
+# overflows float32 (3.4e38), so every squared norm, weight decay or gradient
+# clip computed from it is infinite, and the next round is NaN. (The fault
+# trial's diverging run held 9e33 after round 1, NaN after round 2; a
+# healthy model's values are many orders of magnitude smaller.)
+LARGEST_GOOD_MAGNITUDE = 2.0**64  # 1.8e19
+
+
+@jax.jit
+def _finite_and_largest(leaves):
+  """(all finite, largest magnitude as float32): one program per state."""
+  largest = jnp.stack([jnp.max(jnp.abs(x)).astype(jnp.float32) for x in leaves])
+  return _finite(leaves), jnp.max(largest)
+
+
+def state_problem(tree) -> Optional[str]:
+  """None when ``tree`` is a good state to checkpoint, else why not.
+
+  Good: every floating-point value is finite and of magnitude below
+  `LARGEST_GOOD_MAGNITUDE` (2^64). The reasons read after "it holds" / "The
+  model holds": 'NaN or infinite values', 'values of magnitude ...'.
+  """
+  leaves = _float_leaves(tree)
+  if not leaves:
+    return None
+  finite, largest = _finite_and_largest(leaves)
+  if not bool(np.asarray(finite)):
+    return 'NaN or infinite values'
+  largest = float(np.asarray(largest))
+  if largest >= LARGEST_GOOD_MAGNITUDE:
+    return (
+      f'values of magnitude 2^64 or more (up to {largest:.1e}; their squares '
+      'overflow float32)'
+    )
+  return None
+
+
+def nonfinite_losses(evaluation) -> List[str]:
+  """``'name is value'`` for each loss column (a name ending in ``loss``:
+  test_loss, train_eval_loss, val_ ones) of an evaluation row that is not
+  finite. Other columns may be NaN by design (a statistic of no samples)."""
+  bad = []
+  for name, value in evaluation.items():
+    if not name.endswith('loss'):
+      continue
+    try:
+      number = float(value)
+    except (TypeError, ValueError):
+      continue
+    if not np.isfinite(number):
+      bad.append(f'{name} is {number}')
+  return bad
+
+
+# orbax wraps TensorStore's read error in one that ends with a method's repr
+# ("See full TensorStore details: <bound method ...>"); the cause says what
+# is wrong, and names the checkpoint's own path, which the report gives.
+_NOISE = (
+  re.compile(r'\s*See full TensorStore details: <bound method.*$'),
+  re.compile(r' in OCDBT database at local file "[^"]*"'),
+)
+
+
 def _reason(error: BaseException) -> str:
-  """One line: an orbax / TensorStore error's first line, cut short."""
+  """One line: an orbax / TensorStore error's root cause, its first line,
+  cut short."""
+  while error.__cause__ is not None and str(error.__cause__).strip():
+    error = error.__cause__
   text = str(error).strip().splitlines()
   line = text[0] if text else ''
-  line = line if len(line) <= 160 else line[:157] + '...'
+  for noise in _NOISE:
+    line = noise.sub('', line)
+  line = line if len(line) <= 200 else line[:197] + '...'
   return f'{type(error).__name__}: {line}' if line else type(error).__name__
 
 
@@ -197,13 +275,67 @@ def state_digest(tree) -> str:
   return hashlib.sha256(''.join(sorted(digests)).encode()).hexdigest()
 
 
+METADATA_FILE = '_CHECKPOINT_METADATA'
+
+
+class UnverifiedError(ValueError):
+  """A checkpoint whose checksum file is missing or unreadable."""
+
+
 def _saved_digest(step_dir) -> Optional[str]:
-  """The digest saved in a step's orbax metadata, if any."""
+  """The digest saved in a step's orbax metadata file; None for a
+  checkpoint written before the digest existed (the file, without it).
+
+  Raises:
+    UnverifiedError: the file is missing or cannot be parsed. orbax writes
+      it with every step (it also holds total_wall_time), so its absence is
+      damage, and the arrays cannot be verified.
+  """
+  path = os.path.join(step_dir, METADATA_FILE)
   try:
-    with open(os.path.join(step_dir, '_CHECKPOINT_METADATA')) as f:
-      return (json.load(f).get('custom_metadata') or {}).get('sha256')
-  except (OSError, ValueError):
-    return None
+    with open(path) as f:
+      metadata = json.load(f)
+    if not isinstance(metadata, dict):
+      raise ValueError(f'{METADATA_FILE} is not a JSON object')
+  except FileNotFoundError:
+    raise UnverifiedError(
+      f'its checksum file {METADATA_FILE} is missing, so its arrays '
+      'cannot be verified'
+    ) from None
+  except (OSError, ValueError) as e:
+    raise UnverifiedError(
+      f'its checksum file {METADATA_FILE} cannot be read ({e}), so its '
+      'arrays cannot be verified'
+    ) from None
+  return (metadata.get('custom_metadata') or {}).get('sha256')
+
+
+class _DropOrbaxNotes(logging.Filter):
+  """Drops orbax's absl warnings about a step's metadata that say nothing
+  to a user: restore_newest_readable checks every step it restores and
+  reports what is wrong in its own words."""
+
+  NOTES = (
+    'Metadata file does not exist',
+    'was found in the checkpoint, but could not be restored',
+  )
+
+  def filter(self, record):
+    message = record.getMessage()
+    return not any(note in message for note in self.NOTES)
+
+
+@contextlib.contextmanager
+def quiet_orbax_notes():
+  """Inside, `_DropOrbaxNotes` filters absl's logger (orbax logs there);
+  every other record, warnings and errors included, passes."""
+  logger = logging.getLogger('absl')
+  note_filter = _DropOrbaxNotes()
+  logger.addFilter(note_filter)
+  try:
+    yield
+  finally:
+    logger.removeFilter(note_filter)
 
 
 def _run_coroutine_then_drain(coroutine):
@@ -278,8 +410,13 @@ def restore_newest_readable(
   None)`` when there is none.
 
   A checkpoint is usable when orbax restores it into ``template``'s
-  structure, every value is finite and the arrays match the checksum saved
-  with them (`state_digest`; a flipped bit is caught, not loaded). Newer unusable ones are moved to
+  structure, it holds a good state (`state_problem`: finite, of sane
+  magnitude) and its arrays match the checksum saved with them
+  (`state_digest`; a flipped bit is caught, not loaded). A checkpoint whose
+  metadata file (which holds the checksum) is missing or unparsable cannot
+  be verified and is not usable either. One whose metadata file has no
+  checksum was written before checksums existed: it is restored, and
+  ``report`` says that it was not verified. Newer unusable ones are moved to
   ``workdir/checkpoints_unreadable/`` (so that their rounds can be saved
   again) and ``report`` says which and why. Call it before the directory's
   `CheckpointManager` is made: the manager reads the newest step to decide
@@ -297,13 +434,19 @@ def restore_newest_readable(
   )
   for step in steps:
     try:
-      with orbax_reads_drained(), ocp.StandardCheckpointer() as checkpointer:
+      # First: nothing is read from a checkpoint that cannot be verified.
+      saved = _saved_digest(os.path.join(directory, str(step)))
+      with (
+        quiet_orbax_notes(),
+        orbax_reads_drained(),
+        ocp.StandardCheckpointer() as checkpointer,
+      ):
         restored = checkpointer.restore(
           os.path.join(directory, str(step), 'default'), template
         )
-      if not all_finite(restored):
-        raise FloatingPointError('it holds NaN or infinite values')
-      saved = _saved_digest(os.path.join(directory, str(step)))
+      problem = state_problem(restored)
+      if problem is not None:
+        raise FloatingPointError(f'it holds {problem}')
       if saved is not None and saved != state_digest(restored):
         raise ValueError(
           'its arrays do not match the checksum saved with them (the '
@@ -322,6 +465,11 @@ def restore_newest_readable(
         'moved to '
         f'{os.path.join(workdir, UNREADABLE_DIR)}. Resuming from the '
         f'newest readable one, round {step}.'
+      )
+    if saved is None:
+      report(
+        f'The checkpoint of round {step} predates checksums (an older '
+        'version wrote it): restored, not verified.'
       )
     return step, restored
   if failures:

@@ -469,10 +469,14 @@ def grid_from_flags() -> List[Point]:
   f = flags.FLAGS
   for name in f.algorithms:
     if name not in ALGORITHMS:
-      raise app.UsageError(f'--algorithms: {name!r} is not one of {ALGORITHMS}')
+      raise SystemExit(
+        f'error: --algorithms: {name!r} is not one of {ALGORITHMS}.'
+      )
   for name in f.placements:
     if name not in PLACEMENTS:
-      raise app.UsageError(f'--placements: {name!r} is not one of {PLACEMENTS}')
+      raise SystemExit(
+        f'error: --placements: {name!r} is not one of {PLACEMENTS}.'
+      )
   populations = [int(float(x)) for x in f.populations]
   cohorts = [int(float(x)) for x in f.cohorts]
   fields = dict(
@@ -494,23 +498,28 @@ def grid_from_flags() -> List[Point]:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected argument(s) {" ".join(argv[1:])}')
+    raise SystemExit(f'error: unexpected argument(s) {" ".join(argv[1:])}.')
   f = flags.FLAGS
   if f.point is not None:
     point = Point(**json.loads(f.point))
     print(json.dumps(run_point(point, f.workdir)))
     return
   if not f.out:
-    raise app.UsageError('--out is required: where the results go.')
+    raise SystemExit('error: --out is required: where the results go.')
   results = study(grid_from_flags(), f.out, timeout=f.timeout)
   given = [a for a in sys.argv[1:] if a.startswith('--')]
   command = ' '.join(['fedjax-metric scale', *given])
   print(save_outputs(results, f.out, device=describe_device(), command=command))
 
 
-def run_main(argv: Optional[Sequence[str]] = None):
+def run_main(argv: Optional[Sequence[str]] = None, flags_parser=None):
+  """The command; ``flags_parser``: absl's, or the console's (its --help)."""
   define_flags()
-  app.run(main, argv=list(argv) if argv is not None else None)
+  app.run(
+    main,
+    argv=list(argv) if argv is not None else None,
+    **({'flags_parser': flags_parser} if flags_parser else {}),
+  )
 
 
 if __name__ == '__main__':

@@ -7,6 +7,8 @@ no-op. Method configs change values, never add fields, except inside
 paper_settings.py.
 """
 
+import difflib
+
 import ml_collections
 
 
@@ -306,8 +308,60 @@ def apply_server_method(c, name):
   c.server.update(SERVER_METHODS[name])
 
 
+class _MissingFieldMessage:
+  """A locked block's message for a field it lacks, in one short line.
+
+  ml_collections builds the error of ``config.num_round = 5`` on a locked
+  config with the block's ``_generate_did_you_mean_message``, from a text
+  that holds every field of the block with its value: for the whole config
+  one line of 2,400 characters, the suggestion at its end. `finalize` sets
+  one of these as that method of each block (an instance attribute: plain
+  ConfigDicts elsewhere are untouched), so the same KeyError /
+  AttributeError reads ``config.num_round: the config has no field
+  'num_round'; did you mean 'num_rounds'?``. It keeps the block's dotted
+  path and field names (fixed while the block is locked). A copy or an
+  unpickled config drops it (ConfigDict's ``__setstate__`` keeps only its
+  fields) and has ml_collections' own message again.
+  """
+
+  def __init__(self, path, keys):
+    self.path = path
+    self.keys = tuple(keys)
+
+  def __call__(self, request, message=''):
+    if isinstance(request, (int, float)):
+      return message
+    if 'cannot be added since the config is locked' in message:
+      # The command line's cutoff (launch/main.py, override_error).
+      close = difflib.get_close_matches(str(request), self.keys, 1)
+      where = 'the config' if self.path == 'config' else self.path
+      hint = f'; did you mean {close[0]!r}?' if close else '.'
+      return f'{self.path}.{request}: {where} has no field {request!r}{hint}'
+    # Any other message (a missing field read): ml_collections' own form.
+    close = difflib.get_close_matches(str(request), self.keys, 1, 0.75)
+    if close:
+      message += ('\n' if message else '') + (
+        f'Did you mean "{close[0]}" instead of "{request}"?'
+      )
+    return message
+
+
+def _short_missing_field_messages(block, path='config'):
+  """Sets `_MissingFieldMessage` on ``block`` and every block inside it."""
+  object.__setattr__(
+    block,
+    '_generate_did_you_mean_message',
+    _MissingFieldMessage(path, (str(k) for k in block.keys())),
+  )
+  for key, value in block.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      _short_missing_field_messages(value, f'{path}.{key}')
+
+
 def finalize(c, arg):
-  """Applies the shared ``:arg`` options and locks the config."""
+  """Applies the shared ``:arg`` options and locks the config (a mistyped
+  field set from Python is then a one-line error naming the closest field,
+  as ``--config.num_round=5`` is on the command line)."""
   if arg.get('server'):
     apply_server_method(c, arg.server)
   if arg.runlocal:
@@ -315,6 +369,7 @@ def finalize(c, arg):
   if arg.dataset:  # After runlocal: a dataset named explicitly wins.
     c.dataset.name = arg.dataset
   c.lock()
+  _short_missing_field_messages(c)
   return c
 
 

@@ -19,10 +19,12 @@ writes the workdir's files. This module is the order they run in.
 
 Faults (tests/test_faults.py, tests/test_validation.py): the config is
 validated before anything is written; a workdir holding checkpoints or a
-finished run refuses another config; no checkpoint is saved with non-finite
-values; an unreadable newest checkpoint is moved aside and the run resumes
-from the newest readable one; SIGTERM / SIGINT save a checkpoint after the
-round in progress and stop.
+finished run refuses another config; only good states are checkpointed
+(finite, below 2^64 in magnitude, at a round whose evaluation losses are
+finite: faults.state_problem, faults.nonfinite_losses); an unreadable or
+unverifiable newest checkpoint is moved aside and the run resumes from the
+newest readable one; SIGTERM / SIGINT save a checkpoint after the round in
+progress and stop.
 """
 
 import contextlib
@@ -89,14 +91,20 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   # Nothing is written until every check that can fail before training has
   # passed (data, partition, model, algorithm, devices, memory): a failed
   # start leaves nothing behind.
+  # With several processes (one workdir on a shared file system) process 0
+  # writes every file but the checkpoints, which all processes save together.
+  chief = jax.process_index() == 0
+  # First the workdir, in a few milliseconds: a path that is not a directory,
+  # and a workdir another live run holds, are refused before the data and
+  # model are built (seconds) and before the run prints anything. Read only:
+  # the lock is taken below, where the first file is written; a run that
+  # takes it in between is refused there.
+  workdir_lib.check_workdir(workdir, chief)
   validation.validate(config)
   workdir_lib.check_resume_config(workdir, config)
   finished = workdir_lib.check_rounds(workdir, config)
   if finished is not None:
     return finished
-  # With several processes (one workdir on a shared file system) process 0
-  # writes every file but the checkpoints, which all processes save together.
-  chief = jax.process_index() == 0
 
   # ----- Data, partition, model, algorithm; the executor. -----
   choice = executors.choose_executor(
@@ -224,15 +232,20 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   driver = None  # Runs the calls when the table lives off the device.
 
   def save(round_idx):
+    """Saves a good state (faults.state_problem: finite, every value below
+    2^64 in magnitude); any other stops the run, keeping the last good
+    checkpoint. (A round whose evaluation loss is not finite stopped it at
+    its evaluation, before this.)"""
     nonlocal last_saved
     if driver is not None:
       driver.settle()
-    finite = faults.all_finite((server_state, client_table)) and (
-      table is None or table.nonfinite_round is None
-    )
-    if not finite:
+    problem = faults.state_problem((server_state, client_table))
+    if problem is None and table is not None:
+      if table.nonfinite_round is not None:  # Rows off the device.
+        problem = 'NaN, infinite or 2^64-sized values in client rows'
+    if problem is not None:
       raise workdir_lib.diverged_error(workdir, last_saved, config)(
-        'The model holds NaN or infinite values', round_idx
+        f'The model holds {problem}', round_idx
       )
     saved_table = client_table
     if table is not None:
@@ -361,6 +374,12 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
           **evaluation,
         }
       )
+      # Written, to show why; not a good round to checkpoint or go on from.
+      nonfinite = faults.nonfinite_losses(evaluation)
+      if nonfinite:
+        raise workdir_lib.diverged_error(workdir, last_saved, config)(
+          f"The evaluation's {', '.join(nonfinite)}", done
+        )
       throughput.restart()
       bar.set_postfix({evaluator.headline: f'{last[evaluator.headline]:.4f}'})
     if done % config.checkpoint_every == 0 or done == end_round:

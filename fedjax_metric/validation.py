@@ -10,6 +10,7 @@ no rule (a new one, or a model's own constructor field) is not range-checked:
 the locked config still checks its type, and the code that reads it its value.
 """
 
+import difflib
 import inspect
 import math
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
@@ -97,14 +98,21 @@ def _text(value) -> Optional[str]:
   return f'must be a string, got {value!r}'
 
 
-def _one_of(choices) -> Check:
+def _one_of(choices, suggest: bool = False) -> Check:
   """``choices``: a tuple, or a function returning one (read at check time,
-  so a registry that grows needs no change here)."""
+  so a registry that grows needs no change here). ``suggest``: name the
+  closest choice to a mistyped value (difflib)."""
 
   def check(value):
     allowed = tuple(choices() if callable(choices) else choices)
     if value not in allowed:
-      return f'must be one of {", ".join(map(repr, allowed))}; got {value!r}'
+      problem = f'must be one of {", ".join(map(repr, allowed))}; got {value!r}'
+      close = (
+        difflib.get_close_matches(value, [str(a) for a in allowed], n=1)
+        if suggest and isinstance(value, str)
+        else []
+      )
+      return problem + (f'; did you mean {close[0]!r}?' if close else '')
     return None
 
   return check
@@ -137,7 +145,7 @@ def _made_by(factory: Callable[[Any], Any]) -> Check:
 
 RULES: Dict[str, Check] = {
   'seed': _integer(0),
-  'algorithm': _one_of(lambda: sorted(algorithms.REGISTRY)),
+  'algorithm': _one_of(lambda: sorted(algorithms.REGISTRY), suggest=True),
   'num_rounds': _integer(1),
   'num_clients': _integer(1),
   'clients_per_round': _integer(1),
@@ -239,7 +247,7 @@ def flatten(
 
 
 def _fix(path: str, problem: str) -> str:
-  return f'--config.{path} {problem}.'
+  return f'--config.{path} {problem}' + ('' if problem.endswith('?') else '.')
 
 
 def validate(config) -> None:

@@ -338,7 +338,8 @@ def previous_wall_time(checkpoints, start_round, metrics_path):
   if not start_round:
     return 0.0
   try:
-    custom = checkpoints.metadata(start_round).custom_metadata or {}
+    with faults.quiet_orbax_notes():
+      custom = checkpoints.metadata(start_round).custom_metadata or {}
     if 'total_wall_time' in custom:
       return float(custom['total_wall_time'])
   except Exception:  # pylint: disable=broad-except
@@ -429,15 +430,18 @@ def open_checkpoints(config, workdir, state, chief, cleanup):
     chief=chief,
     report=say,
   )
-  checkpoints = ocp.CheckpointManager(
-    checkpoint_dir,
-    options=ocp.CheckpointManagerOptions(
-      max_to_keep=config.keep_checkpoints,
-      create=True,
-      cleanup_tmp_directories=True,
-    ),
-    item_handlers=ocp.StandardCheckpointHandler(),
-  )
+  # An older step without its metadata file (restore_newest_readable did
+  # not need it) would get orbax's absl warning, which tells a user nothing.
+  with faults.quiet_orbax_notes():
+    checkpoints = ocp.CheckpointManager(
+      checkpoint_dir,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=config.keep_checkpoints,
+        create=True,
+        cleanup_tmp_directories=True,
+      ),
+      item_handlers=ocp.StandardCheckpointHandler(),
+    )
   # On an error too: a save still in flight ends cleanly before the error
   # is reported (no orbax traceback after it, no temporary directory).
   cleanup.callback(close_checkpoints, checkpoints)
@@ -507,6 +511,26 @@ def stopped_note(stopped_by, done, last_saved, workdir):
     f'{last_saved} is in {workdir}/checkpoints. Run the same command again '
     'to resume.'
   )
+
+
+def check_workdir(workdir, chief):
+  """Refuses, before anything is built or written, a workdir no run can use
+  now: a path that exists and is not a directory (or lies under one), and,
+  on the chief process, a workdir a live run holds
+  (`workdir_lock.check_free`). Reads only: the lock itself is taken (`lock`)
+  where the first file is written, once every check has passed."""
+  path = os.path.abspath(workdir)
+  existing = path  # The path's deepest part that exists.
+  while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    where = '' if existing == path else f': {existing}'
+    raise NotADirectoryError(
+      f'--workdir={workdir}{where} exists and is not a directory; use '
+      'another --workdir.'
+    )
+  if chief and existing == path:
+    workdir_lock.check_free(workdir)
 
 
 def lock(workdir):

@@ -6,16 +6,21 @@
 
 Each subcommand defines its own flags, so only the one asked for is
 imported (launch.main's --config and --workdir are required flags).
+``--help`` after a command shows that command's usage and flags.
 """
 
 import sys
+
+from . import cli
 
 
 def main():
   if sys.argv[1:2] == ['scale']:
     from fedjax_metric import scale  # pylint: disable=g-import-not-at-top
 
-    scale.run_main([sys.argv[0], *sys.argv[2:]])
+    scale.run_main(
+      [sys.argv[0], *sys.argv[2:]], flags_parser=cli.flags_parser(scale)
+    )
     return
   if sys.argv[1:2] == ['reproduce']:
     from . import reproduce  # pylint: disable=g-import-not-at-top
@@ -24,7 +29,7 @@ def main():
     return
   from . import main as experiment  # pylint: disable=g-import-not-at-top
 
-  experiment.run_main()
+  experiment.run_main(epilog=experiment.SUBCOMMANDS)
 
 
 if __name__ == '__main__':

@@ -32,6 +32,7 @@ value is parsed like a Python literal when it can be, e.g. ``(0.01,)``).
 
 import json
 import os
+import sys
 import time
 
 from absl import app, flags, logging
@@ -282,4 +283,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser(sys.modules[__name__]))

@@ -19,6 +19,7 @@ docs/multihost.md.
 """
 
 import difflib
+import functools
 import signal
 import sys
 
@@ -89,12 +90,12 @@ def override_error(argv, error) -> str:
   """
   config_arg = next((a for a in argv if a.startswith('--config=')), None)
   if config_arg is None:
-    return cli.one_line(error)
+    return cli.flag_error(error)
   name, _, arg = config_arg[len('--config=') :].partition(':')
   try:
     config = api.get_config(name, arg or None)
   except Exception:  # pylint: disable=broad-except
-    return cli.one_line(error)  # The config itself fails: its own message.
+    return cli.flag_error(error)  # The config itself fails: its own message.
   for item in argv:
     if not item.startswith('--config.'):
       continue
@@ -112,11 +113,19 @@ def override_error(argv, error) -> str:
         hint = f'; did you mean {close[0]!r}?' if close else '.'
         return f'--config.{".".join(path)}: {block} has no field {part!r}{hint}'
       node = node[part]
-  return cli.one_line(error)
+  return cli.flag_error(error)
 
 
-def parse_flags(argv):
-  """absl's parsing, with its errors as one line (and exit status 1)."""
+# What `fedjax-metric --help` adds to this module's help.
+SUBCOMMANDS = """Other commands of fedjax-metric:
+  fedjax-metric reproduce --help   # one paper table: its sweep, then the table
+  fedjax-metric scale --help       # the population-scale study"""
+
+
+def parse_flags(argv, epilog=''):
+  """absl's parsing, with its errors as one line (and exit status 1);
+  --help and a flag given twice first (`cli.check_command_line`)."""
+  cli.check_command_line(argv, sys.modules[__name__], epilog)
   try:
     argv = config_names_to_files(argv)
   except ValueError as e:
@@ -217,9 +226,9 @@ def main(argv):
     )
 
 
-def run_main():
-  """The ``fedjax-metric`` console command."""
-  app.run(main, flags_parser=parse_flags)
+def run_main(epilog=''):
+  """The ``fedjax-metric`` console command (``epilog``: after its --help)."""
+  app.run(main, flags_parser=functools.partial(parse_flags, epilog=epilog))
 
 
 if __name__ == '__main__':

@@ -382,6 +382,8 @@ def main(argv):
       '[--scale=cpu|paper] [--backend=local|slurm]; --list names the tables.'
     )
   table = paper_tables.find(argv[1], argv[2])
+  if 'seed' in sweep.parse_set(FLAGS.set):  # One value per key, checked.
+    raise ValueError('--set: seed is set by --seeds (seeds 0..N-1).')
   root = FLAGS.root or os.path.join(
     'runs', 'reproduce', f'{table.paper}_{table.table}_{FLAGS.scale}'
   )
@@ -425,7 +427,11 @@ def main(argv):
 
 def run_main(argv: Optional[Sequence[str]] = None):
   define_flags()
-  app.run(main, argv=list(argv) if argv is not None else None)
+  app.run(
+    main,
+    argv=list(argv) if argv is not None else None,
+    flags_parser=cli.flags_parser(sys.modules[__name__]),
+  )
 
 
 if __name__ == '__main__':

@@ -12,7 +12,10 @@ Every point is ``<root>/<config>/<overrides>``, trained by its own process
 (``python -m launch.sweep point``, log in ``<workdir>/sweep.log``). Running
 the same command again skips finished points (a ``summary.json`` for the
 same config), resumes unfinished ones from their checkpoints, and refuses a
-workdir that holds a different experiment. ``--parallel=N`` runs N points at
+workdir that holds a different experiment. A point whose process a signal
+stops (SIGTERM: preemption, a ``kill``) saves its checkpoint and exits 128 +
+the signal; the sweep reports it 'stopped', not done, and exits non-zero.
+``--parallel=N`` runs N points at
 once; ``--gpus=0,1`` pins each process slot to one GPU. ``--backend=slurm``
 submits the points as a SLURM job array instead (launch/sweep_slurm.py).
 
@@ -66,6 +69,8 @@ from . import cli, sweep_slurm
 
 POINT_FILE = 'sweep_point.json'
 LOG_FILE = 'sweep.log'
+# A point's process exits 128 + one of these after it saved its checkpoint.
+STOP_SIGNALS = (int(signal.SIGTERM), int(signal.SIGINT))
 # Config keys that change how a run executes or logs, not what it computes:
 # runs that differ only in these (and the seed) share a table cell.
 EXECUTION_KEYS = (
@@ -92,6 +97,11 @@ RESUMABLE_KEYS = (
   'progress',
   'logging.per_client',
   'logging.wandb',
+  'client_table.placement',
+  'client_table.prefetch',
+  'client_table.host_budget_gb',
+  'federated_eval.clients',
+  'federated_eval.every',
 )
 
 
@@ -169,30 +179,62 @@ def _parse_value(text: str, current: Any) -> Any:
       raise ValueError(f'{text!r} is not a bool (true/false).')
     return text.lower() in ('true', '1')
   if isinstance(current, int):
-    return int(text)
+    try:
+      return int(text)
+    except ValueError:
+      raise ValueError(f'not an integer (the field is {current!r})') from None
   if isinstance(current, float):
-    return float(text)
+    try:
+      return float(text)
+    except ValueError:
+      raise ValueError(f'not a number (the field is {current!r})') from None
   if isinstance(current, str):
     return text
-  return ast.literal_eval(text)
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    raise ValueError(
+      f'not a Python literal (the field is {current!r}; quote a string, '
+      "bracket a tuple: '(8,16)')"
+    ) from None
+
+
+def _is_block(node) -> bool:
+  return hasattr(node, 'keys') and not isinstance(node, (str, bytes))
+
+
+def _no_field(key: str, node, name: str, prefix: str) -> KeyError:
+  """A missing field, with the closest field of its block."""
+  close = difflib.get_close_matches(name, list(node.keys()), n=1)
+  hint = f'; did you mean {prefix + close[0]!r}?' if close else '.'
+  return KeyError(f'Config has no field {key!r}{hint}')
 
 
 def apply_overrides(config, overrides: Dict[str, str]):
   """Sets dotted ``key=value`` overrides on a config; returns it.
 
   A value takes the type of the field it replaces; a key the config does not
-  have is an error (configs are locked), as for ``--config.key=value``.
+  have is an error (configs are locked), as for ``--config.key=value``, with
+  the closest field of its block.
   """
   for key, text in overrides.items():
-    *parents, leaf = key.split('.')
+    path = key.split('.')
     node = config
-    for name in parents:
+    for depth, name in enumerate(path):
+      above = '.'.join(path[:depth])
+      if not _is_block(node):
+        raise KeyError(
+          f'Config field {above!r} is a value ({node!r}), not a block of '
+          f'fields: {key!r} does not exist.'
+        )
       if name not in node:
-        raise KeyError(f'Config has no field {key!r}.')
-      node = node[name]
-    if leaf not in node:
-      raise KeyError(f'Config has no field {key!r}.')
-    node[leaf] = _parse_value(text, node[leaf])
+        raise _no_field(key, node, name, above + '.' if above else '')
+      if depth < len(path) - 1:
+        node = node[name]
+    try:
+      node[path[-1]] = _parse_value(text, node[path[-1]])
+    except (ValueError, TypeError) as e:
+      raise ValueError(f'{key}={text!r}: {cli.one_line(e)}') from None
   return config
 
 
@@ -236,15 +278,69 @@ class Point(NamedTuple):
   workdir: str
 
 
+def parse_set(text: str) -> Dict[str, str]:
+  """--set: ``'a=1;b=2'`` -> ``{'a': '1', 'b': '2'}``, one value per key (a
+  tuple value in brackets: ``model.widths=(8,16)``)."""
+  fixed = {}
+  for key, values in parse_assignments(text):
+    if len(values) > 1:
+      raise ValueError(
+        f'--set: {key} has {len(values)} values {tuple(values)}; --set takes '
+        f"one (a tuple in brackets: '{key}=({','.join(values)})'); values to "
+        'sweep over go in --grid.'
+      )
+    fixed[key] = values[0]
+  return fixed
+
+
+def parse_grid(text: str, given: bool = False) -> List[tuple]:
+  """--grid, parsed; each key's values distinct. ``given``: the flag was on
+  the command line (then it must name at least one key)."""
+  grid = parse_assignments(text)
+  if given and not grid:
+    raise ValueError(
+      "--grid is empty: write --grid='key=v1,v2;key2=v3' (or leave it out "
+      'for one point per --config).'
+    )
+  for key, values in grid:
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+      raise ValueError(
+        f'--grid: {key} lists {twice!r} twice ({",".join(values)}): each '
+        'value is one point; give it once.'
+      )
+  return grid
+
+
 def make_points(
   root: str, specs: Sequence[str], fixed: Dict[str, str], grid: Sequence[tuple]
 ) -> List[Point]:
-  """Every (config, grid point) with its workdir; --set applies to all."""
-  points = []
+  """Every (config, grid point) with its workdir; --set applies to all.
+
+  Raises:
+    ValueError: two points would share a workdir (a --config given twice).
+  """
+  twice = next((s for i, s in enumerate(specs) if s in specs[:i]), None)
+  if twice is not None:
+    raise ValueError(f'--config {twice!r} is given twice; give it once.')
+  both = [k for k, _ in grid if k in fixed]
+  if both:
+    raise ValueError(
+      f'{", ".join(both)} in both --set and --grid (--grid would win); give '
+      'each key in one of them.'
+    )
+  points, seen = [], {}
   for spec in specs:
     for values in grid_points(grid) or [{}]:
       overrides = {**fixed, **values}
-      points.append(Point(spec, overrides, workdir_for(root, spec, overrides)))
+      point = Point(spec, overrides, workdir_for(root, spec, overrides))
+      if point.workdir in seen:
+        raise ValueError(
+          f'{seen[point.workdir]} and {spec} {overrides} would share the '
+          f'workdir {point.workdir}; give each point once.'
+        )
+      seen[point.workdir] = f'{spec} {overrides}'
+      points.append(point)
   return points
 
 
@@ -300,8 +396,25 @@ def write_point_file(point: Point) -> None:
     json.dump({'config': point.spec, 'overrides': point.overrides}, f, indent=2)
 
 
+class PointStopped(RuntimeError):
+  """A point's training stopped by SIGTERM / SIGINT: its checkpoint is saved,
+  the point is unfinished (the next sweep resumes it)."""
+
+  def __init__(self, workdir: str, signal_name: str, done, num_rounds):
+    self.signum = int(signal.Signals[signal_name])
+    super().__init__(
+      f'point {workdir} stopped by {signal_name} after round {done} of '
+      f'{num_rounds}: unfinished, its checkpoint kept; run the same sweep '
+      'again to resume it.'
+    )
+
+
 def run_point(workdir: str) -> Dict[str, Any]:
-  """Trains the point stored in ``workdir`` (this process); the summary."""
+  """Trains the point stored in ``workdir`` (this process); the summary.
+
+  Raises:
+    PointStopped: a signal stopped the training before its last round.
+  """
   from fedjax_metric import train  # pylint: disable=g-import-not-at-top
 
   stored = _read_json(os.path.join(workdir, POINT_FILE))
@@ -311,7 +424,15 @@ def run_point(workdir: str) -> Dict[str, Any]:
     )
   config = resolve(stored['config'], stored['overrides'])
   config.progress = False  # A log file, not a terminal.
-  return train.run(config, workdir)
+  summary = train.run(config, workdir)
+  if 'stopped_by' in summary:
+    raise PointStopped(
+      workdir,
+      summary['stopped_by'],
+      summary.get('rounds_completed'),
+      config.num_rounds,
+    )
+  return summary
 
 
 def point_command(workdir: str) -> List[str]:
@@ -372,8 +493,9 @@ def run_points(
   to that slot's children's environment (`gpu_environments`).
 
   Returns ``{workdir: outcome}`` with outcome 'skipped' (already finished),
-  'done', 'failed (rc=...)' or 'conflict' (the workdir holds another
-  experiment; left untouched).
+  'done', 'stopped (SIGTERM)' (its process was stopped by a signal after
+  saving a checkpoint: unfinished), 'failed (rc=...)' or 'conflict' (the
+  workdir holds another experiment; left untouched).
   """
   if parallel < 1:
     raise ValueError(f'parallel must be >= 1, got {parallel}.')
@@ -522,6 +644,15 @@ def _poll_points(
       }
       say(
         f'[{finished}/{total}] done in {seconds:.0f} s {point.workdir} {shown}'
+      )
+    elif process.returncode - 128 in STOP_SIGNALS:
+      # `launch.sweep point` after SIGTERM / SIGINT: checkpoint saved.
+      name = signal.Signals(process.returncode - 128).name
+      outcomes[point.workdir] = f'stopped ({name})'
+      say(
+        f'[{finished}/{total}] STOPPED by {name} {point.workdir}: '
+        'unfinished, its checkpoint kept; run the same command again to '
+        'resume it.'
       )
     else:
       outcomes[point.workdir] = f'failed (rc={process.returncode})'
@@ -1121,14 +1252,22 @@ def main(argv):
       raise app.UsageError('point needs --workdir.')
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
-    run_point(FLAGS.workdir)
+    try:
+      run_point(FLAGS.workdir)
+    except PointStopped as e:
+      if cli.verbose():
+        raise
+      print(str(e), file=sys.stderr)
+      sys.exit(128 + e.signum)
     return
   if command == 'run':
     if not FLAGS.root or len(FLAGS.root) != 1 or not FLAGS.config:
       raise app.UsageError('run needs one --root and at least one --config.')
-    fixed = {k: v[0] for k, v in parse_assignments(FLAGS.set)}
     points = make_points(
-      FLAGS.root[0], FLAGS.config, fixed, parse_assignments(FLAGS.grid)
+      FLAGS.root[0],
+      FLAGS.config,
+      parse_set(FLAGS.set),
+      parse_grid(FLAGS.grid, given=FLAGS['grid'].present),
     )
     if FLAGS.dry_run:
       for p in points:
@@ -1145,7 +1284,7 @@ def main(argv):
     )
     bad = [w for w, o in outcomes.items() if o not in ('done', 'skipped')]
     if bad:
-      sys.exit(f'{len(bad)} point(s) failed or conflicted: {bad}')
+      sys.exit(f'{len(bad)} point(s) failed, stopped or conflicted: {bad}')
     return
   rename = _rename_map(FLAGS.rename)
   runs = _selected_runs()
@@ -1194,4 +1333,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser(sys.modules[__name__]))

@@ -44,6 +44,10 @@ def run_evaluate(*args):
       "the config has no field 'ssl_eval.no_such_knob'",
     ),
     (['--workdir={run}', 'stray'], 'unexpected arguments stray'),
+    # absl's own message was two lines (FATAL ... / Pass --helpshort ...).
+    ([], '--workdir is required'),
+    (['--workdir={run}', '--round=x'], '--round=x: invalid literal for int()'),
+    (['--workdir={run}', '--workdir={run}'], '--workdir is given twice'),
   ],
 )
 def test_mistakes_are_one_line(finished_run, args, expected):

@@ -9,6 +9,8 @@ the first compiles. Everything else runs in-process on :runlocal configs.
 import gc
 import glob
 import json
+import logging
+import math
 import os
 import shutil
 import signal
@@ -226,18 +228,29 @@ def test_a_signal_between_calls_of_two_rounds_resumes_to_the_same_run(
 # Non-finite state.
 # ---------------------------------------------------------------------------
 
-# A server step of 1e38 x the mean update: round 1 ends with huge finite
-# weights, round 2 with NaN, which is due to be saved (every round) but not
-# evaluated (every 4) -- FedRCL's eval_every > checkpoint_every. Only the
-# server step differs from RUNLOCAL: the clients' programs come from the
-# compilation cache.
+# A server step of 1e20 x the mean update: round 1 ends with large finite
+# weights (up to 5.5e17, below faults.LARGEST_GOOD_MAGNITUDE: a good state),
+# round 2 with NaN, which is due to be saved (every round) but not evaluated
+# (every 4) -- FedRCL's eval_every > checkpoint_every. Only the server step
+# differs from RUNLOCAL: the clients' programs come from the compilation
+# cache. (At 1e38, round 1 already holds 5e35: not a good state either,
+# test_a_state_of_absurd_magnitude_is_not_saved.)
 DIVERGING = {
   'num_rounds': 4,
   'eval_every': 4,
   'checkpoint_every': 1,
   'keep_checkpoints': 5,
-  'server.learning_rate': 1e38,
+  'server.learning_rate': 1e20,
 }
+
+
+def save_as_an_older_version(directory, step, tree):
+  """A checkpoint as versions before the checksum wrote them: by orbax's
+  manager (so with its _CHECKPOINT_METADATA), without 'sha256'."""
+  with ocp.CheckpointManager(
+    directory, item_handlers=ocp.StandardCheckpointHandler()
+  ) as manager:
+    manager.save(step, args=ocp.args.StandardSave(tree), force=True)
 
 
 def test_nan_is_never_checkpointed_and_the_error_is_one_line(
@@ -255,7 +268,7 @@ def test_nan_is_never_checkpointed_and_the_error_is_one_line(
   assert 'NaN or infinite values at round 2' in err
   assert 'last good checkpoint (round 1)' in err
   # The server's step diverged here, and the message names it.
-  assert 'lower --config.server.learning_rate (now 1e+38, optimizer sgd)' in err
+  assert 'lower --config.server.learning_rate (now 1e+20, optimizer sgd)' in err
   # Round 1's save was in flight when round 2 failed: it completed cleanly
   # (no temporary directory, no orbax traceback after the error).
   assert checkpoint_dirs(workdir) == ['1']
@@ -274,10 +287,7 @@ def test_nan_is_never_checkpointed_and_the_error_is_one_line(
     ),
     state,
   )
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(
-      os.path.join(workdir, 'checkpoints', '2', 'default'), poisoned
-    )
+  save_as_an_older_version(os.path.join(workdir, 'checkpoints'), 2, poisoned)
   said = []
   step, restored = faults.restore_newest_readable(
     os.path.join(workdir, 'checkpoints'),
@@ -649,3 +659,249 @@ def test_a_signal_while_the_stop_checkpoint_is_written_does_not_interrupt_it(
   err = capsys.readouterr().err
   assert 'SIGINT: the checkpoint is being written' in err
   assert 'Traceback' not in err
+
+
+# ---------------------------------------------------------------------------
+# Checksums that are missing; what a damaged checkpoint's message says.
+# ---------------------------------------------------------------------------
+
+
+def flip_a_byte(step_dir):
+  """Flips one byte in the middle of the largest array data file."""
+  files = [
+    f
+    for f in glob.glob(os.path.join(step_dir, '**', 'd', '*'), recursive=True)
+    if os.path.isfile(f)
+  ]
+  biggest = max(files, key=os.path.getsize)
+  with open(biggest, 'r+b') as f:
+    f.seek(os.path.getsize(biggest) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def copy_of_two_checkpoints(two_checkpoints, tmp_path):
+  """A copy of the fixture's workdir, its checkpoints directory and the
+  template round 1 restores into."""
+  _, original = two_checkpoints
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(original, workdir)
+  directory = os.path.join(workdir, 'checkpoints')
+  with ocp.StandardCheckpointer() as checkpointer:
+    template = checkpointer.restore(os.path.join(directory, '1', 'default'))
+  return workdir, directory, template
+
+
+def test_a_checkpoint_without_its_checksums_is_not_loaded(
+  two_checkpoints, tmp_path
+):
+  """The fault trial's case: round 2's _CHECKPOINT_METADATA (where the
+  SHA-256 of its arrays is kept) is gone and a byte of its arrays flipped.
+  Its arrays cannot be verified, so it is not loaded: the newest verified
+  checkpoint (round 1) is."""
+  workdir, directory, template = copy_of_two_checkpoints(
+    two_checkpoints, tmp_path
+  )
+  os.remove(os.path.join(directory, '2', '_CHECKPOINT_METADATA'))
+  flip_a_byte(os.path.join(directory, '2'))
+  said = []
+  step, restored = faults.restore_newest_readable(
+    directory, template, workdir=workdir, chief=True, report=said.append
+  )
+  assert step == 1
+  assert faults._saved_digest(os.path.join(directory, '1')) == (
+    faults.state_digest(restored)
+  )
+  assert 'round 2: ' in said[0] and 'checksum' in said[0], said
+  assert checkpoint_dirs(workdir) == ['1']
+  # Unparsable metadata (a torn write) is the same: unverified.
+  with open(os.path.join(directory, '1', '_CHECKPOINT_METADATA'), 'w') as f:
+    f.write('{"item_handlers": {"default": ')
+  with pytest.raises(faults.CheckpointError, match='round 1: .*checksum'):
+    faults.restore_newest_readable(
+      directory, template, workdir=workdir, chief=True, report=said.append
+    )
+
+
+def test_a_checkpoint_from_before_checksums_loads_with_a_note(
+  two_checkpoints, tmp_path
+):
+  """A checkpoint written before the checksum existed has its metadata file,
+  without 'sha256': it is restored (older workdirs resume), and the note
+  says it was not verified."""
+  workdir, directory, template = copy_of_two_checkpoints(
+    two_checkpoints, tmp_path
+  )
+  path = os.path.join(directory, '2', '_CHECKPOINT_METADATA')
+  with open(path) as f:
+    meta = json.load(f)
+  del meta['custom_metadata']['sha256']
+  with open(path, 'w') as f:
+    json.dump(meta, f)
+  said = []
+  step, _ = faults.restore_newest_readable(
+    directory, template, workdir=workdir, chief=True, report=said.append
+  )
+  assert step == 2
+  assert len(said) == 1 and 'round 2' in said[0] and 'not verified' in said[0]
+  assert checkpoint_dirs(workdir) == ['1', '2']
+
+
+def test_a_truncated_checkpoint_is_reported_by_its_cause(tmp_path):
+  """orbax wraps TensorStore's read error in one whose message ends with a
+  method's repr ("See full TensorStore details: <bound method ...>"): the
+  report gives the cause instead."""
+  directory = str(tmp_path / 'checkpoints')
+  # jax arrays, as a run's: orbax reads numpy ones by another path.
+  tree = {'w': jax.numpy.arange(20_000, dtype=np.float32)}
+  with ocp.CheckpointManager(directory) as manager:
+    for step in (1, 2):
+      manager.save(step, args=ocp.args.StandardSave(tree))
+  truncate_array_data(os.path.join(directory, '2'))
+  said = []
+  step, _ = faults.restore_newest_readable(
+    directory, tree, workdir=str(tmp_path), chief=True, report=said.append
+  )
+  assert step == 1
+  assert 'round 2: ' in said[0]
+  assert 'bound method' not in said[0] and 'TensorStore details' not in said[0]
+  assert 'Error reading' in said[0], said[0]
+
+
+def test_resuming_past_a_checkpoint_without_metadata_logs_no_orbax_warnings(
+  two_checkpoints, tmp_path, caplog
+):
+  """The fault trial's resume printed two absl warnings of orbax's
+  ("Metadata file does not exist: ...") beside the run's own report."""
+  config, _ = two_checkpoints
+  workdir, directory, template = copy_of_two_checkpoints(
+    two_checkpoints, tmp_path
+  )
+  os.remove(os.path.join(directory, '2', '_CHECKPOINT_METADATA'))
+  import contextlib  # pylint: disable=g-import-not-at-top
+
+  with contextlib.ExitStack() as cleanup:
+    checkpoints, restored_round, _ = workdir_lib.open_checkpoints(
+      config,
+      workdir,
+      (template['server_state'], template['client_table']),
+      True,
+      cleanup,
+    )
+    assert restored_round == 1
+    workdir_lib.previous_wall_time(
+      checkpoints, restored_round, os.path.join(workdir, 'metrics.jsonl')
+    )
+  warnings = [
+    r.getMessage()
+    for r in caplog.records
+    if r.name == 'absl' and r.levelno >= logging.WARNING
+  ]
+  assert not warnings, warnings
+
+
+# ---------------------------------------------------------------------------
+# What a good checkpoint is.
+# ---------------------------------------------------------------------------
+
+
+def test_a_round_whose_evaluation_is_not_finite_is_not_saved(
+  tmp_path, monkeypatch
+):
+  """A finite state whose evaluation is NaN (here made so at round 2) is not
+  a good checkpoint: the run stops there, keeping round 1's, and the row of
+  round 2 stays in metrics.jsonl to show why."""
+  from fedjax_metric.evaluation import protocols  # pylint: disable=g-import-not-at-top
+
+  make = protocols.make_evaluator
+
+  def nan_at_round_2(*args, **kwargs):
+    evaluator = make(*args, **kwargs)
+    calls = []
+
+    def every(*state):
+      calls.append(1)
+      row = evaluator.every(*state)
+      return {**row, 'test_loss': math.nan} if len(calls) == 2 else row
+
+    return evaluator._replace(every=every)
+
+  monkeypatch.setattr(protocols, 'make_evaluator', nan_at_round_2)
+  config = load_config('fedavg')
+  config.num_rounds = 3
+  config.checkpoint_every = 1
+  config.keep_checkpoints = 3
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(FloatingPointError) as info:
+    train.run(config, workdir)
+  message = str(info.value)
+  assert 'test_loss is nan at round 2' in message, message
+  assert 'last good checkpoint (round 1)' in message, message
+  assert checkpoint_dirs(workdir) == ['1']
+  rows = read_metrics(workdir)
+  assert [r['round'] for r in rows] == [1, 2] and math.isnan(
+    rows[-1]['test_loss']
+  )
+
+
+def test_a_state_of_absurd_magnitude_is_not_saved(tmp_path):
+  """The fault trial's diverging run (a server step of 1e38 x the mean
+  update) kept round 1's checkpoint, whose weights reached 5e35: finite, but
+  every squared norm of them overflows float32, and the next round is NaN.
+  Such a state is not a good checkpoint either."""
+  config = load_config('fedavg')
+  for key, value in DIVERGING.items():
+    _set(key, value)(config)
+  config.server.learning_rate = 1e38
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(FloatingPointError) as info:
+    train.run(config, workdir)
+  message = str(info.value)
+  assert 'magnitude' in message and 'at round 1' in message, message
+  assert 'no checkpoint was saved' in message, message
+  assert not os.listdir(os.path.join(workdir, 'checkpoints'))
+  # A checkpoint of such values (an older version's) is not resumed from.
+  state = faults_template(config)
+  save_as_an_older_version(
+    os.path.join(workdir, 'checkpoints'),
+    1,
+    jax.tree.map(lambda x: x * 1e30 if x.dtype == np.float32 else x, state),
+  )
+  with pytest.raises(faults.CheckpointError, match='round 1: .*magnitude'):
+    faults.restore_newest_readable(
+      os.path.join(workdir, 'checkpoints'),
+      state,
+      workdir=workdir,
+      chief=True,
+      report=print,
+    )
+
+
+# ---------------------------------------------------------------------------
+# The workdir is checked before anything expensive.
+# ---------------------------------------------------------------------------
+
+
+def no_setup(monkeypatch):
+  """Makes building the data and model fail the test."""
+  from fedjax_metric import assemble  # pylint: disable=g-import-not-at-top
+
+  def build(*args, **kwargs):
+    raise AssertionError('the data and model were built')
+
+  monkeypatch.setattr(assemble, 'build', build)
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_any_setup(
+  tmp_path, monkeypatch, capsys
+):
+  no_setup(monkeypatch)
+  path = tmp_path / 'file'
+  path.write_text('not a directory')
+  for workdir in (path, path / 'below'):
+    with pytest.raises(NotADirectoryError, match='not a directory') as info:
+      train.run(load_config('fedavg'), str(workdir))
+    assert '\n' not in str(info.value) and 'Errno' not in str(info.value)
+  assert path.read_text() == 'not a directory'
+  assert not capsys.readouterr().out  # No header either.

@@ -485,7 +485,9 @@ def test_unknown_name_without_tfds_says_what_to_install(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)
   with pytest.raises(ImportError, match='pip install tensorflow-datasets'):
     sources.load('svhn_cropped', 'train', data_dir=str(tmp_path))
-  with pytest.raises(sources.DatasetNotFoundError, match=r'\.\[tfds\]'):
+  with pytest.raises(
+    sources.DatasetNotFoundError, match=r"fedjax_metric\[tfds\]'"
+  ):
     sources.check_available('svhn_cropped', str(tmp_path))
 
 

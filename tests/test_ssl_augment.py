@@ -491,3 +491,32 @@ def test_out_size_and_vmap_over_keys():
     images[0], jax.random.split(jax.random.key(5), 3)
   )
   assert crops.shape == (3, 8, 8, 3)
+
+
+def _x64():
+  """`jax.enable_x64()` (``jax.experimental.enable_x64`` before it)."""
+  if hasattr(jax, 'enable_x64'):
+    return jax.enable_x64()
+  from jax.experimental import enable_x64  # pylint: disable=g-import-not-at-top
+
+  return enable_x64()
+
+
+@pytest.mark.parametrize('channels', [1, 3])
+def test_jitter_and_views_under_x64_match_float32(channels):
+  """With jax_enable_x64 on (as numerical users run), the jitter's loop
+  failed on a float32 carry becoming float64. Its output is float32 either
+  way, and the same numbers (its uniforms are drawn as float32)."""
+  image = (
+    np.random.default_rng(0).integers(0, 256, (8, 8, channels)).astype(np.uint8)
+  )
+  key = jax.random.key(3)
+  expected = np.asarray(views.color_jitter(jnp.asarray(image), key, p=1.0))
+  with _x64():
+    got = views.color_jitter(jnp.asarray(image), key, p=1.0)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), expected, atol=1e-6)
+    augment = library_views.make_two_view_augment(out_size=6)
+    one, two = jax.jit(augment)(jnp.asarray(image[None]), key)
+    assert one.shape == two.shape == (1, 6, 6, channels)
+    assert np.all(np.isfinite(np.asarray(one)))

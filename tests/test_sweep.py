@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -600,6 +601,63 @@ def test_sigterm_to_the_sweep_stops_its_points_and_leaves_none_behind(
   assert {open(p).read() for p in stopped} == {str(int(signal.SIGTERM))}
 
 
+# The point's own process, under a wrapper that records its pid first (exec:
+# the same process), so that the test can signal the point alone.
+POINT_WITH_PID = (
+  'import os, sys; w = sys.argv[1]; '
+  'open(os.path.join(w, "pid"), "w").write(str(os.getpid())); '
+  'os.chdir({root!r}); '
+  'os.execv(sys.executable, '
+  '[sys.executable, "-m", "launch.sweep", "point", "--workdir=" + w])'
+)
+
+
+def test_a_point_stopped_by_sigterm_is_unfinished_not_done(
+  tmp_path, monkeypatch
+):
+  """SIGTERM to a point's process (a preemption, a `kill` of the child):
+  `launch.sweep point` saves its checkpoint and exits 128 + 15 saying the
+  point is unfinished, and the sweep reports it stopped, not done."""
+  from fedjax_metric import faults
+
+  [point] = sweep.make_points(
+    str(tmp_path), [FEDAVG], {'num_rounds': '2', 'plot_partition': 'false'}, []
+  )
+  # The point waits for a signal after round 1 (the test hook).
+  monkeypatch.setenv(faults.PAUSE_ENV_VAR, '1')
+  errors = []
+
+  def stop_when_paused():
+    marker = os.path.join(point.workdir, faults.PAUSE_MARKER)
+    deadline = time.time() + 300
+    while not os.path.exists(marker):
+      if time.time() > deadline:
+        errors.append('the point never paused')
+        return
+      time.sleep(0.05)
+    with open(os.path.join(point.workdir, 'pid')) as f:
+      os.kill(int(f.read()), signal.SIGTERM)
+
+  stopper = threading.Thread(target=stop_when_paused, daemon=True)
+  stopper.start()
+  messages = []
+  wrapper = POINT_WITH_PID.format(root=REPO)
+  outcomes = sweep.run_points(
+    [point],
+    command=lambda w: [sys.executable, '-c', wrapper, w],
+    say=messages.append,
+  )
+  stopper.join(timeout=10)
+  with open(os.path.join(point.workdir, sweep.LOG_FILE)) as f:
+    log = f.read()
+  assert not errors, log
+  assert outcomes == {point.workdir: 'stopped (SIGTERM)'}, (messages, log)
+  assert any('STOPPED by SIGTERM' in m for m in messages), messages
+  assert 'unfinished' in log and 'Traceback' not in log, log
+  assert sweep.point_status(point) == 'todo'  # Resumed by the next sweep.
+  assert not os.path.exists(os.path.join(point.workdir, 'summary.json'))
+
+
 @pytest.mark.parametrize(
   'args, expected',
   [
@@ -614,8 +672,96 @@ def test_sigterm_to_the_sweep_stops_its_points_and_leaves_none_behind(
     ),
     (
       ['run', '--root={root}/new', f'--config={FEDAVG}', '--grid=sed=0,1'],
-      "Config has no field 'sed'.",
+      "Config has no field 'sed'; did you mean 'seed'?",
     ),
+    (
+      ['run', '--root={root}/new', f'--config={FEDAVG}', '--set=num_round=3'],
+      "Config has no field 'num_round'; did you mean 'num_rounds'?",
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        '--set=local.learning_rat=0.1',
+      ],
+      "did you mean 'local.learning_rate'?",
+    ),
+    (
+      ['run', '--root={root}/new', f'--config={FEDAVG}', '--set=seed.x=1'],
+      "'seed' is a value (0), not a block of fields",
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        '--grid=num_rounds=abc',
+        '--dry_run',
+      ],
+      "num_rounds='abc': not an integer",
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        '--grid=ssl_eval.finetune_fractions=(0.5,',
+        '--dry_run',
+      ],
+      "ssl_eval.finetune_fractions='(0.5,': not a Python literal",
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        '--grid=',
+        '--dry_run',
+      ],
+      '--grid is empty',
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        '--grid=seed=0,0',
+        '--dry_run',
+      ],
+      "--grid: seed lists '0' twice",
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        f'--config={FEDAVG}',
+        '--dry_run',
+      ],
+      f'--config {FEDAVG!r} is given twice',
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        '--set=num_rounds=3,5',
+        '--dry_run',
+      ],
+      "--set: num_rounds has 2 values ('3', '5')",
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
+        '--grid=seed=0',
+        '--grid=seed=1',
+      ],
+      '--grid is given twice',
+    ),
+    (['point', '--workdir=/no/such/point'], 'not a sweep point'),
     (['bogus'], 'Usage: python -m launch.sweep run|point|table|plot'),
   ],
 )

@@ -104,6 +104,49 @@ def test_bad_values_are_refused_with_the_field_named(change, match):
     validation.validate(config)
 
 
+def test_a_mistyped_algorithm_gets_a_did_you_mean():
+  config = load_config('fedavg')
+  config.algorithm = 'fedavgg'
+  with pytest.raises(validation.ConfigError) as error:
+    validation.validate(config)
+  message = str(error.value)
+  assert 'algorithm must be one of' in message
+  assert "got 'fedavgg'; did you mean 'fedavg'?" in message
+  assert len(message.splitlines()) == 1
+  config.algorithm = 'zzzzzz'  # Nothing close: no guess.
+  with pytest.raises(validation.ConfigError) as error:
+    validation.validate(config)
+  assert 'did you mean' not in str(error.value)
+
+
+def test_the_tfds_install_hint_is_a_package_install(monkeypatch):
+  """Wheel users have no checkout: the hint is `pip install
+  'fedjax_metric[tfds]'`, not `pip install -e .[tfds]`."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  from fedjax_metric.data import tfds_source  # pylint: disable=g-import-not-at-top
+
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(
+    importlib.util,
+    'find_spec',
+    lambda name, *a: (
+      None
+      if name in ('tensorflow_datasets', 'tensorflow')
+      else find_spec(name, *a)
+    ),
+  )
+  with pytest.raises(sources.DatasetNotFoundError) as error:
+    sources.check_available('no_such_dataset')
+  messages = [str(error.value)]
+  with pytest.raises(ImportError) as error:
+    tfds_source._read_with_tensorflow(None, 'my_set', 'train', 'tfrecord')
+  messages.append(str(error.value))
+  for message in messages:
+    assert "pip install 'fedjax_metric[tfds]'" in message, message
+    assert '-e .' not in message, message
+
+
 def test_model_and_algorithm_fields_are_checked_without_building(tmp_path):
   config = load_config('fedavg')
   config.model.unlock()
@@ -190,3 +233,39 @@ def test_the_start_line_notes_a_gpu_jax_does_not_use():
   assert assemble.unused_gpu_note('gpu', exists=gpu, environ={}) == ''
   chosen = {'JAX_PLATFORMS': 'cpu'}
   assert assemble.unused_gpu_note('cpu', exists=gpu, environ=chosen) == ''
+
+
+@pytest.mark.parametrize(
+  'block, typo, expected',
+  [
+    ('', 'num_round', 'num_rounds'),
+    ('local', 'learnin_rate', 'learning_rate'),
+    ('dataset', 'nmae', 'name'),
+  ],
+)
+def test_a_mistyped_field_set_from_python_is_one_short_line(
+  block, typo, expected
+):
+  """ml_collections' message for a new key on a locked config dumps the
+  whole config (2,400 characters for ``config.num_round = 5``), with the
+  suggestion at its end."""
+  import fedjax_metric as fm  # pylint: disable=g-import-not-at-top
+
+  config = fm.get_config('fedavg', 'runlocal')
+  node = config[block] if block else config
+  for assign in (
+    lambda: setattr(node, typo, 5),
+    lambda: node.__setitem__(typo, 5),
+  ):
+    with pytest.raises((AttributeError, KeyError)) as info:
+      assign()
+    message = str(info.value)
+    assert len(message) < 200 and '\n' not in message, message
+    name = f'config.{block}.{typo}' if block else f'config.{typo}'
+    assert name in message, message
+    assert f"did you mean '{expected}'?" in message, message
+  # Reading a mistyped field keeps its error; the config is still usable.
+  with pytest.raises(AttributeError, match=expected):
+    getattr(node, typo)
+  node[expected] = node[expected]
+  assert config.is_locked

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -110,3 +111,63 @@ def test_two_runs_started_together_have_one_writer(tmp_path):
     assert codes == [0, 0], (first_err, second.stderr)
   rounds = [r['round'] for r in read_metrics(tmp_path)]
   assert rounds == sorted(set(rounds)) and rounds[-1] == 4
+
+
+def age(path, seconds):
+  """Sets ``path``'s modification time ``seconds`` into the past."""
+  then = time.time() - seconds
+  os.utime(path, (then, then))
+
+
+@pytest.mark.parametrize('content', ['', '{"host": "vm", "pi'])
+def test_an_empty_or_unparsable_lock_is_taken_over_with_a_note(
+  tmp_path, content
+):
+  """A run killed between creating the lock and writing it leaves it empty
+  (or torn): like a dead owner's, it must not block every later run."""
+  (tmp_path / LOCK_NAME).write_text(content)
+  age(tmp_path / LOCK_NAME, 60)
+  notes = []
+  with WorkdirLock(str(tmp_path), report=notes.append):
+    with open(tmp_path / LOCK_NAME) as f:
+      assert json.load(f)['pid'] == os.getpid()
+  assert len(notes) == 1 and 'cannot be read' in notes[0], notes
+  assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_lock_being_written_is_read_once_written(tmp_path, live_pid):
+  """A lock just created is empty for an instant: it is read again once its
+  holder has written it, and that holder (alive) is named."""
+  path = tmp_path / LOCK_NAME
+  path.write_text('')
+
+  def write_later():
+    time.sleep(0.3)
+    write_lock(tmp_path, live_pid)
+
+  writer = threading.Thread(target=write_later)
+  writer.start()
+  try:
+    with pytest.raises(WorkdirInUseError, match=f'PID {live_pid}'):
+      with WorkdirLock(str(tmp_path)):
+        pass
+  finally:
+    writer.join()
+
+
+def test_a_held_workdir_is_refused_before_any_setup(
+  tmp_path, live_pid, monkeypatch, capsys
+):
+  """The fault trial's second run on a busy workdir was refused only after
+  10-19 s of data and model setup, after printing its header."""
+  from fedjax_metric import assemble  # pylint: disable=g-import-not-at-top
+
+  def build(*args, **kwargs):
+    raise AssertionError('the data and model were built')
+
+  monkeypatch.setattr(assemble, 'build', build)
+  write_lock(tmp_path, live_pid)
+  with pytest.raises(WorkdirInUseError, match=f'PID {live_pid}'):
+    train.run(load_config('fedavg'), str(tmp_path))
+  assert not capsys.readouterr().out
+  assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]

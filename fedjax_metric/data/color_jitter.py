@@ -156,7 +156,14 @@ def _jitter_ranges(brightness, contrast, saturation, hue):
 
 
 def _jitter_from_uniforms(x, u, ranges, p):
-  """`color_jitter` of float x driven by u, [_JITTER_UNIFORMS] uniforms."""
+  """`color_jitter` of float x driven by u, [_JITTER_UNIFORMS] uniforms.
+
+  Computed in float32 whatever the inputs' precision: with jax_enable_x64
+  on, uniforms drawn without a dtype are float64, and the blend loop's carry
+  (float32 x) would change type.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  u = jnp.asarray(u, jnp.float32)
   color = x.shape[-1] == 3
   active = [slot for slot, r in enumerate(ranges) if r is not None]
   if not active:
@@ -251,5 +258,6 @@ def color_jitter(
     float32 [H, W, C] on 0..1.
   """
   ranges = _jitter_ranges(brightness, contrast, saturation, hue)
-  u = jax.random.uniform(key, (_JITTER_UNIFORMS,))
+  # float32 always: the same draws with jax_enable_x64 on as off.
+  u = jax.random.uniform(key, (_JITTER_UNIFORMS,), jnp.float32)
   return _jitter_from_uniforms(to_unit_float(image), u, ranges, p)

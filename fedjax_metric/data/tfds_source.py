@@ -35,7 +35,8 @@ def check_available(name: str, data_dir: Optional[str] = None) -> None:
 
 _TFDS_INSTALL = (
   'pip install tensorflow-datasets (datasets prepared with '
-  '--file_format=array_record), or pip install -e .[tfds] (any format)'
+  "--file_format=array_record), or pip install 'fedjax_metric[tfds]' (any "
+  'format)'
 )
 
 
@@ -149,8 +150,8 @@ def _read_with_tensorflow(
   if importlib.util.find_spec('tensorflow') is None:
     raise ImportError(
       f'TFDS dataset {name!r} is stored as {file_format}, which only '
-      'TensorFlow reads; TensorFlow is not installed. Either pip install -e '
-      f'.[tfds], or rebuild it with `tfds build {name} '
+      'TensorFlow reads; TensorFlow is not installed. Either pip install '
+      f"'fedjax_metric[tfds]', or rebuild it with `tfds build {name} "
       '--file_format=array_record`, which this library reads without '
       'TensorFlow.'
     )
