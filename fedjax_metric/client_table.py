@@ -826,6 +826,10 @@ class OffDeviceRounds:
 
   def _prepare(self, first):
     cohorts, call_data = self.inputs_for_call(first)
+    # Made before the rows are read: JAX dispatches asynchronously, and the
+    # initial values of fresh rows would otherwise wait for the examples
+    # in the device's queue and be timed as the table's.
+    jax.block_until_ready(call_data)
     rows = call_rows(cohorts, self.table.num_clients)
     last = first + self.rounds_per_call - 1
     return cohorts, call_data, rows, self.table.gather(rows.ids, last)

@@ -361,21 +361,19 @@ def table(results: Sequence[Dict], *, device: str, command: str) -> str:
 
 
 def plot(results: Sequence[Dict], path: str, *, title: str = ''):
-  """Two panels: seconds per round against N (at each C) and against C
-  (at the largest N), one line per algorithm and placement."""
+  """Seconds per round against N (at each C) and against C (at the largest
+  N), one line per algorithm and placement; a panel with no line (a study
+  of one C, or of one N) is left out. Returns the figure."""
   from matplotlib import figure  # pylint: disable=g-import-not-at-top
   from matplotlib.backends import backend_agg  # pylint: disable=g-import-not-at-top
 
   ok = medians(results)
-  fig = figure.Figure(figsize=(11, 4.2))
-  backend_agg.FigureCanvasAgg(fig)
-  by_n, by_c = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-  lines = sorted(
-    {(r['algorithm'], r['placement_used'], r['prefetch']) for r in ok}
-  )
   cohorts = sorted({r['clients_per_round'] for r in ok})
   largest = max((r['num_clients'] for r in ok), default=0)
-  for algorithm, placement, prefetch in lines:
+  by_n, by_c = [], []  # (label, points) of each panel's lines
+  for algorithm, placement, prefetch in sorted(
+    {(r['algorithm'], r['placement_used'], r['prefetch']) for r in ok}
+  ):
     name = f'{algorithm}, {placement}' + ('' if prefetch else ', no prefetch')
     mine = [
       r
@@ -390,27 +388,41 @@ def plot(results: Sequence[Dict], path: str, *, title: str = ''):
         if r['clients_per_round'] == c
       )
       if len(pts) > 1:
-        by_n.plot(*zip(*pts), marker='o', label=f'{name}, C={c:,}')
+        by_n.append((f'{name}, C={c:,}', pts))
     pts = sorted(
       (r['clients_per_round'], r['seconds_per_round'])
       for r in mine
       if r['num_clients'] == largest
     )
     if len(pts) > 1:
-      by_c.plot(*zip(*pts), marker='o', label=name)
-  for ax, xlabel in ((by_n, 'population N'), (by_c, 'clients per round C')):
+      by_c.append((name, pts))
+  panels = [
+    (lines, xlabel, panel_title)
+    for lines, xlabel, panel_title in (
+      (by_n, 'population N', ''),
+      (by_c, 'clients per round C', f'N = {largest:,}'),
+    )
+    if lines
+  ] or [([], 'population N', '')]
+  fig = figure.Figure(figsize=(5.5 * len(panels), 4.2))
+  backend_agg.FigureCanvasAgg(fig)
+  for i, (lines, xlabel, panel_title) in enumerate(panels):
+    ax = fig.add_subplot(1, len(panels), i + 1)
+    for label, pts in lines:
+      ax.plot(*zip(*pts), marker='o', label=label)
     ax.set_xscale('log')
     ax.set_yscale('log')
     ax.set_xlabel(xlabel)
     ax.set_ylabel('seconds per round')
+    ax.set_title(panel_title)
     ax.grid(True, which='both', alpha=0.3)
-    if ax.lines:
+    if lines:
       ax.legend(fontsize=7)
-  by_c.set_title(f'N = {largest:,}')
   if title:
     fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+  return fig
 
 
 def save_outputs(results, out_dir, *, device, command):

@@ -9,6 +9,9 @@ run it reports, and two scales:
 - ``cpu``: the protocol the results in docs/results ran on a 2-core CPU
   (Fashion-MNIST, small models, rounds cut where the paper's are out of
   reach); each table's ``note`` says what it cuts.
+- ``cpu500`` (FedRCL's Table 1 only): the 500-round protocol of the
+  FedRCL-vs-FedAvg result in docs/results/fedrcl.md (``cpu`` is its
+  20-round protocol, that of the other Table 1 rows there).
 - ``paper``: the paper's models, round counts and hyper-parameters, on the
   configs' default datasets; a dataset the paper used and the configs do not
   default to (CIFAR-10, MNIST, SVHN) goes in with
@@ -55,6 +58,9 @@ class PaperTable(NamedTuple):
   paper_columns: Tuple[str, ...]  # the paper's columns shown beside ours
   paper_values: Dict[str, Tuple[str, ...]]  # method name -> paper_columns
   paper_note: str = ''
+  # (method, baseline) pairs whose per-seed differences table.md shows with
+  # their 95% interval; empty: every method against the first.
+  pairs: Tuple[Tuple[str, str], ...] = ()
 
 
 FEDQUAD_CITATION = (
@@ -129,6 +135,18 @@ FEDQUAD_TABLE1 = PaperTable(
     'FedQuad': ('82.35', '80.83', '80.13'),
   },
   paper_note='CIFAR-10',
+  pairs=(
+    *(
+      (m, 'FedAvg')
+      for m in ('SupConFL', 'TripletFL', 'QuadrupletFL', 'MOON', 'FedQuad')
+    ),
+    *(
+      (
+        ('FedQuad', m)
+        for m in ('SupConFL', 'TripletFL', 'QuadrupletFL', 'MOON')
+      )
+    ),
+  ),
 )
 
 _RCL_CPU_NOTE = (
@@ -158,6 +176,34 @@ _RCL_SCALES = {
     note=_RCL_PAPER_NOTE,
   ),
 }
+# FedRCL vs FedAvg at 500 rounds (docs/results/fedrcl.md, its first
+# section): Table 1's protocol with only the model, data and rounds cut.
+_RCL_TABLE1_SCALES = dict(
+  _RCL_SCALES,
+  cpu500=Scale(
+    config_args=_SMALL,
+    overrides='num_rounds=500;model.width=16;plot_partition=false;'
+    'checkpoint_every=25',
+    readings=(('round 500', 'round:500'),),
+    note='Fashion-MNIST, the small CNN with GroupNorm (width 16), 500 of '
+    "the paper's 1000 rounds; accuracy is the moving average (0.9) of "
+    "every round's evaluation.",
+  ),
+)
+
+FEDRCL_TABLE1_METHODS = (
+  Method('FedAvg', 'fedavg:setting=fedrcl'),
+  Method('FedAvg + FitNet', 'fitnet:setting=fedrcl'),
+  Method('FedProx', 'fedprox:setting=fedrcl'),
+  Method('MOON', 'moon:setting=fedrcl'),
+  Method('FedMLB', 'fedmlb:setting=fedrcl'),
+  Method('FedLC', 'fedlc:setting=fedrcl'),
+  Method('FedNTD', 'fedntd:setting=fedrcl'),
+  Method('FedProc', 'fedproc:setting=fedrcl'),
+  Method('FedDecorr', 'feddecorr_supervised:setting=fedrcl'),
+  Method('FedSCL', 'fedscl', in_paper=False),
+  Method('FedRCL', 'fedrcl'),
+)
 
 FEDRCL_TABLE1 = PaperTable(
   paper='fedrcl',
@@ -165,25 +211,13 @@ FEDRCL_TABLE1 = PaperTable(
   citation=FEDRCL_CITATION,
   caption='Table 1: 100 clients, 5% participation, Dirichlet alpha; '
   'moving-average accuracy (0.9) at the target round.',
-  methods=(
-    Method('FedAvg', 'fedavg:setting=fedrcl'),
-    Method('FedAvg + FitNet', 'fitnet:setting=fedrcl'),
-    Method('FedProx', 'fedprox:setting=fedrcl'),
-    Method('MOON', 'moon:setting=fedrcl'),
-    Method('FedMLB', 'fedmlb:setting=fedrcl'),
-    Method('FedLC', 'fedlc:setting=fedrcl'),
-    Method('FedNTD', 'fedntd:setting=fedrcl'),
-    Method('FedProc', 'fedproc:setting=fedrcl'),
-    Method('FedDecorr', 'feddecorr_supervised:setting=fedrcl'),
-    Method('FedSCL', 'fedscl', in_paper=False),
-    Method('FedRCL', 'fedrcl'),
-  ),
+  methods=FEDRCL_TABLE1_METHODS,
   columns=(
     Column('alpha = 0.1', 'partition.alpha=0.1'),
     Column('alpha = 0.3', 'partition.alpha=0.3'),
   ),
   metrics=(('test_accuracy_ema', 'EMA 0.9'),),
-  scales=_RCL_SCALES,
+  scales=_RCL_TABLE1_SCALES,
   paper_columns=(
     'alpha = 0.1, 500R',
     'alpha = 0.1, 1000R',
@@ -203,6 +237,12 @@ FEDRCL_TABLE1 = PaperTable(
     'FedRCL': ('74.82', '82.72', '84.01', '88.44'),
   },
   paper_note='CIFAR-10',
+  pairs=(
+    *((m.name, 'FedAvg') for m in FEDRCL_TABLE1_METHODS[1:]),
+    ('FedRCL', 'FedSCL'),
+    ('FedRCL', 'FedProx'),
+    ('FedRCL', 'MOON'),
+  ),
 )
 
 FEDRCL_TABLE5 = PaperTable(
@@ -216,6 +256,7 @@ FEDRCL_TABLE5 = PaperTable(
     Method('FedAGM', 'fedavg:setting=fedrcl,server=fedagm'),
     Method('FedAGM + FedRCL', 'fedrcl:server=fedagm'),
     Method('FedRCL', 'fedrcl', in_paper=False),
+    Method('FedAvg', 'fedavg:setting=fedrcl', in_paper=False),
   ),
   columns=(Column('alpha = 0.3', 'partition.alpha=0.3'),),
   metrics=(('test_accuracy_ema', 'EMA 0.9'),),
@@ -229,6 +270,13 @@ FEDRCL_TABLE5 = PaperTable(
   },
   paper_note='CIFAR-10, round not stated; FedAdam + FedRCL is not run: '
   "no FedAdam preset matches the authors' framework (docs/methods.md)",
+  pairs=(
+    ('FedAvgM + FedRCL', 'FedAvgM'),
+    ('FedAGM + FedRCL', 'FedAGM'),
+    ('FedAGM + FedRCL', 'FedRCL'),
+    ('FedAGM', 'FedAvgM'),
+    ('FedAGM', 'FedAvg'),
+  ),
 )
 
 FEDMETRIC_TABLE2 = PaperTable(
@@ -287,6 +335,13 @@ FEDMETRIC_TABLE2 = PaperTable(
   },
   paper_note='MNIST and CIFAR-10; its DeepSVDD column is quoted from '
   'earlier published results, not rerun',
+  pairs=(
+    ('FedMetric pos', 'DeepSVDD'),
+    ('FedMetric pos+neg(proxy)', 'FedMetric pos'),
+    ('FedMetric pos+neg(true)', 'FedMetric pos+neg(proxy)'),
+    ('FedMetric pos+neg(true)', 'FedAwS'),
+    ('FedMetric pos+neg(true)', 'FedUV'),
+  ),
 )
 
 _SSD_CPU_SET = (
@@ -357,6 +412,10 @@ SSD_TABLE1 = PaperTable(
     'SSD': ('81.32', '70.74', '81.67', '71.83', '57.77', '74.61'),
   },
   paper_note='CIFAR-10',
+  pairs=tuple(
+    ('SSD', m)
+    for m in ('FedAlignUniform', 'FedX', 'L-DAWA', 'FedDecorr', 'FedU2')
+  ),
 )
 
 SSD_TABLE2 = PaperTable(
@@ -405,6 +464,10 @@ SSD_TABLE2 = PaperTable(
   },
   paper_note='CIFAR-100 -> CIFAR-10 (its TinyImageNet -> CIFAR-10 columns '
   'are not shown)',
+  pairs=tuple(
+    ('SSD', m)
+    for m in ('FedAlignUniform', 'FedX', 'L-DAWA', 'FedDecorr', 'FedU2')
+  ),
 )
 
 # SSD's ablations: cross-silo, 20 rounds of 8 local steps (the 3-seed
@@ -471,6 +534,10 @@ SSD_TABLE4 = PaperTable(
   },
   paper_note='CIFAR-10; the text lost the projector marks, read from the '
   'surrounding text: the first two rows are without it',
+  pairs=(
+    ('+DSR, no projector', 'FedAlignUniform, no projector'),
+    ('+DSR', 'FedAlignUniform'),
+  ),
 )
 
 SSD_TABLE5 = PaperTable(
@@ -550,6 +617,17 @@ PMFL_TABLE1 = PaperTable(
     'PMFL': ('88.03', '87.47', '88.56', '87.78', '87.90', '87.55'),
   },
   paper_note='SVHN',
+  pairs=(
+    *(
+      (m, 'FedAvg')
+      for m in ('FedVarp', 'MIFA', 'FedHyper', 'FedAU', 'FedPPO', 'PMFL')
+    ),
+    ('PMFL', 'FedAU'),
+    ('FedAU', 'MIFA'),
+    ('FedAU', 'FedVarp'),
+    ('FedHyper', 'FedAU'),
+    ('FedPPO', 'FedHyper'),
+  ),
 )
 
 TABLES = {

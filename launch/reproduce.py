@@ -21,6 +21,11 @@ finished), it writes into ``--root``:
   dataset, which the header names);
 - ``table.csv``: one line per (method, column, metric, reading) with mean,
   std, n, and the seeds' values;
+- in ``table.md`` below the table, the paired differences: for each
+  (method, baseline) pair of the table (by default every method against the
+  first) and each cell, the runs paired by seed, the mean difference with its
+  95% interval and the verdict: the ordering holds when the interval
+  excludes 0, else a tie (launch/paired.py);
 - ``curves.png``: the first metric over rounds, one panel per column, the
   mean over seeds with a band of one standard deviation.
 
@@ -40,7 +45,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags
 
-from . import cli, paper_tables, sweep
+from . import cli, paired, paper_tables, sweep
 
 FLAGS = flags.FLAGS
 
@@ -254,7 +259,82 @@ def format_markdown(
     )
     name = method.name if method.in_paper else f'{method.name} (not in paper)'
     lines.append('| ' + ' | '.join([name, *ours, *theirs]) + ' |')
+  lines += ['', *format_paired(table, scale, result)]
   return '\n'.join(lines) + '\n'
+
+
+def table_pairs(table: paper_tables.PaperTable) -> List[tuple]:
+  """(method, baseline) names: the table's own, else all vs the first."""
+  if table.pairs:
+    names = [m.name for m in table.methods]
+    for pair in table.pairs:
+      _check_names('method', pair, names)
+    return list(table.pairs)
+  first = table.methods[0].name
+  return [(m.name, first) for m in table.methods[1:]]
+
+
+def _by_seed(runs: Sequence[sweep.Run], metric: str, at: str):
+  """{seed: value} of the runs that record their seed."""
+  return {
+    int(r.config['seed']): sweep.pick(*sweep.series(r, metric), at)
+    for r in runs
+    if r.config.get('seed') is not None
+  }
+
+
+def paired_differences(table, scale, result) -> List[tuple]:
+  """``(method, baseline, column, metric, at, interval, seeds)`` for every
+  pair and cell where both sides have a finished run of a common seed."""
+  out = []
+  for method, baseline in table_pairs(table):
+    for (column, metric, at), _ in _our_columns(table, scale):
+      mine = result.runs.get((method, column), [])
+      theirs = result.runs.get((baseline, column), [])
+      a, b = _by_seed(mine, metric, at), _by_seed(theirs, metric, at)
+      seeds = sorted(set(a) & set(b))
+      if not seeds:
+        continue
+      interval = paired.paired_interval([a[s] - b[s] for s in seeds])
+      out.append((method, baseline, column, metric, at, interval, seeds))
+  return out
+
+
+def format_paired(table, scale, result) -> List[str]:
+  """table.md's section of paired differences (lines)."""
+  rows = paired_differences(table, scale, result)
+  lines = [
+    '## Paired differences over seeds',
+    '',
+    'Each method minus its baseline, seed by seed (the same seed gives both '
+    'the same partition, cohorts and initial model): the mean difference and '
+    "its 95% interval (Student's t, n - 1 degrees of freedom). An ordering "
+    'holds when the interval excludes 0; otherwise it is a tie.',
+    '',
+  ]
+  if not rows:
+    return lines + ['No pair has a finished run of a common seed yet.']
+  headers = dict(_our_columns(table, scale))
+  verdicts = {'>': 'holds (>)', '<': 'holds (<)', '~': 'tie', '?': 'n < 2'}
+  lines += [
+    '| method - baseline | cell | n | mean difference [95% interval] '
+    '| verdict |',
+    '|---|---|---:|---|---|',
+  ]
+  for method, baseline, column, metric, at, interval, _ in rows:
+    s = sweep.default_scale(metric)
+    if interval['n'] > 1:
+      text = (
+        f'{interval["mean"] * s:+.2f} [{interval["low"] * s:+.2f}, '
+        f'{interval["high"] * s:+.2f}]'
+      )
+    else:
+      text = f'{interval["mean"] * s:+.2f}'
+    lines.append(
+      f'| {method} - {baseline} | {headers[(column, metric, at)]} | '
+      f'{interval["n"]} | {text} | {verdicts[paired.verdict(interval)]} |'
+    )
+  return lines
 
 
 def format_csv(table: paper_tables.PaperTable, scale: str, result: Result):
@@ -339,8 +419,9 @@ def define_flags():
   flags.DEFINE_enum(
     'scale',
     'cpu',
-    ['cpu', 'paper'],
-    "cpu: docs/results' CPU protocol; paper: the paper's models and rounds.",
+    ['cpu', 'cpu500', 'paper'],
+    "cpu: docs/results' CPU protocol; cpu500: FedRCL's 500-round CPU "
+    "protocol (fedrcl table1); paper: the paper's models and rounds.",
   )
   flags.DEFINE_enum(
     'backend', 'local', ['local', 'slurm'], 'local processes or SLURM.'

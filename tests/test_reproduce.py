@@ -111,11 +111,11 @@ def test_methods_and_columns_select_a_part_of_the_table():
   assert {e.point.workdir for e in part} <= whole
 
 
-def _fake_run(workdir, values, *, num_rounds, metric):
+def _fake_run(workdir, values, *, num_rounds, metric, seed=None):
   """A finished workdir whose ``metric`` is ``values`` at rounds 1..n."""
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    json.dump({'num_rounds': num_rounds}, f)
+    json.dump({'num_rounds': num_rounds, 'seed': seed}, f)
   with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
     for i, v in enumerate(values, start=1):
       f.write(json.dumps({'round': i, metric: v}) + '\n')
@@ -133,7 +133,13 @@ def test_table_is_mean_and_sample_std_beside_the_papers_numbers(tmp_path):
     if entry.method == 'FedRCL' and entry.seed == 2:
       continue  # Not finished: the cell has n = 2.
     curve = rng.uniform(0.3, 0.9, size=20)
-    _fake_run(entry.point.workdir, curve, num_rounds=20, metric='test_accuracy')
+    _fake_run(
+      entry.point.workdir,
+      curve,
+      num_rounds=20,
+      metric='test_accuracy',
+      seed=entry.seed,
+    )
     finals.setdefault(entry.method, []).append(curve)
   result = reproduce.collect(table, 'cpu', todo)
   paths = reproduce.write_outputs(
@@ -160,10 +166,11 @@ def test_table_is_mean_and_sample_std_beside_the_papers_numbers(tmp_path):
     expected = (
       f'{values.mean():.2f} ± {values.std(ddof=1):.2f} (n={len(values)})'
     )
-    name = method if method != 'FedRCL' else 'FedRCL (not in paper)'
+    in_paper = {m.name: m.in_paper for m in table.methods}[method]
+    name = method if in_paper else f'{method} (not in paper)'
     assert expected in rows[name], (expected, rows[name])
   assert '| 89.67 |' in rows['FedAGM + FedRCL']  # the paper's, beside ours
-  assert 'Runs finished: 14 of 15.' in text
+  assert 'Runs finished: 17 of 18.' in text
   with open(os.path.join(root, 'table.csv')) as f:
     lines = list(csv.DictReader(f))
   fedagm = next(r for r in lines if r['method'] == 'FedAGM')
@@ -173,6 +180,26 @@ def test_table_is_mean_and_sample_std_beside_the_papers_numbers(tmp_path):
     [100 * ema(c) for c in finals['FedAGM']],
     rtol=1e-5,
   )
+  # The paired section: the table's own pairs, seeds matched (FedRCL's
+  # seed 2 is missing, so its pair has n = 2), the interval re-derived.
+  paired = {
+    line.split(' | ')[0].strip('| '): line
+    for line in text.split('## Paired differences')[1].splitlines()
+    if line.startswith('| ') and not line.startswith('| method - baseline')
+  }
+  assert sorted(paired) == sorted(f'{a} - {b}' for a, b in table.pairs)
+  t_975 = {2: 12.706204736174705, 3: 4.302652729749464}
+  for a, b in table.pairs:
+    n = min(len(finals[a]), len(finals[b]))
+    d = 100 * np.array(
+      [ema(x) - ema(y) for x, y in zip(finals[a][:n], finals[b][:n])]
+    )
+    half = t_975[n] * d.std(ddof=1) / np.sqrt(n)
+    low, high = d.mean() - half, d.mean() + half
+    expected = f'| {n} | {d.mean():+.2f} [{low:+.2f}, {high:+.2f}] |'
+    verdict = 'tie' if low <= 0 <= high else 'holds'
+    assert expected in paired[f'{a} - {b}'], (expected, paired[f'{a} - {b}'])
+    assert verdict in paired[f'{a} - {b}']
 
 
 TINY = paper_tables.PaperTable(
@@ -243,7 +270,7 @@ def test_command_line_lists_dry_runs_and_refuses_in_one_line(tmp_path):
   dry = _cli('fedrcl', 'table5', '--seeds=2', f'--root={tmp_path}', '--dry_run')
   assert dry.returncode == 0, dry.stderr
   lines = dry.stdout.strip().splitlines()
-  assert len(lines) == 5 * 2 and all(x.startswith('todo ') for x in lines)
+  assert len(lines) == 6 * 2 and all(x.startswith('todo ') for x in lines)
   assert not os.listdir(tmp_path)  # A dry run writes nothing.
   bad = _cli('fedrcl', 'table9')
   assert bad.returncode == 1

@@ -161,3 +161,41 @@ def test_repeats_show_as_their_median_and_range():
   assert '2.000 [1.000, 3.000]' in scale.table(results, device='d', command='c')
   seeds = scale.make_grid([10], [5], ['scaffold'], ['disk'], seeds=(0, 1))
   assert [p.seed for p in seeds] == [0, 1]
+
+
+@pytest.mark.parametrize(
+  'populations, cohorts, panels',
+  [
+    ((10, 100), (5,), ['population N']),
+    ((100,), (5, 50), ['clients per round C']),
+    ((10, 100), (5, 50), ['population N', 'clients per round C']),
+  ],
+)
+def test_plot_draws_only_panels_with_lines(
+  tmp_path, populations, cohorts, panels
+):
+  results = [
+    dict(
+      algorithm='fedavg',
+      model='mlp',
+      placement='auto',
+      placement_used='device',
+      prefetch=True,
+      num_clients=n,
+      clients_per_round=c,
+      seed=0,
+      seconds_per_round=0.001 * n + c,
+      table_io_per_round=0.0,
+      table_loop_per_round=0.0,
+      wait_per_round=0.0,
+      peak_rss_gb=1.0,
+      table_bytes=None,
+      test_accuracy=0.5,
+    )
+    for n in populations
+    for c in cohorts
+  ]
+  fig = scale.plot(results, str(tmp_path / 'p.png'), title='t')
+  assert [ax.get_xlabel() for ax in fig.axes] == panels
+  assert all(ax.lines for ax in fig.axes)
+  assert (tmp_path / 'p.png').stat().st_size > 0
