@@ -45,6 +45,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags
 
+from fedjax_metric import overrides as overrides_lib
+
 from . import cli, paired, paper_tables, sweep
 
 FLAGS = flags.FLAGS
@@ -73,7 +75,7 @@ def _spec(config: str, *args: str) -> str:
 def _assignments(*texts: str) -> Dict[str, str]:
   out = {}
   for text in texts:
-    out.update({k: v[0] for k, v in sweep.parse_assignments(text)})
+    out.update(overrides_lib.assignments(text))
   return out
 
 

@@ -44,7 +44,6 @@ Table 1: "exponential moving average results with parameter 0.9"). Curves
 show the mean over seeds with a shaded band of one standard deviation.
 """
 
-import ast
 import collections
 import csv
 import difflib
@@ -64,6 +63,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags, logging
 import numpy as np
+
+from fedjax_metric.config_io import flatten, load_config
+from fedjax_metric.overrides import assignments, parse_assignments
 
 from . import cli, sweep_slurm
 
@@ -110,44 +112,6 @@ RESUMABLE_KEYS = (
 # ---------------------------------------------------------------------------
 
 
-def split_top_level(text: str, sep: str) -> List[str]:
-  """Splits ``text`` at ``sep`` outside brackets.
-
-  ``'(8,16),4'`` -> ``['(8,16)', '4']``.
-  """
-  parts, depth, current = [], 0, []
-  for char in text:
-    if char in '([{':
-      depth += 1
-    elif char in ')]}':
-      depth -= 1
-    if char == sep and depth == 0:
-      parts.append(''.join(current))
-      current = []
-    else:
-      current.append(char)
-  parts.append(''.join(current))
-  return parts
-
-
-def parse_assignments(text: str) -> List[tuple]:
-  """``'a.b=1,2;seed=0'`` -> ``[('a.b', ['1', '2']), ('seed', ['0'])]``."""
-  out = []
-  for item in filter(
-    None, (s.strip() for s in split_top_level(text or '', ';'))
-  ):
-    key, eq, values = item.partition('=')
-    key = key.strip()
-    if not eq or not key or not values.strip():
-      raise ValueError(
-        f'Bad grid item {item!r}: write key=v1,v2 (items separated by ";").'
-      )
-    if key in [k for k, _ in out]:
-      raise ValueError(f'Key {key!r} appears twice in {text!r}.')
-    out.append((key, [v.strip() for v in split_top_level(values, ',')]))
-  return out
-
-
 def grid_points(grid: Sequence[tuple]) -> List[Dict[str, str]]:
   """The cartesian product of a parsed grid, the last key varying fastest."""
   keys = [k for k, _ in grid]
@@ -157,90 +121,10 @@ def grid_points(grid: Sequence[tuple]) -> List[Dict[str, str]]:
   ]
 
 
-def load_config(spec: str):
-  """``'configs/x.py[:arg]'`` or ``'x[:arg]'`` (a packaged config's name)
-  -> the config's ``get_config(arg)``."""
-  from fedjax_metric import api  # pylint: disable=g-import-not-at-top
-
-  path, _, arg = spec.partition(':')
-  path = api.config_file(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(
-      f'Config file {path!r} not found (run from the repository root, or '
-      'name a packaged config: fedavg, fedquad, ...).'
-    )
-  return api.get_config(path, arg or None)
-
-
-def _parse_value(text: str, current: Any) -> Any:
-  """``text`` as the type of the field's current value."""
-  if isinstance(current, bool):
-    if text.lower() not in ('true', 'false', '1', '0'):
-      raise ValueError(f'{text!r} is not a bool (true/false).')
-    return text.lower() in ('true', '1')
-  if isinstance(current, int):
-    try:
-      return int(text)
-    except ValueError:
-      raise ValueError(f'not an integer (the field is {current!r})') from None
-  if isinstance(current, float):
-    try:
-      return float(text)
-    except ValueError:
-      raise ValueError(f'not a number (the field is {current!r})') from None
-  if isinstance(current, str):
-    return text
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    raise ValueError(
-      f'not a Python literal (the field is {current!r}; quote a string, '
-      "bracket a tuple: '(8,16)')"
-    ) from None
-
-
-def _is_block(node) -> bool:
-  return hasattr(node, 'keys') and not isinstance(node, (str, bytes))
-
-
-def _no_field(key: str, node, name: str, prefix: str) -> KeyError:
-  """A missing field, with the closest field of its block."""
-  close = difflib.get_close_matches(name, list(node.keys()), n=1)
-  hint = f'; did you mean {prefix + close[0]!r}?' if close else '.'
-  return KeyError(f'Config has no field {key!r}{hint}')
-
-
-def apply_overrides(config, overrides: Dict[str, str]):
-  """Sets dotted ``key=value`` overrides on a config; returns it.
-
-  A value takes the type of the field it replaces; a key the config does not
-  have is an error (configs are locked), as for ``--config.key=value``, with
-  the closest field of its block.
-  """
-  for key, text in overrides.items():
-    path = key.split('.')
-    node = config
-    for depth, name in enumerate(path):
-      above = '.'.join(path[:depth])
-      if not _is_block(node):
-        raise KeyError(
-          f'Config field {above!r} is a value ({node!r}), not a block of '
-          f'fields: {key!r} does not exist.'
-        )
-      if name not in node:
-        raise _no_field(key, node, name, above + '.' if above else '')
-      if depth < len(path) - 1:
-        node = node[name]
-    try:
-      node[path[-1]] = _parse_value(text, node[path[-1]])
-    except (ValueError, TypeError) as e:
-      raise ValueError(f'{key}={text!r}: {cli.one_line(e)}') from None
-  return config
-
-
 def resolve(spec: str, overrides: Dict[str, str]):
-  """The config a point trains: the file's config, then the overrides."""
-  return apply_overrides(load_config(spec), overrides)
+  """The config a point trains: the file's config, then the overrides
+  (`config_io.load_config`)."""
+  return load_config(spec, overrides)
 
 
 def config_dict(config) -> Dict[str, Any]:
@@ -372,7 +256,9 @@ def point_status(point: Point, config=None) -> str:
   stored = _read_json(os.path.join(point.workdir, 'config.json'))
   if stored is None:
     return 'todo'
-  differs = differing_keys(flatten(stored), flatten(wanted))
+  differs = differing_keys(
+    flatten(stored, hashable=True), flatten(wanted, hashable=True)
+  )
   if differs - set(RESUMABLE_KEYS):
     return 'conflict'
   summary = _read_json(os.path.join(point.workdir, 'summary.json'))
@@ -670,18 +556,6 @@ def _poll_points(
 # ---------------------------------------------------------------------------
 
 
-def flatten(tree: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
-  """Nested dict -> ``{'a.b': value}``; lists become tuples (hashable)."""
-  out = {}
-  for key, value in tree.items():
-    name = f'{prefix}{key}'
-    if isinstance(value, dict):
-      out.update(flatten(value, name + '.'))
-    else:
-      out[name] = tuple(value) if isinstance(value, list) else value
-  return out
-
-
 class Run(NamedTuple):
   workdir: str
   config: Dict[str, Any]  # flattened config.json
@@ -707,7 +581,7 @@ def read_run(workdir: str) -> Run:
   rows.sort(key=lambda r: r['round'])
   return Run(
     workdir,
-    flatten(config),
+    flatten(config, hashable=True),
     rows,
     _read_json(os.path.join(workdir, 'summary.json')),
   )
@@ -1228,7 +1102,7 @@ def _rename_map(text: str) -> Dict[str, str]:
 def _selected_runs() -> List[Run]:
   if not FLAGS.root:
     raise app.UsageError('--root is required.')
-  where = {k: v[0] for k, v in parse_assignments(FLAGS.where)}
+  where = assignments(FLAGS.where)
   runs = [
     r
     for r in find_runs(FLAGS.root, include_unfinished=FLAGS.include_unfinished)
