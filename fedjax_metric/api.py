@@ -11,10 +11,10 @@
 
 Config names are the files of the repository's ``configs/`` directory, which
 also ships inside the installed package (``fedjax_metric.configs``); a path
-to a file of one's own (``my_config.py``) works wherever a name does.
+to a file of one's own (``my_config.py``) works wherever a name does
+(fedjax_metric/config_io.py loads both, and a run's workdir).
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -24,7 +24,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 
 import ml_collections
 
-from fedjax_metric import metrics_log, train
+from fedjax_metric import config_io, metrics_log, train
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import sources
 
@@ -49,63 +49,19 @@ class RunResult(NamedTuple):
   summary: Dict[str, Any]
 
 
-def configs_dir() -> str:
-  """The directory of the packaged config files: ``fedjax_metric/configs``
-  in an installed package, the repository's ``configs/`` in a checkout."""
-  spec = importlib.util.find_spec('fedjax_metric.configs')
-  if spec is not None and spec.submodule_search_locations:
-    return list(spec.submodule_search_locations)[0]
-  checkout = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs')
-  if os.path.isdir(checkout):
-    return checkout
-  raise FileNotFoundError(
-    'The packaged configs are missing: reinstall fedjax_metric, or pass a '
-    'config file path.'
-  )
-
-
-def config_names() -> List[str]:
-  """The packaged configs' names (``fedavg``, ``fedquad``, ...)."""
-  return sorted(
-    name[:-3]
-    for name in os.listdir(configs_dir())
-    if name.endswith('.py') and not name.startswith('_')
-  )
-
-
-def config_file(name_or_path: str) -> str:
-  """The file of a packaged config name, or ``name_or_path`` itself when it
-  is a path (it contains a separator or ends in ``.py``)."""
-  if os.sep in name_or_path or name_or_path.endswith('.py'):
-    return name_or_path
-  if name_or_path not in config_names():
-    raise ValueError(
-      f'No packaged config {name_or_path!r}; the packaged ones are '
-      f'{", ".join(config_names())}. A file of your own: pass its path '
-      '(my_config.py).'
-    )
-  return os.path.join(configs_dir(), name_or_path + '.py')
-
-
 def get_config(
   name: str, arg: Optional[str] = None
 ) -> ml_collections.ConfigDict:
   """Config ``name`` (a packaged name or a file path) with its ``:arg``
   string (``'runlocal'``, ``'alpha=0.3,rounds=50'``), as
-  ``--config=name:arg`` builds it on the command line."""
-  path = config_file(name)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'Config file {path} not found.')
-  module_name = '_fedjax_metric_config_' + os.path.basename(path)[:-3]
-  spec = importlib.util.spec_from_file_location(module_name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  ``--config=name:arg`` builds it on the command line
+  (`config_io.load_config`)."""
+  return config_io.load_config(f'{name}:{arg}' if arg else name)
 
 
 def load_run(workdir: str) -> RunResult:
   """A finished (or stopped) run read back from ``workdir``."""
-  config = workdir_lib.load_config(workdir)
+  config = config_io.load_config(workdir=workdir)
   history = metrics_log.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
   summary_path = os.path.join(workdir, 'summary.json')
   summary = {}

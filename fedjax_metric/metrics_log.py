@@ -18,7 +18,7 @@ import time
 from absl import logging
 import numpy as np
 
-from fedjax_metric import validation, wandb_log
+from fedjax_metric import config_io, wandb_log
 from fedjax_metric.evaluation import statistics as eval_statistics
 
 
@@ -226,7 +226,7 @@ class MetricsLog:
     self.wandb = None
     self.per_client_path = None
     if chief:
-      flat = dict(validation.flatten(json.loads(config.to_json_best_effort())))
+      flat = config_io.flatten(json.loads(config.to_json_best_effort()))
       truncate_metrics(self.path, start_round)
       self.writer = make_summary_writer(workdir, start_round)
       if self.writer and start_round == 0:

@@ -1,4 +1,5 @@
-"""The config schema, shared blocks and the ``:arg`` parser every config uses.
+"""The config schema and shared blocks; every config parses its ``:arg`` with
+`parse_arg` (fedjax_metric/overrides.py, the one override parser).
 
 Every field the library reads is declared here, so a locked config turns a
 mistyped override (``--config.num_round=5``) into an error instead of a silent
@@ -11,37 +12,10 @@ import difflib
 
 import ml_collections
 
-
-def parse_arg(arg, **defaults):
-  """Parses ``'runlocal,dataset=fashion_mnist'`` into a ConfigDict.
-
-  A bare name is a boolean flag; ``key=value`` is converted to the type of the
-  default. Unknown names are an error.
-  """
-  parsed = ml_collections.ConfigDict(defaults)
-  for item in filter(None, (arg or '').split(',')):
-    key, _, value = item.partition('=')
-    if key not in defaults:
-      raise ValueError(
-        f'Unknown config argument {key!r}; known: {sorted(defaults)}.'
-      )
-    kind = type(defaults[key])
-    if not value:
-      parsed[key] = True
-    elif kind is bool:
-      parsed[key] = value.lower() in ('1', 'true', 'yes')
-    else:
-      parsed[key] = kind(value)
-  return parsed
-
-
-def peek_arg(arg, key, default=''):
-  """The value of one ``key=value`` item of an arg string, before parsing."""
-  for item in filter(None, (arg or '').split(',')):
-    name, _, value = item.partition('=')
-    if name == key:
-      return value
-  return default
+# The :arg parser (the one override parser of fedjax_metric/overrides.py);
+# configs call it as settings.parse_arg.
+from fedjax_metric.overrides import parse_arg as parse_arg
+from fedjax_metric.overrides import peek_arg as peek_arg
 
 
 def base_config():

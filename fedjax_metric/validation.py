@@ -13,11 +13,12 @@ the locked config still checks its type, and the code that reads it its value.
 import difflib
 import inspect
 import math
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 from fedjax_metric import (
   algorithms,
   client_table,
+  config_io,
   executors,
   models,
   optimizers,
@@ -234,18 +235,6 @@ RULES: Dict[str, Check] = {
 }
 
 
-def flatten(
-  tree: Dict[str, Any], prefix: str = ''
-) -> Iterator[Tuple[str, Any]]:
-  """``(dotted path, leaf)`` of a nested dict, in key order."""
-  for key in sorted(tree):
-    value = tree[key]
-    if isinstance(value, dict):
-      yield from flatten(value, f'{prefix}{key}.')
-    else:
-      yield f'{prefix}{key}', value
-
-
 def _fix(path: str, problem: str) -> str:
   return f'--config.{path} {problem}' + ('' if problem.endswith('?') else '.')
 
@@ -266,7 +255,7 @@ def validate(config) -> None:
     ConfigError: the first problem found, naming the field and the fix.
     sources.DatasetNotFoundError: the dataset's files are not on disk.
   """
-  values = dict(flatten(config.to_dict()))
+  values = config_io.flatten(config.to_dict())
   for path, check in RULES.items():
     if path in values:
       problem = check(values[path])

@@ -4,30 +4,27 @@ Writing (`train.run`): `write_json` (atomic), the resume checks
 (`check_resume_config`, `check_rounds`), checkpoints with fallback
 (`open_checkpoints`), the partition / participation files. The evaluation
 rows (metrics.jsonl, TensorBoard) are `metrics_log`'s.
-Reading: `load_config` rebuilds the locked config from ``config.json``
-(fields added to the library since keep their defaults, so older workdirs
-load too); `restore` rebuilds the run with `assemble.build`, as `train.run`
-builds it, and loads a checkpoint. Used by `fedjax_metric.load_run`,
-``launch.evaluate`` and ``launch.report``.
+Reading: `restore` rebuilds the run with `assemble.build`, as `train.run`
+builds it, and loads a checkpoint, for the config that
+``config_io.load_config(workdir=...)`` reads back from ``config.json``. Used
+by `fedjax_metric.load_run`, ``launch.evaluate`` and ``launch.report``.
 """
 
-import ast
 import json
 import os
 
 from absl import logging
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
 
 from fedjax_metric import (
   assemble,
+  config_io,
   engine,
   faults,
   metrics_log,
-  settings,
   validation,
   workdir_lock,
 )
@@ -46,56 +43,6 @@ RESUMABLE_CHANGES = (
   'client_table',
   'federated_eval',
 )
-
-# Blocks a method config replaces as a whole (fedjax_metric/settings.py).
-_WHOLE_BLOCKS = ('model', 'algorithm_kwargs')
-
-
-def _merge(target, saved, top=True):
-  """Writes the saved values into a fresh base config (new fields keep their
-  defaults, so older workdirs load too)."""
-  for key, value in saved.items():
-    if top and key in _WHOLE_BLOCKS:
-      target[key] = ml_collections.ConfigDict(value)
-    elif (
-      isinstance(value, dict)
-      and key in target
-      and isinstance(target[key], ml_collections.ConfigDict)
-    ):
-      _merge(target[key], value, top=False)
-    else:
-      target[key] = value
-
-
-def load_config(workdir, overrides=()):
-  """The run's config from ``workdir/config.json``, with ``overrides``
-  (``'a.b=value'`` strings) applied."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
-    raise FileNotFoundError(
-      f"{path} not found: is {workdir} a run's "
-      'workdir (python -m launch.main --workdir=...)?'
-    )
-  with open(path) as f:
-    saved = json.load(f)
-  config = settings.base_config()
-  _merge(config, saved)
-  for item in overrides:
-    name, sep, text = item.partition('=')
-    if not sep:
-      raise ValueError(f'--set={item!r} is not key.path=value.')
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = text
-    *parents, leaf = name.split('.')
-    node = config
-    for part in parents:
-      node = node[part]
-    if leaf not in node:
-      raise ValueError(f'--set={item!r}: the config has no field {name!r}.')
-    node[leaf] = value
-  return config
 
 
 def input_scaling(config, train_images):
@@ -207,8 +154,8 @@ def check_resume_config(workdir, config):
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = dict(validation.flatten(json.load(f)))
-  new = dict(validation.flatten(json.loads(config.to_json_best_effort())))
+    old = config_io.flatten(json.load(f))
+  new = config_io.flatten(json.loads(config.to_json_best_effort()))
   # Fields a newer version added are not in an older run's config.json: the
   # run continues with their values (said once) instead of being refused.
   added = sorted(set(new) - set(old))

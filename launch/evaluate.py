@@ -27,7 +27,8 @@ outside the simulator, to ``<workdir>/export/round_<N>/``:
   python -m launch.evaluate --workdir=runs/ssl/ssd_silo --noevaluate  # export
 
 ``--set=a.b=value`` overrides a config field for the evaluation only (the
-value is parsed like a Python literal when it can be, e.g. ``(0.01,)``).
+value takes the field's type, as launch.sweep's --set: a tuple is a Python
+literal, e.g. ``(0.01,)``; fedjax_metric/overrides.py).
 """
 
 import json
@@ -41,7 +42,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from fedjax_metric import assemble, executors
+from fedjax_metric import assemble, config_io, executors
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import augment
 from fedjax_metric.evaluation import protocols
@@ -162,7 +163,7 @@ def evaluate(
     The metrics dict (also written to eval.json / eval_<round>.json), with
     ``export_dir`` where the model was exported.
   """
-  config = workdir_lib.load_config(workdir, overrides)
+  config = config_io.load_config(overrides=overrides, workdir=workdir)
   out_dir = out_dir or workdir
   if (write and run_evaluation) or export_model:
     _check_writable(out_dir)

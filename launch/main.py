@@ -18,7 +18,6 @@ Multi-process runs (one process per host, one shared workdir): pass
 docs/multihost.md.
 """
 
-import difflib
 import functools
 import signal
 import sys
@@ -28,7 +27,7 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from fedjax_metric import api, train
+from fedjax_metric import config_io, overrides, train
 
 from . import cli
 
@@ -75,7 +74,7 @@ def config_names_to_files(argv):
   for item in argv:
     if item.startswith('--config='):
       name, sep, arg = item[len('--config=') :].partition(':')
-      item = f'--config={api.config_file(name)}{sep}{arg}'
+      item = f'--config={config_io.config_file(name)}{sep}{arg}'
     resolved.append(item)
   return resolved
 
@@ -91,28 +90,25 @@ def override_error(argv, error) -> str:
   config_arg = next((a for a in argv if a.startswith('--config=')), None)
   if config_arg is None:
     return cli.flag_error(error)
-  name, _, arg = config_arg[len('--config=') :].partition(':')
   try:
-    config = api.get_config(name, arg or None)
+    config = config_io.load_config(config_arg[len('--config=') :])
   except Exception:  # pylint: disable=broad-except
     return cli.flag_error(error)  # The config itself fails: its own message.
   for item in argv:
     if not item.startswith('--config.'):
       continue
-    path = item[len('--config.') :].split('=', 1)[0].split('.')
-    node = config
-    for depth, part in enumerate(path):
-      block = '.'.join(path[:depth]) or 'the config'
-      if not isinstance(node, ml_collections.ConfigDict):
+    key = item[len('--config.') :].split('=', 1)[0]
+    try:
+      overrides.find_field(config, key)
+    except overrides.FieldError as e:
+      block = e.block or 'the config'
+      if e.is_value:
         return (
-          f'--config.{".".join(path)}: {block} is a value '
-          f'({node!r}), not a block of fields.'
+          f'--config.{key}: {block} is a value ({e.value!r}), not a block '
+          'of fields.'
         )
-      if part not in node:
-        close = difflib.get_close_matches(part, list(node.keys()), n=1)
-        hint = f'; did you mean {close[0]!r}?' if close else '.'
-        return f'--config.{".".join(path)}: {block} has no field {part!r}{hint}'
-      node = node[part]
+      hint = f'; did you mean {e.close!r}?' if e.close else '.'
+      return f'--config.{key}: {block} has no field {e.name!r}{hint}'
   return cli.flag_error(error)
 
 

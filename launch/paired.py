@@ -13,7 +13,7 @@ interval excludes 0 (``>`` or ``<``), otherwise it is a **tie** (``~``).
 Seeds that only one of the two has are left out and counted.
 
 Runs are read as ``launch.sweep table`` reads them (``--metric``, ``--at``):
-launch/sweep.py. ``fedjax-metric reproduce`` writes the same intervals for a
+launch/sweep_table.py. ``fedjax-metric reproduce`` writes the same intervals for a
 paper table's pairs below its table.
 """
 
@@ -24,7 +24,7 @@ from typing import Dict, Optional, Sequence
 from absl import app, flags
 import numpy as np
 
-from . import cli, sweep
+from . import cli, sweep_table
 
 FLAGS = flags.FLAGS
 
@@ -75,13 +75,13 @@ def paired_cells(
 ):
   """``{(row, col): (interval, unpaired seeds, values by seed)}`` of each
   non-baseline row against the baseline row of its column."""
-  groups = sweep.group_runs(runs, rows, cols)
+  groups = sweep_table.group_runs(runs, rows, cols)
   by_seed = {}
   for key, members in groups.items():
     values = {}
     for run in members:
-      rounds, series = sweep.series(run, metric, ema_decay=ema_decay)
-      values[_seed(run)] = sweep.pick(rounds, series, at)
+      rounds, series = sweep_table.series(run, metric, ema_decay=ema_decay)
+      values[_seed(run)] = sweep_table.pick(rounds, series, at)
     by_seed[key] = values
   out = {}
   for (row, col), values in by_seed.items():
@@ -141,7 +141,7 @@ def main(argv):
     raise app.UsageError(f'unexpected argument(s) {" ".join(argv[1:])}')
   if not FLAGS.root or not FLAGS.baseline:
     raise app.UsageError('--root and --baseline are required.')
-  runs = sweep.find_runs(FLAGS.root)
+  runs = sweep_table.find_runs(FLAGS.root)
   if not runs:
     raise FileNotFoundError(f'No finished run under {FLAGS.root}.')
   cells = paired_cells(

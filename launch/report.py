@@ -24,11 +24,10 @@ import jax.numpy as jnp
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fedjax_metric import assemble
+from fedjax_metric import assemble, config_io
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import augment, sources
 from fedjax_metric.evaluation import make_feature_fn
@@ -40,17 +39,6 @@ _METHOD_NAMES = {'pca': 'PCA', 'tsne': 't-SNE'}
 # ---------------------------------------------------------------------------
 # Workdir reading.
 # ---------------------------------------------------------------------------
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
-    raise FileNotFoundError(
-      f'{path} not found: {workdir} is not a workdir '
-      'written by launch.main / train.run.'
-    )
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
 
 
 def read_curve(workdir: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -171,7 +159,7 @@ def compute_embeddings(
   Returns:
     {'features': [n, D], 'labels': [n], 'num_classes', 'round', 'config'}.
   """
-  config = load_config(workdir)
+  config = config_io.load_config(workdir=workdir)
   data_dir = config.dataset.data_dir or None
   # The train split is needed for the input scaling the run evaluated with
   # (its channel statistics; 0..1 under the 'ssl' protocol).

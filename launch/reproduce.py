@@ -45,7 +45,17 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags
 
-from . import cli, paired, paper_tables, sweep
+from fedjax_metric import overrides as overrides_lib
+
+from . import (
+  cli,
+  paired,
+  paper_tables,
+  sweep_plot,
+  sweep_point,
+  sweep_run,
+  sweep_table,
+)
 
 FLAGS = flags.FLAGS
 
@@ -56,7 +66,7 @@ class Entry(NamedTuple):
   method: str
   column: str
   seed: int
-  point: sweep.Point
+  point: sweep_point.Point
 
 
 def _join_args(*parts: str) -> str:
@@ -73,7 +83,7 @@ def _spec(config: str, *args: str) -> str:
 def _assignments(*texts: str) -> Dict[str, str]:
   out = {}
   for text in texts:
-    out.update({k: v[0] for k, v in sweep.parse_assignments(text)})
+    out.update(overrides_lib.assignments(text))
   return out
 
 
@@ -116,13 +126,13 @@ def entries(
           extra,
         )
         overrides['seed'] = str(seed)
-        workdir = sweep.workdir_for(root, spec, overrides)
+        workdir = sweep_point.workdir_for(root, spec, overrides)
         out.append(
           Entry(
             method.name,
             column.name,
             seed,
-            sweep.Point(spec, overrides, workdir),
+            sweep_point.Point(spec, overrides, workdir),
           )
         )
   return out
@@ -144,7 +154,7 @@ def check_datasets(todo: Sequence[Entry]) -> None:
 
   needed = {}
   for entry in todo:
-    config = sweep.resolve(entry.point.spec, entry.point.overrides)
+    config = sweep_point.resolve(entry.point.spec, entry.point.overrides)
     needed.setdefault(
       (config.dataset.name, config.dataset.data_dir or None), entry
     )
@@ -164,19 +174,19 @@ def check_datasets(todo: Sequence[Entry]) -> None:
       ) from e
 
 
-def finished_run(entry: Entry) -> Optional[sweep.Run]:
+def finished_run(entry: Entry) -> Optional[sweep_table.Run]:
   """The point's run if it finished all its rounds, else None."""
   if not os.path.exists(os.path.join(entry.point.workdir, 'config.json')):
     return None
-  run = sweep.read_run(entry.point.workdir)
+  run = sweep_table.read_run(entry.point.workdir)
   return run if run.finished else None
 
 
 class Result(NamedTuple):
   """Cells over seeds: (method, column, metric, reading) -> Cell."""
 
-  cells: Dict[tuple, sweep.Cell]
-  runs: Dict[tuple, List[sweep.Run]]  # (method, column) -> finished runs
+  cells: Dict[tuple, sweep_table.Cell]
+  runs: Dict[tuple, List[sweep_table.Run]]  # (method, column) -> finished runs
   planned: int  # runs the table asked for
 
   @property
@@ -188,7 +198,7 @@ def collect(
   table: paper_tables.PaperTable, scale: str, todo: Sequence[Entry]
 ) -> Result:
   readings = table.scales[scale].readings
-  runs: Dict[tuple, List[sweep.Run]] = {}
+  runs: Dict[tuple, List[sweep_table.Run]] = {}
   for entry in todo:
     run = finished_run(entry)
     if run is not None:
@@ -197,8 +207,10 @@ def collect(
   for (method, column), members in runs.items():
     for metric, _ in table.metrics:
       for _, at in readings:
-        values = [sweep.pick(*sweep.series(r, metric), at) for r in members]
-        cells[(method, column, metric, at)] = sweep.Cell(
+        values = [
+          sweep_table.pick(*sweep_table.series(r, metric), at) for r in members
+        ]
+        cells[(method, column, metric, at)] = sweep_table.Cell(
           values, [r.workdir for r in members]
         )
   return Result(cells, runs, len(todo))
@@ -253,7 +265,9 @@ def format_markdown(
     ours = []
     for (column, metric, at), _ in columns:
       cell = result.cells.get((method.name, column, metric, at))
-      ours.append(sweep.format_cell(cell, sweep.default_scale(metric), 2))
+      ours.append(
+        sweep_table.format_cell(cell, sweep_table.default_scale(metric), 2)
+      )
     theirs = table.paper_values.get(method.name) or ('',) * len(
       table.paper_columns
     )
@@ -274,10 +288,10 @@ def table_pairs(table: paper_tables.PaperTable) -> List[tuple]:
   return [(m.name, first) for m in table.methods[1:]]
 
 
-def _by_seed(runs: Sequence[sweep.Run], metric: str, at: str):
+def _by_seed(runs: Sequence[sweep_table.Run], metric: str, at: str):
   """{seed: value} of the runs that record their seed."""
   return {
-    int(r.config['seed']): sweep.pick(*sweep.series(r, metric), at)
+    int(r.config['seed']): sweep_table.pick(*sweep_table.series(r, metric), at)
     for r in runs
     if r.config.get('seed') is not None
   }
@@ -322,7 +336,7 @@ def format_paired(table, scale, result) -> List[str]:
     '|---|---|---:|---|---|',
   ]
   for method, baseline, column, metric, at, interval, _ in rows:
-    s = sweep.default_scale(metric)
+    s = sweep_table.default_scale(metric)
     if interval['n'] > 1:
       text = (
         f'{interval["mean"] * s:+.2f} [{interval["low"] * s:+.2f}, '
@@ -348,7 +362,7 @@ def format_csv(table: paper_tables.PaperTable, scale: str, result: Result):
       cell = result.cells.get((method.name, column, metric, at))
       if cell is None:
         continue
-      s = sweep.default_scale(metric)
+      s = sweep_table.default_scale(metric)
       writer.writerow(
         [
           method.name,
@@ -374,7 +388,7 @@ def plot(
   if not groups:
     return None
   metric = table.metrics[0][0]
-  return sweep.plot_groups(
+  return sweep_plot.plot_groups(
     groups,
     out,
     metric=metric,
@@ -463,7 +477,7 @@ def main(argv):
       '[--scale=cpu|paper] [--backend=local|slurm]; --list names the tables.'
     )
   table = paper_tables.find(argv[1], argv[2])
-  if 'seed' in sweep.parse_set(FLAGS.set):  # One value per key, checked.
+  if 'seed' in sweep_point.parse_set(FLAGS.set):  # One value per key, checked.
     raise ValueError('--set: seed is set by --seeds (seeds 0..N-1).')
   root = FLAGS.root or os.path.join(
     'runs', 'reproduce', f'{table.paper}_{table.table}_{FLAGS.scale}'
@@ -479,12 +493,12 @@ def main(argv):
   )
   if FLAGS.dry_run:
     for entry in todo:
-      print(sweep.point_status(entry.point), entry.point.workdir)
+      print(sweep_point.point_status(entry.point), entry.point.workdir)
     return
   failed = []
   if not FLAGS.table_only:
     check_datasets(todo)
-    outcomes = sweep.train_points(
+    outcomes = sweep_run.train_points(
       [e.point for e in todo],
       backend=FLAGS.backend,
       parallel=FLAGS.parallel,

@@ -15,11 +15,16 @@ local backend does; the usual ``launch.sweep table`` reads the workdirs.
 Job logs go to ``<root>/slurm/``. ``--slurm`` takes submitit's parameters
 (``key=value``, comma-separated: partition, timeout_min, gpus_per_node,
 cpus_per_task, mem_gb, slurm_array_parallelism, ...).
+
+This backend imports the points' module (launch/sweep_point.py), never the
+sweep that calls it.
 """
 
 import ast
 import os
 from typing import Any, Callable, Dict, Sequence
+
+from . import sweep_point
 
 
 def parse_parameters(text: str) -> Dict[str, Any]:
@@ -39,11 +44,10 @@ def parse_parameters(text: str) -> Dict[str, Any]:
 
 
 def train_point(workdir: str) -> str:
-  """A task: trains the point stored in ``workdir`` (launch.sweep's
-  `run_point`), in the task's own process; returns the workdir."""
-  from . import sweep  # pylint: disable=g-import-not-at-top
-
-  sweep.run_point(workdir)
+  """A task: trains the point stored in ``workdir`` (`sweep_point.run_point`,
+  as ``launch.sweep point`` does), in the task's own process; returns the
+  workdir."""
+  sweep_point.run_point(workdir)
   return workdir
 
 

@@ -343,9 +343,9 @@ def test_the_agent_checkpoints_and_resumes_bit_for_bit(tmp_path):
   assert len(leaves_a) == len(leaves_b)
   for x, y in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  # launch.fedppo_policy reads the same agent: its entropy and extremes
+  # benchmarks.fedppo_policy reads the same agent: its entropy and extremes
   # against a NumPy softmax of the actor at the final observation.
-  from launch import fedppo_policy
+  from benchmarks import fedppo_policy
 
   summary = fedppo_policy.policy_summary(straight)
   extra = fedppo_policy.server_extra(a)

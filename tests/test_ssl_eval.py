@@ -23,10 +23,15 @@ import numpy as np
 import pytest
 
 from configs import fedavg as fedavg_config
-from fedjax_metric import assemble, engine, paper_settings, validation
+from fedjax_metric import (
+  assemble,
+  config_io,
+  engine,
+  paper_settings,
+  validation,
+)
 from fedjax_metric import settings as common
 from fedjax_metric import train as train_lib
-from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import sources
 from fedjax_metric.evaluation import downstream, protocols, semi_supervised
 from fedjax_metric.evaluation import ssl as ssl_eval
@@ -267,7 +272,9 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
   assert saved['knn_accuracy'] == metrics['knn_accuracy']
   assert saved['overrides'][0] == 'ssl_eval.linear_epochs=1'
   with pytest.raises(ValueError, match='no field'):
-    workdir_lib.load_config(workdir, ['ssl_eval.no_such_knob=1'])
+    config_io.load_config(
+      overrides=['ssl_eval.no_such_knob=1'], workdir=workdir
+    )
   with pytest.raises(FileNotFoundError, match='saved rounds'):
     evaluate_lib.evaluate(workdir, round_=7)
 

@@ -3,7 +3,7 @@
 The examples of these datasets carry the id of the client that produced them
 (the writer of a FEMNIST character), and `partition.natural` gives one client
 per writer (Flower Datasets' `NaturalIdPartitioner` convention). Both readers
-return a `sources.ArrayDataset` whose `client_ids` ([N] int64) index its
+return a `catalog.ArrayDataset` whose `client_ids` ([N] int64) index its
 `client_names` (the writers' names, sorted), so two splits with the same
 writers number them alike; `reindex_clients` renumbers a split into another
 split's names. NumPy and the standard library only; nothing is downloaded.
@@ -38,7 +38,7 @@ import zlib
 
 import numpy as np
 
-from fedjax_metric.data import sources
+from fedjax_metric.data import catalog
 
 FEMNIST_CLASSES = 62
 LEAF_URL = 'https://github.com/TalwalkarLab/leaf'
@@ -101,7 +101,7 @@ def leaf_files(directory_or_files: PathOrPaths, split: str) -> List[str]:
     files = [os.fspath(f) for f in directory_or_files]
     absent = [f for f in files if not os.path.isfile(f)]
     if absent or not files:
-      raise sources.DatasetNotFoundError(
+      raise catalog.DatasetNotFoundError(
         f'LEAF ({split}): no such file {absent[0]!r}.'
         if absent
         else f'LEAF ({split}): an empty list of JSON files.'
@@ -111,14 +111,14 @@ def leaf_files(directory_or_files: PathOrPaths, split: str) -> List[str]:
   if os.path.isfile(path):
     return [path]
   if not os.path.isdir(path):
-    raise sources.DatasetNotFoundError(
+    raise catalog.DatasetNotFoundError(
       f'LEAF ({split}): no folder {path!r}. {_leaf_hint(path)}'
     )
   for folder in (os.path.join(path, split), os.path.join(path, 'data', split)):
     if os.path.isdir(folder):
       files = _json_in(folder)
       if not files:
-        raise sources.DatasetNotFoundError(
+        raise catalog.DatasetNotFoundError(
           f'LEAF ({split}): no .json file in {folder!r}. {_leaf_hint(path)}'
         )
       return files
@@ -126,7 +126,7 @@ def leaf_files(directory_or_files: PathOrPaths, split: str) -> List[str]:
   named = [f for f in files if f'_{split}_' in os.path.basename(f)]
   if named:
     return named
-  raise sources.DatasetNotFoundError(
+  raise catalog.DatasetNotFoundError(
     f'LEAF ({split}): found no {split}/ folder and no *_{split}_*.json file '
     f'in {path!r}. {_leaf_hint(path)}'
   )
@@ -257,13 +257,13 @@ def _read_leaf_file(path: str, num_classes: int, inverted: bool):
 
 def _assemble(
   parts: List[Tuple[str, np.ndarray, np.ndarray]], num_classes: int
-) -> sources.ArrayDataset:
+) -> catalog.ArrayDataset:
   """(name, images, labels) per client -> one `ArrayDataset` with ids."""
   names = tuple(sorted({p[0] for p in parts}))
   index = {n: i for i, n in enumerate(names)}
   if not parts:
     parts = [('', np.zeros((0, _SIDE, _SIDE, 1), np.uint8), np.zeros(0))]
-  return sources.ArrayDataset(
+  return catalog.ArrayDataset(
     np.concatenate([p[1] for p in parts]),
     np.concatenate([p[2] for p in parts]).astype(np.int32),
     num_classes,
@@ -280,7 +280,7 @@ def read_leaf(
   *,
   num_classes: int = FEMNIST_CLASSES,
   inverted: bool = True,
-) -> sources.ArrayDataset:
+) -> catalog.ArrayDataset:
   """Reads one split of a LEAF FEMNIST dataset from its JSON files.
 
   Examples come file by file (files in name order, see `leaf_files`), and in
@@ -544,7 +544,7 @@ def read_fedjax_sqlite(
   *,
   num_classes: int = FEMNIST_CLASSES,
   inverted: bool = True,
-) -> sources.ArrayDataset:
+) -> catalog.ArrayDataset:
   """Reads a FedJAX SQLite file (``federated_emnist_train.sqlite`` ...).
 
   Clients come in ``rowid`` order (FedJAX's), each one's examples in order.
@@ -568,7 +568,7 @@ def read_fedjax_sqlite(
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
-    raise sources.DatasetNotFoundError(f'{path}: no such file.')
+    raise catalog.DatasetNotFoundError(f'{path}: no such file.')
   uri = pathlib.Path(os.path.abspath(path)).as_uri() + '?mode=ro'
   parts = []
   try:
@@ -624,8 +624,8 @@ def read_fedjax_sqlite(
 
 
 def reindex_clients(
-  dataset: sources.ArrayDataset, client_names: Sequence[str]
-) -> sources.ArrayDataset:
+  dataset: catalog.ArrayDataset, client_names: Sequence[str]
+) -> catalog.ArrayDataset:
   """``dataset`` with ``client_ids`` renumbered into ``client_names``.
 
   E.g. ``reindex_clients(test, train.client_names)`` numbers the test
@@ -667,9 +667,9 @@ def _fedjax_path(name: str, split: str, directory: Optional[str]) -> str:
   where = (
     repr(directory)
     if directory
-    else f'(none: no data_dir and ${sources.ENV_VAR} unset)'
+    else f'(none: no data_dir and ${catalog.ENV_VAR} unset)'
   )
-  raise sources.DatasetNotFoundError(
+  raise catalog.DatasetNotFoundError(
     f'Dataset {name!r} ({split}): expected {base} in directory {where}. '
     f'Download it from {FEDJAX_EMNIST_URL}{base} (the file FedJAX '
     'distributes) on a machine with internet and put it in '
@@ -680,8 +680,8 @@ def _fedjax_path(name: str, split: str, directory: Optional[str]) -> str:
 
 def _leaf_dir(name: str, directory: Optional[str]) -> str:
   if not directory:
-    raise sources.DatasetNotFoundError(
-      f'Dataset {name!r}: no data_dir and ${sources.ENV_VAR} unset. '
+    raise catalog.DatasetNotFoundError(
+      f'Dataset {name!r}: no data_dir and ${catalog.ENV_VAR} unset. '
       + _leaf_hint('a directory passed as data_dir=...')
     )
   return directory
@@ -689,7 +689,7 @@ def _leaf_dir(name: str, directory: Optional[str]) -> str:
 
 def check_available(name: str, directory: Optional[str]) -> None:
   """Raises `DatasetNotFoundError` unless both splits' files are there."""
-  for split in sources.SPLITS:
+  for split in catalog.SPLITS:
     if name == 'femnist':
       leaf_files(_leaf_dir(name, directory), split)
     else:
@@ -698,7 +698,7 @@ def check_available(name: str, directory: Optional[str]) -> None:
 
 def load(
   name: str, split: str, directory: Optional[str]
-) -> sources.ArrayDataset:
+) -> catalog.ArrayDataset:
   """One split of a dataset in `DATASETS` from ``directory``."""
   if name == 'femnist':
     return read_leaf(_leaf_dir(name, directory), split)

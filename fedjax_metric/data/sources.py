@@ -17,28 +17,30 @@ read by `natural` from LEAF's JSON or FedJAX's SQLite files; their examples
 carry the writer's id (`ArrayDataset.client_ids`) for `partition.natural`.
 """
 
-import difflib
 import gzip
 import os
 import pickle
 import posixpath
 import tarfile
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 import zlib
 
 import numpy as np
 
-ENV_VAR = 'FEDJAX_METRIC_DATA_DIR'
-SPLITS = ('train', 'test')
-DATASETS = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100')
-# Built in too, with a writer id per example (fedjax_metric.data.natural).
-NATURAL_DATASETS = ('femnist', 'emnist_fedjax', 'emnist_fedjax_digits')
-# Made on demand from (seed, client id): no files, no stored examples
-# (fedjax_metric.data.synthetic, data/on_demand.py).
-GENERATED_DATASETS = ('synthetic',)
-# 'tfds:<name>' is TFDS's dataset <name> even where a built-in has the name
-# ('tfds:cifar10' reads a prepared TFDS data_dir, 'cifar10' the tarball).
-TFDS_PREFIX = 'tfds:'
+# The names, types and checks every loader shares (`catalog`), re-exported:
+# sources.ArrayDataset, sources.DatasetNotFoundError, sources.DATASETS, ...
+from fedjax_metric.data.catalog import (
+  DATASETS,
+  ENV_VAR,
+  GENERATED_DATASETS,
+  NATURAL_DATASETS,
+  SPLITS,
+  TFDS_PREFIX,
+  ArrayDataset,
+  DatasetNotFoundError,
+  check_labels,
+)
+
 DEFAULT_DIRS = {'fashion_mnist': '/usr/share/datasets/fashion-mnist'}
 # Where each dataset comes from (`fedjax_metric.datasets()`); nothing is
 # downloaded at run time.
@@ -84,29 +86,6 @@ _CIFAR = {
     100,
   ),
 }
-
-
-class DatasetNotFoundError(FileNotFoundError):
-  """The dataset's files are not on disk (they are never downloaded)."""
-
-
-class ArrayDataset(NamedTuple):
-  """A whole split held in host memory.
-
-  Attributes:
-    images: uint8 [N, H, W, C] pixels.
-    labels: int32 [N] class ids in [0, num_classes).
-    num_classes: Number of classes.
-    client_ids: None, or int64 [N], each example's writer, an index into
-      client_names (the natural datasets, `partition.natural`).
-    client_names: None, or the writers' names, for `client_ids`.
-  """
-
-  images: np.ndarray
-  labels: np.ndarray
-  num_classes: int
-  client_ids: Optional[np.ndarray] = None
-  client_names: Optional[Tuple[str, ...]] = None
 
 
 # The validation split is drawn with this seed whatever the run's seed, so
@@ -199,14 +178,14 @@ def load(
   if name == 'digits':
     ds = _load_digits(split)
   elif name in NATURAL_DATASETS:
-    from fedjax_metric.data import natural  # Imports this module.
+    from fedjax_metric.data import natural  # Lazy: SQLite, JSON readers.
 
     ds = natural.load(name, split, _resolve_dir(name, data_dir))
   elif name in ('mnist', 'fashion_mnist'):
     ds = _load_idx_dataset(name, split, _resolve_dir(name, data_dir))
   else:
     ds = _load_cifar(name, split, _resolve_dir(name, data_dir))
-  _check_labels(ds.labels, ds.num_classes, f'{name}/{split}')
+  check_labels(ds.labels, ds.num_classes, f'{name}/{split}')
   return ds
 
 
@@ -248,7 +227,7 @@ def check_available(name: str, data_dir: Optional[str] = None) -> None:
   if name == 'digits' or name in GENERATED_DATASETS:
     return
   if name in NATURAL_DATASETS:
-    from fedjax_metric.data import natural  # Imports this module.
+    from fedjax_metric.data import natural  # Lazy: SQLite, JSON readers.
 
     natural.check_available(name, _resolve_dir(name, data_dir))
   elif name in ('mnist', 'fashion_mnist'):
@@ -265,22 +244,6 @@ def check_available(name: str, data_dir: Optional[str] = None) -> None:
     tfds_source.check_available(tfds_name(name), data_dir)
 
 
-def _not_built_in(name: str) -> str:
-  """The start of an error about a TFDS name, with a guess at a built-in one
-  where the name looks like a typo of it."""
-  if name in DATASETS:  # Asked for as tfds:<name>.
-    return (
-      f"Dataset {TFDS_PREFIX}{name} is TFDS's {name} (the built-in loader "
-      f'is plain {name!r}). '
-    )
-  built_in = DATASETS + NATURAL_DATASETS
-  close = difflib.get_close_matches(
-    name.lower().replace('-', '_'), built_in, n=1
-  )
-  guess = f'Did you mean {close[0]!r}? ' if close else ''
-  return f'Dataset {name!r} is not built in ({", ".join(built_in)}). {guess}'
-
-
 def _resolve_dir(name: str, data_dir: Optional[str]) -> Optional[str]:
   """Explicit dir, else $FEDJAX_METRIC_DATA_DIR/name, else the default (may be None)."""
   if data_dir is not None:
@@ -288,14 +251,6 @@ def _resolve_dir(name: str, data_dir: Optional[str]) -> Optional[str]:
   if os.environ.get(ENV_VAR):
     return os.path.join(os.environ[ENV_VAR], name)
   return DEFAULT_DIRS.get(name)
-
-
-def _check_labels(labels: np.ndarray, num_classes: int, source: str) -> None:
-  if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(
-      f'{source}: labels must lie in [0, {num_classes}), found '
-      f'range [{labels.min()}, {labels.max()}].'
-    )
 
 
 # ---------------------------------------------------------------- digits ----

@@ -4,22 +4,41 @@
 already prepared (``tfds build NAME --file_format=array_record``); nothing is
 downloaded. The array_record format is read without TensorFlow. Called by
 `sources.load` / `sources.check_available` for any name not in
-`sources.DATASETS`.
+`sources.DATASETS`; imports only `catalog`, never `sources`.
 """
 
+import difflib
 import importlib.util
 import os
 from typing import Optional, Tuple
 
 import numpy as np
 
-from fedjax_metric.data.sources import (
+from fedjax_metric.data.catalog import (
+  DATASETS,
   ENV_VAR,
+  NATURAL_DATASETS,
+  TFDS_PREFIX,
   ArrayDataset,
   DatasetNotFoundError,
-  _check_labels,
-  _not_built_in,
+  check_labels,
 )
+
+
+def _not_built_in(name: str) -> str:
+  """The start of an error about a TFDS name, with a guess at a built-in one
+  where the name looks like a typo of it."""
+  if name in DATASETS:  # Asked for as tfds:<name>.
+    return (
+      f"Dataset {TFDS_PREFIX}{name} is TFDS's {name} (the built-in loader "
+      f'is plain {name!r}). '
+    )
+  built_in = DATASETS + NATURAL_DATASETS
+  close = difflib.get_close_matches(
+    name.lower().replace('-', '_'), built_in, n=1
+  )
+  guess = f'Did you mean {close[0]!r}? ' if close else ''
+  return f'Dataset {name!r} is not built in ({", ".join(built_in)}). {guess}'
 
 
 def check_available(name: str, data_dir: Optional[str] = None) -> None:
@@ -122,7 +141,7 @@ def load(name: str, split: str, data_dir: Optional[str]) -> ArrayDataset:
     images, labels = _read_with_tensorflow(builder, name, split, file_format)
   num_classes = int(info.features[label_key].num_classes)
   labels = np.asarray(labels, dtype=np.int32)
-  _check_labels(labels, num_classes, f'{name}/{split}')
+  check_labels(labels, num_classes, f'{name}/{split}')
   return ArrayDataset(np.asarray(images, dtype=np.uint8), labels, num_classes)
 
 

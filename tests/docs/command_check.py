@@ -44,7 +44,7 @@ def load(module):
 
 
 def check(module, namespace, parser, args):
-  from fedjax_metric import validation  # pylint: disable=g-import-not-at-top
+  from fedjax_metric import overrides, validation  # pylint: disable=g-import-not-at-top
   from fedjax_metric.data import sources  # pylint: disable=g-import-not-at-top
 
   # Whether this machine holds the datasets is not the documents' concern.
@@ -62,10 +62,11 @@ def check(module, namespace, parser, args):
     if module == 'launch.main':
       validation.validate(flags.FLAGS.config)
     elif module == 'launch.sweep' and rest[1:2] == ['run']:
-      assignments = namespace['parse_assignments']
-      fixed = {k: v[0] for k, v in assignments(flags.FLAGS.set)}
       points = namespace['make_points'](
-        'root', flags.FLAGS.config, fixed, assignments(flags.FLAGS.grid)
+        'root',
+        flags.FLAGS.config,
+        overrides.assignments(flags.FLAGS.set),
+        overrides.parse_assignments(flags.FLAGS.grid),
       )
       for point in points:
         validation.validate(namespace['resolve'](point.spec, point.overrides))

@@ -7,7 +7,7 @@ times N, and the Spearman rank correlations of pi with the clients'
 participation probabilities p_n (participation.json) and with their last
 local accuracies s[1:] (p_n only under a participation pattern).
 
-  python -m launch.fedppo_policy runs/fedppo/fedppo_*/seed=*
+  python -m benchmarks.fedppo_policy runs/fedppo/fedppo_*/seed=*
 """
 
 import json

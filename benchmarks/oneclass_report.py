@@ -13,7 +13,7 @@ Reads the workdirs that the README's commands write under a root
 and prints the markdown tables; writes the lambda sweep, the s sweep and the
 AUROC-vs-round curves as PNGs.
 
-  python -m launch.oneclass_report --root=runs/oneclass --out=docs/results
+  python -m benchmarks.oneclass_report --root=runs/oneclass --out=docs/results
 """
 
 import glob

@@ -1,0 +1,147 @@
+"""No import cycle among the modules of fedjax_metric/ and launch/.
+
+Every import counts, a function's lazy one too: a cycle hidden in a function
+still ties two modules together (each needs the other to be understood,
+moved or tested). The graph is read from the source (`ast`), nothing is
+imported. ``python tests/test_imports.py`` prints the graph's size and its
+cycles (strongly connected components).
+"""
+
+import ast
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ('fedjax_metric', 'launch')
+
+
+def modules(root=REPO, packages=PACKAGES):
+  """``{dotted name: (path, is_package)}`` of every module under the
+  packages (a package by its ``__init__.py``)."""
+  found = {}
+  for package in packages:
+    for directory, subdirs, files in os.walk(os.path.join(root, package)):
+      subdirs[:] = sorted(d for d in subdirs if d != '__pycache__')
+      for name in sorted(f for f in files if f.endswith('.py')):
+        path = os.path.join(directory, name)
+        parts = os.path.relpath(path, root)[: -len('.py')].split(os.sep)
+        is_package = parts[-1] == '__init__'
+        found['.'.join(parts[:-1] if is_package else parts)] = (
+          path,
+          is_package,
+        )
+  return found
+
+
+def _known(name, found):
+  """``name`` or its closest enclosing module in ``found``; None outside."""
+  while name and name not in found:
+    name = name.rpartition('.')[0]
+  return name or None
+
+
+def import_graph(found):
+  """``{module: modules it imports}``, within ``found``. ``from a import b``
+  is an edge to module ``a.b`` when it is one, else to ``a``."""
+  graph = {name: set() for name in found}
+  for name, (path, is_package) in found.items():
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+    package = name if is_package else name.rpartition('.')[0]
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ''
+        if node.level:
+          up = package.split('.')
+          up = up[: len(up) - (node.level - 1)]
+          base = '.'.join(up + ([node.module] if node.module else []))
+        targets = [
+          f'{base}.{a.name}' if f'{base}.{a.name}' in found else base
+          for a in node.names
+        ]
+      else:
+        continue
+      graph[name] |= {_known(t, found) for t in targets} - {None, name}
+  return graph
+
+
+def cycles(graph):
+  """The strongly connected components of more than one module (Tarjan's
+  algorithm, iterative), each sorted."""
+  index, low, on_stack, stack, out = {}, {}, set(), [], []
+  for start in sorted(graph):
+    if start in index:
+      continue
+    work = [(start, iter(sorted(graph[start])))]
+    index[start] = low[start] = len(index)
+    stack.append(start)
+    on_stack.add(start)
+    while work:
+      node, edges = work[-1]
+      child = next(edges, None)
+      if child is None:
+        work.pop()
+        if work:
+          low[work[-1][0]] = min(low[work[-1][0]], low[node])
+        if low[node] == index[node]:
+          component = []
+          while True:
+            member = stack.pop()
+            on_stack.discard(member)
+            component.append(member)
+            if member == node:
+              break
+          if len(component) > 1:
+            out.append(sorted(component))
+      elif child not in index:
+        index[child] = low[child] = len(index)
+        stack.append(child)
+        on_stack.add(child)
+        work.append((child, iter(sorted(graph[child]))))
+      elif child in on_stack:
+        low[node] = min(low[node], index[child])
+  return sorted(out)
+
+
+def test_no_import_cycle():
+  graph = import_graph(modules())
+  assert {'launch.sweep', 'fedjax_metric.data.sources'} <= set(graph)
+  assert 'launch.sweep_slurm' in graph['launch.sweep']  # Edges are read.
+  found = cycles(graph)
+  assert not found, (
+    f'import cycles (each a set of modules that import each other): {found}'
+  )
+
+
+def test_cycles_are_found():
+  """The check itself: a cycle through three modules, and one through a
+  lazy (function-level) relative import, are reported."""
+  assert cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [
+    ['a', 'b', 'c']
+  ]
+  assert cycles({'a': {'b'}, 'b': set()}) == []
+
+
+def test_lazy_relative_imports_are_edges(tmp_path):
+  package = tmp_path / 'pkg'
+  package.mkdir()
+  (package / '__init__.py').write_text('')
+  (package / 'a.py').write_text('from . import b\n')
+  (package / 'b.py').write_text('def f():\n  from .a import x\n')
+  found = modules(str(tmp_path), ('pkg',))
+  assert cycles(import_graph(found)) == [['pkg.a', 'pkg.b']]
+
+
+if __name__ == '__main__':
+  graph = import_graph(modules())
+  print(
+    f'{len(graph)} modules, {sum(map(len, graph.values()))} imports among '
+    f'them, under {", ".join(PACKAGES)}/'
+  )
+  found = cycles(graph)
+  for component in found:
+    print('cycle:', ' <-> '.join(component))
+  print(f'{len(found)} cycle(s)')
+  sys.exit(1 if found else 0)
