@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-min docs-check lint bench install clean
+.PHONY: demo test test-all test-min docs-check lint bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,12 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# The quick tier: every module and test function, a seeded sample of each
+# parametrized function's cases (tests/conftest.py); test-all: every case.
 test: $(STAMP)
+	$(PY) -m pytest -q -n auto --dist worksteal --quick tests
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist worksteal tests
 
 # The suite's core on the lowest supported versions (.ci/min_versions.txt,

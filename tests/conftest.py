@@ -83,3 +83,74 @@ os.environ.update(
 jax.config.update('jax_num_cpu_devices', 4)
 jax.config.update('jax_default_matmul_precision', 'highest')
 jax.config.update('jax_disable_most_optimizations', True)
+
+
+# The quick tier (`make test`, `pytest --quick`): every test module and every
+# test function runs, but a function parametrized over many cases keeps a
+# sample of them, drawn with a fixed seed, as JAX's own suite does with
+# JAX_NUM_GENERATED_CASES; `make test-all` (CI) runs every case. A function
+# marked `every_case` keeps all its cases in the quick tier too (e.g. one
+# check that each registered algorithm builds), and one marked `slow` leaves
+# the quick tier (it must have a quicker sibling in its module).
+QUICK_CASES_ENV = 'FEDJAX_METRIC_NUM_GENERATED_CASES'
+QUICK_CASES_DEFAULT = 2
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+    '--quick',
+    action='store_true',
+    help='The quick tier: a seeded sample of each parametrized test '
+    f"function's cases (${QUICK_CASES_ENV}, default "
+    f'{QUICK_CASES_DEFAULT}); tests marked slow left out.',
+  )
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+    'markers', 'every_case: keep all parametrized cases in the quick tier'
+  )
+  config.addinivalue_line(
+    'markers', 'slow: left out of the quick tier (make test-all runs it)'
+  )
+
+
+def quick_sample(items, cases_per_function: int):
+  """The quick tier's items: per test function (module + name), all of an
+  unparametrized or `every_case` function, else ``cases_per_function`` of
+  its cases chosen by a generator seeded from the function's id (the same
+  choice on every machine and run, and under xdist in every worker, which
+  collects alike); `slow` items dropped. Order is kept."""
+  import random  # pylint: disable=g-import-not-at-top
+  import zlib  # pylint: disable=g-import-not-at-top
+
+  groups = {}
+  for item in items:
+    key = item.nodeid.split('[', 1)[0]
+    groups.setdefault(key, []).append(item)
+  keep = set()
+  for key, members in groups.items():
+    members = [m for m in members if m.get_closest_marker('slow') is None]
+    parametrized = len(members) > 1 or any('[' in m.nodeid for m in members)
+    if (
+      not parametrized
+      or len(members) <= cases_per_function
+      or any(m.get_closest_marker('every_case') for m in members)
+    ):
+      keep.update(id(m) for m in members)
+      continue
+    rng = random.Random(zlib.crc32(key.encode()))
+    keep.update(id(m) for m in rng.sample(members, cases_per_function))
+  return [item for item in items if id(item) in keep]
+
+
+def pytest_collection_modifyitems(config, items):
+  if not config.getoption('--quick'):
+    return
+  cases = int(os.environ.get(QUICK_CASES_ENV, QUICK_CASES_DEFAULT))
+  kept = quick_sample(items, cases)
+  kept_ids = {id(item) for item in kept}
+  deselected = [item for item in items if id(item) not in kept_ids]
+  if deselected:
+    config.hook.pytest_deselected(items=deselected)
+  items[:] = kept

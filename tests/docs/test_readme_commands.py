@@ -27,7 +27,8 @@ FASHION_MNIST = '/usr/share/datasets/fashion-mnist'
 # Commands not run here, each with the test or target that covers it.
 NOT_RUN = {
   'make demo': 'launch.main on configs/fedavg.py, as the commands below',
-  'make test': 'the test suite itself',
+  'make test': 'the test suite itself (its quick tier)',
+  'make test-all': 'the test suite itself; CI runs it (.ci/run)',
   'make lint': 'CI runs it (.ci/run)',
   'pip install': 'tests/test_package.py installs the built wheel',
   'reproduce': 'whole paper tables; tests/test_reproduce.py plans every '

@@ -1,0 +1,87 @@
+"""The quick tier (`make test`): a seeded sample of each parametrized test
+function's cases, every function kept, `slow` left out, `every_case` whole."""
+
+import os
+import subprocess
+import sys
+
+import conftest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Item:
+  def __init__(self, nodeid, *markers):
+    self.nodeid = nodeid
+    self._markers = set(markers)
+
+  def get_closest_marker(self, name):
+    return name if name in self._markers else None
+
+
+def _items():
+  return (
+    [_Item('tests/test_a.py::test_plain')]
+    + [_Item(f'tests/test_a.py::test_many[{i}]') for i in range(10)]
+    + [_Item(f'tests/test_a.py::test_all[{i}]', 'every_case') for i in range(4)]
+    + [_Item('tests/test_b.py::test_slow', 'slow')]
+    + [_Item(f'tests/test_b.py::test_two[{i}]') for i in range(2)]
+  )
+
+
+def test_every_function_kept_with_a_sample_of_its_cases():
+  kept = [i.nodeid for i in conftest.quick_sample(_items(), 3)]
+  many = [k for k in kept if '::test_many[' in k]
+  assert len(many) == 3
+  assert 'tests/test_a.py::test_plain' in kept
+  assert sum('::test_all[' in k for k in kept) == 4
+  assert sum('::test_two[' in k for k in kept) == 2
+  assert 'tests/test_b.py::test_slow' not in kept
+  # Order is the collection's, and the sample is the same on every call
+  # (xdist's workers must collect the same items).
+  order = [i.nodeid for i in _items()]
+  assert kept == sorted(kept, key=order.index)
+  assert kept == [i.nodeid for i in conftest.quick_sample(_items(), 3)]
+
+
+def test_each_function_draws_its_own_sample():
+  """Seeded by the function's id: not one fixed set of case indices for
+  every function (which would never run some cases anywhere)."""
+  picks = set()
+  for name in range(20):
+    items = [_Item(f'tests/test_c.py::test_f{name}[{i}]') for i in range(10)]
+    kept = conftest.quick_sample(items, 3)
+    picks.add(tuple(k.nodeid.split('[')[1] for k in kept))
+  assert len(picks) > 5
+
+
+def test_pytest_quick_deselects_cases_and_keeps_every_module():
+  """Collection with --quick: fewer items, no module lost."""
+
+  def collect(*extra):
+    done = subprocess.run(
+      [
+        sys.executable,
+        '-m',
+        'pytest',
+        '-q',
+        '--collect-only',
+        '-p',
+        'no:xdist',
+        *extra,
+        'tests/test_quick_tier.py',
+        'tests/test_paired.py',
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [l for l in done.stdout.splitlines() if '::' in l]
+
+  everything, quick = collect(), collect('--quick')
+  assert set(quick) <= set(everything)
+  modules = lambda ids: {i.split('::')[0] for i in ids}
+  assert modules(quick) == modules(everything)
