@@ -444,6 +444,8 @@ needs_production_xla = pytest.mark.skipif(
 )
 
 
+# Slow (a pytest subprocess over every stateful algorithm): make test-all.
+@pytest.mark.slow
 def test_bit_identity_runs_under_production_xla():
   if not conftest.SUITE_XLA_FLAGS:
     pytest.skip('the suite already uses the production emitters')

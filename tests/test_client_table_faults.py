@@ -143,7 +143,11 @@ KILLS = {
 }
 
 
-@pytest.mark.parametrize('placement', ['host', 'disk'])
+# The host table's kills are the slow half (make test-all); the disk's,
+# which cover the scatter too, stay in the quick tier.
+@pytest.mark.parametrize(
+  'placement', [pytest.param('host', marks=pytest.mark.slow), 'disk']
+)
 def test_killed_anywhere_it_resumes_bit_identical(
   tmp_path, jax_cache, placement
 ):

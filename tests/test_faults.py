@@ -134,6 +134,8 @@ def straight(tmp_path_factory):
   return workdir, train.run(four_rounds(), workdir)
 
 
+# Slow (several killed subprocesses): make test-all.
+@pytest.mark.slow
 def test_signals_kill_and_a_truncated_checkpoint_resume_to_the_same_run(
   tmp_path, jax_cache, capsys, straight
 ):

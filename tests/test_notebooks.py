@@ -131,6 +131,8 @@ def test_broken_quickstart_cell_fails(tiny_env, tmp_path):
   assert not (tiny_env / 'fedavg').exists()  # Nothing after it ran.
 
 
+# Slow (the whole notebook; the quickstart stays in the quick tier): make test-all.
+@pytest.mark.slow
 def test_one_class_runs_on_tiny_settings(tiny_env, tmp_path):
   proc = run_notebook('one_class', tmp_path)
   for name in ('fedmetric', 'fedaws', 'feduv'):
@@ -157,6 +159,8 @@ def test_one_class_runs_on_tiny_settings(tiny_env, tmp_path):
     assert_png(tiny_env / png)
 
 
+# Slow (the whole notebook; the quickstart stays in the quick tier): make test-all.
+@pytest.mark.slow
 def test_participation_runs_on_tiny_settings(tiny_env, tmp_path):
   proc = run_notebook('participation', tmp_path)
   for pattern in ('bernoulli', 'markov', 'cyclic'):
@@ -189,6 +193,8 @@ def test_participation_runs_on_tiny_settings(tiny_env, tmp_path):
     assert_png(tiny_env / png)
 
 
+# Slow (the whole notebook; the quickstart stays in the quick tier): make test-all.
+@pytest.mark.slow
 def test_unsupervised_runs_on_tiny_settings(tiny_env, tmp_path):
   proc = run_notebook('unsupervised', tmp_path)
   for name in ('fedalignuniform', 'ssd'):

@@ -44,6 +44,8 @@ def test_fedau_gets_the_participation_mean_of_c_over_n():
   assert config.model.name == 'logistic_regression'
 
 
+# Slow (a study of real runs in subprocesses): make test-all.
+@pytest.mark.slow
 def test_the_dry_run_study_runs_resumes_and_writes_its_outputs(tmp_path):
   out = tmp_path / 'out'
   command = [
@@ -113,6 +115,8 @@ def test_a_failing_point_is_reported_not_raised(tmp_path):
   assert '|' in scale.table([result], device='d', command='c')
 
 
+# Slow (the whole notebook): make test-all.
+@pytest.mark.slow
 def test_notebook_runs_on_tiny_settings(tmp_path):
   proc = run_cells(notebook_code_cells(), tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -82,6 +82,8 @@ def test_train_run_refuses_a_held_workdir_and_writes_nothing(
   assert [r['round'] for r in read_metrics(tmp_path)] == [1, 2]
 
 
+# Slow (two real runs race): make test-all.
+@pytest.mark.slow
 def test_two_runs_started_together_have_one_writer(tmp_path):
   """The fault trial's case: two runs 0.5 s apart on one workdir."""
   command = [
