@@ -3,8 +3,9 @@
 Every import counts, a function's lazy one too: a cycle hidden in a function
 still ties two modules together (each needs the other to be understood,
 moved or tested). The graph is read from the source (`ast`), nothing is
-imported. ``python tests/test_imports.py`` prints the graph's size and its
-cycles (strongly connected components).
+imported. ``python tests/test_imports.py`` prints the graph's size, its
+cycles (strongly connected components) and, without one, its layers: the
+longest import chain, of modules and of rooms (folders).
 """
 
 import ast
@@ -105,6 +106,43 @@ def cycles(graph):
   return sorted(out)
 
 
+def rooms(graph, depth=2):
+  """The graph with each module folded into its package at ``depth``
+  dotted parts (``fedjax_metric.data.sources`` -> ``fedjax_metric.data``;
+  ``launch.sweep`` -> ``launch`` at depth 1 for launch/): a folder is one
+  room, as a reader sees the layout. Self-edges dropped."""
+
+  def room(name):
+    parts = name.split('.')
+    keep = 1 if parts[0] == 'launch' else depth
+    return '.'.join(parts[:keep])
+
+  out = {}
+  for name, targets in graph.items():
+    out.setdefault(room(name), set()).update(room(t) for t in targets)
+  for name, targets in out.items():
+    targets.discard(name)
+  return out
+
+
+def layers(graph):
+  """The longest import chain, counted in modules (a module importing
+  nothing is layer 1): how many floors the layout stands on. Needs an
+  acyclic graph."""
+  depth = {}
+
+  def floor(name, seen=()):
+    if name not in depth:
+      if name in seen:
+        raise ValueError(f'cycle through {name}')
+      depth[name] = 1 + max(
+        (floor(t, seen + (name,)) for t in graph[name]), default=0
+      )
+    return depth[name]
+
+  return max(map(floor, graph), default=0)
+
+
 def test_no_import_cycle():
   graph = import_graph(modules())
   assert {'launch.sweep', 'fedjax_metric.data.sources'} <= set(graph)
@@ -122,6 +160,13 @@ def test_cycles_are_found():
     ['a', 'b', 'c']
   ]
   assert cycles({'a': {'b'}, 'b': set()}) == []
+
+
+def test_layers_count_the_longest_chain_of_rooms():
+  assert layers({'a': {'b'}, 'b': {'c'}, 'c': set(), 'd': {'c'}}) == 3
+  folded = rooms({'p.x.a': {'p.x.b', 'p.y'}, 'p.x.b': set(), 'p.y': set()})
+  assert folded == {'p.x': {'p.y'}, 'p.y': set()}
+  assert layers(folded) == 2
 
 
 def test_lazy_relative_imports_are_edges(tmp_path):
@@ -144,4 +189,11 @@ if __name__ == '__main__':
   for component in found:
     print('cycle:', ' <-> '.join(component))
   print(f'{len(found)} cycle(s)')
+  if not found:
+    folded = rooms(graph)
+    print(
+      f'{layers(graph)} layers of modules; {layers(folded)} layers of '
+      f'{len(folded)} rooms (a subpackage, launch/ and each top-level '
+      'module one room)'
+    )
   sys.exit(1 if found else 0)
