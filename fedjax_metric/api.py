@@ -119,7 +119,7 @@ def run(
   if temporary:
     workdir = tempfile.mkdtemp(prefix='fedjax_metric_')
   try:
-    summary = train.run(config, workdir)
+    trained = train.train(config, workdir)
   except BaseException as e:
     if temporary:
       if os.path.isdir(workdir) and not os.listdir(workdir):
@@ -129,8 +129,16 @@ def run(
     if isinstance(e, Exception):
       _python_names(e)
     raise
-  result = load_run(workdir)
-  return result._replace(summary=summary)
+  if trained.variables is None:  # Not finished here: from the checkpoint.
+    return load_run(workdir)._replace(summary=trained.summary)
+  history = metrics_log.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
+  return RunResult(
+    history=history,
+    final=history[-1] if history else {},
+    variables=trained.variables,
+    workdir=workdir,
+    summary=trained.summary,
+  )
 
 
 def datasets() -> Dict[str, str]:

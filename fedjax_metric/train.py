@@ -31,7 +31,7 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import jax
 import ml_collections
@@ -58,6 +58,21 @@ from fedjax_metric.evaluation import protocols
 say = workdir_lib.say
 
 
+class Trained(NamedTuple):
+  """What `train` returns.
+
+  Attributes:
+    summary: as `run` returns it.
+    variables: the final global model's variables (this process's copy);
+      None when
+      the run did not end here (stopped early, or finished by an earlier
+      call), so that a caller reads them from the checkpoint instead.
+  """
+
+  summary: Dict[str, Any]
+  variables: Any
+
+
 def run(
   config: ml_collections.ConfigDict,
   workdir: str,
@@ -77,6 +92,18 @@ def run(
     stopped early) it has ``stopped_by`` (the signal's name) and no
     summary.json is written.
   """
+  return train(config, workdir, stop_after_round=stop_after_round).summary
+
+
+def train(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  stop_after_round: Optional[int] = None,
+) -> Trained:
+  """`run`, also returning the final variables it holds (`Trained`): the
+  Python API's result needs them, and rebuilding the run from its
+  checkpoint to read them would build data, model and client table twice."""
   with (
     executors.matmul_precision(config.precision),
     faults.StopSignals() as stop,
@@ -104,7 +131,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   workdir_lib.check_resume_config(workdir, config)
   finished = workdir_lib.check_rounds(workdir, config)
   if finished is not None:
-    return finished
+    return Trained(finished, None)
 
   # ----- Data, partition, model, algorithm; the executor. -----
   choice = executors.choose_executor(
@@ -421,6 +448,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   }
   if stopped_by is not None:
     summary['stopped_by'] = stopped_by
+  variables = None
   if rounds_completed == config.num_rounds:
     state = sharding.local_copy((server_state, table_for_evaluation()))
     if evaluator.headline not in summary:  # Resumed at the very end.
@@ -428,4 +456,5 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     summary.update(evaluator.final(*state))
     if chief:
       workdir_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
-  return summary
+    variables = state[0].variables
+  return Trained(summary, variables)
