@@ -692,20 +692,28 @@ def table(flags):
         f'| {m} | {s} | {fmt(r["ema"][100])} | {fmt(r["acc"][100])} | '
         f'{fmt(float(np.mean([r["acc"][k] for k in range(96, 101)])))} |'
       )
-  for key, label in (('ema', 'EMA @100'), ('last5', 'mean 96-100'), ('raw', 'raw @100')):
+  for key, label in (
+    ('ema', 'EMA @100'),
+    ('last5', 'mean 96-100'),
+    ('raw', 'raw @100'),
+  ):
     d = []
     for s in (0, 1, 2):
       a, b = runs[('fedavg', s)], runs[('fedrcl', s)]
       if a and b and a['done'] >= 100 and b['done'] >= 100:
         val = lambda r: (
-          r['ema'][100] if key == 'ema' else r['acc'][100] if key == 'raw'
+          r['ema'][100]
+          if key == 'ema'
+          else r['acc'][100]
+          if key == 'raw'
           else float(np.mean([r['acc'][k] for k in range(96, 101)]))
         )
         d.append(val(b) - val(a))
     if d:
       iv = paired_interval(d)
       print(
-        f'FedRCL - FedAvg, {label}: ' + ' / '.join(f'{x:+.2f}' for x in d)
+        f'FedRCL - FedAvg, {label}: '
+        + ' / '.join(f'{x:+.2f}' for x in d)
         + f'; mean {iv["mean"]:+.2f} [{iv["low"]:+.2f}, {iv["high"]:+.2f}] (n={iv["n"]})'
       )
   inexact = [k for k, r in runs.items() if r and not r['exact']]
