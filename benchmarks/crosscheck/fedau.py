@@ -150,7 +150,7 @@ ROUNDS_RUNS = (
 # Stubs and module handling.
 # ---------------------------------------------------------------------------
 
-_AUTHOR_MODULES = (
+AUTHOR_MODULES = (
   'config',
   'util',
   'util.util',
@@ -187,9 +187,9 @@ def _install_torchvision_stub():
   sys.modules['torchvision.transforms'] = tv.transforms
 
 
-def _fresh_author_modules(repo, argv):
+def fresh_author_modules(repo, argv):
   """Forgets the authors' modules (config.py parses sys.argv on import)."""
-  for name in _AUTHOR_MODULES:
+  for name in AUTHOR_MODULES:
     sys.modules.pop(name, None)
   sys.argv = ['main.py'] + list(argv)
   if repo not in sys.path:
@@ -223,7 +223,7 @@ class Recorder:
 
 def _run_main(repo, argv, *, images, labels, model_module=None, sampler=None):
   """Runs main.py once; returns (module globals, recorded w_global list)."""
-  _fresh_author_modules(repo, argv)
+  fresh_author_modules(repo, argv)
   train = StubDataset(images, labels)
   _stub_module('dataset.dataset', load_data=lambda *a, **k: (train, train))
   _stub_module('statistic.collect_stat', CollectStatistics=Recorder)
@@ -284,7 +284,7 @@ def _same_state(a, b):
 
 
 def participation_part(repo):
-  _fresh_author_modules(repo, ['-data', 'fashion', '-gpu', '0'])
+  fresh_author_modules(repo, ['-data', 'fashion', '-gpu', '0'])
   import util.util as util
 
   labels = np.random.default_rng(0).integers(0, PART_CLASSES, PART_EXAMPLES)

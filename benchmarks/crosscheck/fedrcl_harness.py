@@ -60,8 +60,13 @@ class _EmptyModule(types.ModuleType):
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """Imports of the top-level packages in ``stubbed`` give empty modules."""
+
+  def __init__(self, stubbed=IMPORT_ONLY):
+    self.stubbed = tuple(stubbed)
+
   def find_spec(self, fullname, path, target=None):
-    if fullname.split('.')[0] in IMPORT_ONLY:
+    if fullname.split('.')[0] in self.stubbed:
       return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
     return None
 
@@ -74,10 +79,11 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     pass
 
 
-def add_repo(repo):
-  """Puts the checkout at ``repo`` first on sys.path, import stubs on."""
+def add_repo(repo, stubbed=IMPORT_ONLY):
+  """Puts the checkout at ``repo`` first on sys.path, with the packages in
+  ``stubbed`` imported as empty modules."""
   if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _StubFinder())
+    sys.meta_path.insert(0, _StubFinder(stubbed))
   sys.path.insert(0, os.path.abspath(repo))
 
 

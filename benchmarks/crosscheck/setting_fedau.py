@@ -110,19 +110,6 @@ WIDTH = 16
 EMBEDDING_DIM = 4 * WIDTH
 NUM_CLASSES = 10
 
-_AUTHOR_MODULES = (
-  'config',
-  'util',
-  'util.util',
-  'model',
-  'model.model',
-  'model.cnn_mnist',
-  'dataset',
-  'dataset.dataset',
-  'statistic',
-  'statistic.collect_stat',
-)
-
 
 # ---------------------------------------------------------------------------
 # Fashion-MNIST from the IDX files, scaled as our pipeline scales it.
@@ -273,6 +260,11 @@ def author_argv(weighting, seed, iters_total):
 def run_one(repo, weighting, seed, rounds, out_dir, load_data, scaling):
   import torch
 
+  # The golden fixture's driver, beside this file (it imports torch, which
+  # `summarize`'s environment lacks: imported here, not at the top).
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import fedau as golden  # pylint: disable=g-import-not-at-top
+
   torch.set_num_threads(1)
   work = os.path.join(out_dir, 'work', f'{weighting}_seed{seed}')
   os.makedirs(work, exist_ok=True)
@@ -282,13 +274,9 @@ def run_one(repo, weighting, seed, rounds, out_dir, load_data, scaling):
   iters_total = rounds * ITERS_PER_ROUND
   argv = author_argv(weighting, seed, iters_total)
 
-  for name in _AUTHOR_MODULES:
-    sys.modules.pop(name, None)
-  sys.argv = ['main.py'] + argv
-  if repo not in sys.path:
-    sys.path.insert(0, repo)
-  tv = _stub_module('torchvision')
-  tv.transforms = _stub_module('torchvision.transforms')
+  # Their modules forgotten, argv theirs, torchvision stubbed: as the
+  # golden fixture's driver does (benchmarks/crosscheck/fedau.py).
+  golden.fresh_author_modules(repo, argv)
   _stub_module('dataset.dataset', load_data=load_data)
   _stub_module('model.cnn_mnist', ModelCNNMnist=make_small_cnn_class())
 

@@ -98,8 +98,6 @@ This script does not import fedjax_metric.
 
 import argparse
 import copy
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import json
 import logging
@@ -145,21 +143,6 @@ OURS_SUMMARY = {
 }
 
 
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-  def find_spec(self, fullname, path, target=None):
-    if fullname.split('.')[0] in IMPORT_ONLY:
-      return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-    return None
-
-  def create_module(self, spec):
-    module = harness._EmptyModule(spec.name)
-    module.__path__ = []
-    return module
-
-  def exec_module(self, module):
-    pass
-
-
 def load_torchvision():
   """torchvision's pure-Python packages without its __init__ (see the
   module docstring): a package module whose __path__ is the installed one."""
@@ -181,9 +164,7 @@ def load_torchvision():
 
 def add_repo(repo):
   load_torchvision()
-  if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _StubFinder())
-  sys.path.insert(0, os.path.abspath(repo))
+  harness.add_repo(repo, stubbed=IMPORT_ONLY)  # torchvision and PIL real
 
 
 # ----------------------------------------------------------------- model --
