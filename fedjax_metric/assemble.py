@@ -226,7 +226,7 @@ def build_algorithm(
       weighting=s.weighting,
       **kwargs,
     )
-  except TypeError as e:
+  except TypeError as e:  # A legacy factory's keywords (spec: ValueError).
     raise ValueError(
       f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
       f'{config.algorithm!r}: {e}'

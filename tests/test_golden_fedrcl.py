@@ -522,7 +522,7 @@ def fedagm_rounds(
   server = optimizers.make_server_optimizer(
     'fedagm', momentum=float(g[f'{p}/momentum'])
   )
-  alg = fedavg.make(fx.linear(), server_optimizer=server, weighting=weighting)
+  alg = fedavg.build(fx.linear(), server_optimizer=server, weighting=weighting)
   if lookahead:
     # Their loss adds w * ||theta - received||^2: beta / 2 = w.
     beta = 2 * float(g[f'{p}/prox_weight']) if beta is None else beta

@@ -184,7 +184,7 @@ def _fedhyper_round_models(fixture, case, *, local, momentum):
     }
   }
   server = optimizers.make_server_optimizer('fedhyper')
-  alg = fedavg.make(model, server_optimizer=server, weighting='uniform')
+  alg = fedavg.build(model, server_optimizer=server, weighting='uniform')
   if local:
     alg = fedhyper.schedule_local(
       alg,

@@ -76,7 +76,7 @@ def make(
       f'eps must be >= 0, got {eps} (--config.algorithm_kwargs.eps).'
     )
   dim = common.embedding_dim(model)
-  base = fedavg.make(model, server_optimizer=server_optimizer)
+  base = fedavg.build(model, server_optimizer=server_optimizer)
 
   def init_client(variables, key):
     del key

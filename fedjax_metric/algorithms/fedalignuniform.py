@@ -310,7 +310,7 @@ def make_algorithm(
   ssl batch schedule (``schedules``, both slots; default
   `ssl_batch_schedules()`)."""
   del model
-  base = fedavg.make(
+  base = fedavg.build(
     None, server_optimizer=server_optimizer, weighting='num_examples'
   )
   return base._replace(

@@ -292,7 +292,7 @@ def make(
         'directly, pass run=RunFacts(participation_probabilities=p)).'
       )
     inverse_p = 1.0 / _check_probabilities(run.participation_probabilities)
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting='uniform'
   )
 

@@ -137,7 +137,7 @@ def make(
       'pass --config.algorithm_kwargs.num_classes).'
     )
   dim = common.embedding_dim(model)
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
 

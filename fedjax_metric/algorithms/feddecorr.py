@@ -159,6 +159,6 @@ def make_supervised(
       {'ce': ce, 'decorrelation': decorr},
     )
 
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )._replace(client_loss=client_loss)

@@ -83,7 +83,7 @@ def make(
     )
     return loss, (model_state, {})
 
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )._replace(
     init_server=fedavg.make_init_server(server_optimizer, init_extra),

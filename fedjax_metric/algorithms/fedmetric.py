@@ -245,7 +245,7 @@ def make(
       "negatives='none' shares none. Use negatives='proxy' or 'true'."
     )
   dim = common.embedding_dim(model)
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
 

@@ -138,6 +138,6 @@ def make(
     )
     return loss, (model_state, aux)
 
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )._replace(client_loss=client_loss)

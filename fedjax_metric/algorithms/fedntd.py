@@ -89,6 +89,6 @@ def make(
     )
     return ce + beta * ntd, (model_state, {'ce': ce, 'ntd': ntd})
 
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )._replace(client_loss=client_loss)

@@ -320,7 +320,7 @@ def make(
   )
   reward_labels = np.asarray(held.labels[:reward_examples], np.int32)
   agent_optimizer = optax.adam(AGENT_LEARNING_RATE)
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
 

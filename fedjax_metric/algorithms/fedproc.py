@@ -86,7 +86,7 @@ def make(
       'an input shape.'
     )
   num_rounds = float(run.num_rounds or 100)
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
 

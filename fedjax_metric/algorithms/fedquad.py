@@ -85,7 +85,7 @@ def _make_sampled(
     beta,
     cross_entropy,
   )
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )._replace(client_loss=loss, **quadruplets.batch_schedules(num_negatives))
 
@@ -206,7 +206,7 @@ def make_supconfl(
       mask=batch.mask,
     )
 
-  return fedavg.make_with_term(
+  return fedavg.build_with_term(
     model,
     supcon,
     server_optimizer=server_optimizer,

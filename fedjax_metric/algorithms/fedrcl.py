@@ -32,7 +32,7 @@ def _make(model, level_loss, server_optimizer, weighting):
       )
     return level_loss(outputs['features'], batch.labels, mask=batch.mask)
 
-  return fedavg.make_with_term(
+  return fedavg.build_with_term(
     model, multilevel, server_optimizer=server_optimizer, weighting=weighting
   )
 

@@ -182,7 +182,7 @@ def make(
   code, min_distance = codewords(
     num_classes, dim, seed=codeword_seed, kind=codeword_kind
   )
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
 

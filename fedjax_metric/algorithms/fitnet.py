@@ -77,6 +77,6 @@ def make(
     )
     return ce + beta * hint, (model_state, {'ce': ce, 'hint': hint})
 
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )._replace(client_loss=client_loss)

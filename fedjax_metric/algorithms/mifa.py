@@ -84,7 +84,7 @@ def make(
     weighting,
     'the stored updates are averaged uniformly over all clients',
   )
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting='uniform'
   )
 

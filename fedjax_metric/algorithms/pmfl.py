@@ -250,7 +250,7 @@ def make(
   if cutoff is not None:
     cutoff = _check_positive_int('cutoff', cutoff)
   past = history_size - 1
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting='uniform'
   )
 

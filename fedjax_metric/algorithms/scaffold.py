@@ -75,7 +75,7 @@ def make(
 ):
   """SCAFFOLD; ``weighting`` applies to the model deltas ('uniform' is the
   paper's 1/|S|); the control variates always move by the plain sum / N."""
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
   cross_entropy = base.client_loss
