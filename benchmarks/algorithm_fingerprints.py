@@ -28,7 +28,6 @@ import sys
 import tempfile
 
 from absl import app, flags
-
 import jax
 import numpy as np
 
