@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric import engine
-from fedjax_metric.algorithms.spec import AlgorithmSpec, NoOptions
+from fedjax_metric.algorithms.spec import NO_OPTIONS, AlgorithmSpec
 from fedjax_metric.losses import masked_mean, softmax_cross_entropy
 from fedjax_metric.models import split_variables
 
@@ -220,13 +220,13 @@ def make_server_update(server_optimizer):
 
 
 def build(
-  model, options=NoOptions(), *, server_optimizer, weighting='num_examples'
+  model, options=NO_OPTIONS, *, server_optimizer, weighting='num_examples'
 ):
   """FedAvg as an `engine.Algorithm`.
 
   Args:
     model: `ModelFns`.
-    options: none of its own (`spec.NoOptions`).
+    options: none of its own (`spec.NO_OPTIONS`).
     server_optimizer: optax transformation of the pseudo-gradient.
     weighting: 'num_examples' (McMahan et al.) or 'uniform' (FedRCL).
   """

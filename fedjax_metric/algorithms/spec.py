@@ -36,6 +36,9 @@ class NoOptions:
   """An algorithm without hyperparameters of its own."""
 
 
+NO_OPTIONS = NoOptions()
+
+
 def _type_problem(value, annotation) -> Optional[str]:
   """None if ``value`` fits the field type ``annotation``, else what it
   takes, in words. Ints are accepted for floats (``mu=1``); bools are not
