@@ -13,7 +13,8 @@ compare:
   python -m benchmarks.algorithm_fingerprints --out=/tmp/after.json \
       --compare=/tmp/before.json
 
-``--compare`` prints each config whose leaves differ (and which leaves) and
+An existing ``--out`` is resumed (its runs are kept). ``--compare`` prints
+each config whose leaves differ (and which leaves) and
 exits 1 if any does. Fingerprints are only comparable on one machine with
 one JAX/XLA version: they are a same-session check, not a committed fixture.
 ``--configs=fedavg,moon`` restricts the set to those configs and their
@@ -109,7 +110,12 @@ def main(argv):
   import fedjax_metric as fm
 
   results = {}
+  if os.path.exists(_OUT.value):  # Resume: keep the runs already done.
+    with open(_OUT.value) as f:
+      results = json.load(f)
   for label, name, arg, fields in _variants():
+    if label in results:
+      continue
     config = fm.get_config(f'configs/{name}.py', arg)
     for path, value in fields.items():
       *parents, field = path.split('.')
@@ -119,8 +125,8 @@ def main(argv):
       block[field] = value
     results[label] = fingerprint(config)
     print(f'{label}: {len(results[label])} leaves', flush=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump(results, f, indent=1, sort_keys=True)
+    with open(_OUT.value, 'w') as f:
+      json.dump(results, f, indent=1, sort_keys=True)
   if not _COMPARE.value:
     return
   with open(_COMPARE.value) as f:
@@ -128,6 +134,7 @@ def main(argv):
   changed = 0
   for label, leaves in results.items():
     if label not in before:
+      changed += 1  # Nothing to compare with is not a pass.
       print(f'{label}: not in {_COMPARE.value}')
       continue
     differ = sorted(
