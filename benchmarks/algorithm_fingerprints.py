@@ -39,6 +39,12 @@ _COMPARE = flags.DEFINE_string(
 _CONFIGS = flags.DEFINE_list(
   'configs', None, 'Config names (default: every file in configs/).'
 )
+_IGNORE = flags.DEFINE_list(
+  'ignore',
+  [],
+  'Leaves not compared (e.g. metrics_history, for a baseline '
+  'written before throughputs were left out of it).',
+)
 _EXTRA = flags.DEFINE_bool(
   'extra', True, 'Also the server / weighting variants.'
 )
@@ -62,6 +68,10 @@ def _digest(array) -> str:
   return hashlib.sha256(header + array.tobytes()).hexdigest()[:16]
 
 
+def _is_timing(key: str) -> bool:
+  return key.endswith(('seconds', '_s', 'per_second')) or 'time' in key
+
+
 def fingerprint(config) -> dict:
   """``{leaf path: digest}`` of the final variables, and the history's."""
   from fedjax_metric import metrics_log, train
@@ -73,13 +83,12 @@ def fingerprint(config) -> dict:
     jax.tree_util.keystr(path): _digest(leaf)
     for path, leaf in jax.tree_util.tree_flatten_with_path(trained.variables)[0]
   }
+  # Timings and throughputs change from run to run; the rest must not.
   numbers = [
     [key, value]
     for record in history
     for key, value in sorted(record.items())
-    if isinstance(value, (int, float))
-    and not key.endswith(('seconds', '_s'))
-    and 'time' not in key
+    if isinstance(value, (int, float)) and not _is_timing(key)
   ]
   leaves['metrics_history'] = hashlib.sha256(
     json.dumps(numbers, sort_keys=True).encode()
@@ -140,7 +149,7 @@ def main(argv):
     differ = sorted(
       k
       for k in set(leaves) | set(before[label])
-      if leaves.get(k) != before[label].get(k)
+      if leaves.get(k) != before[label].get(k) and k not in _IGNORE.value
     )
     if differ:
       changed += 1
