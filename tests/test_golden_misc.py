@@ -595,7 +595,7 @@ def _feduv_rounds(fixture, *, squared=False):
   model = models.make_model_fns(_Embedding(code_length, num_clients), (1, dim))
   codes, _ = feduv.codewords(num_clients, code_length)
   assert np.array_equal(codes, fixture['codewords'])  # the same codewords
-  alg = feduv.make(
+  alg = feduv.SPEC(
     model,
     server_optimizer=optimizers.make_server_optimizer('sgd'),
     weighting='uniform',
@@ -622,7 +622,7 @@ def _feduv_rounds(fixture, *, squared=False):
 
 
 def test_feduv_rounds_match_the_reproduction(feduv_fixture):
-  """Four rounds of FedUV (feduv.make: the codeword hinge, local SGD,
+  """Four rounds of FedUV (feduv.SPEC: the codeword hinge, local SGD,
   uniform FedAvg) through the engine, on the reproduction's cohorts, batches,
   codewords and initial weights, give its global models and its training
   loss (the example-weighted mean of the batch losses) to float32 rounding
@@ -771,9 +771,7 @@ def _deepsvdd_rounds(fixture, *, eps):
 
   dim, hidden, rep = _svdd_shapes(fixture)
   model = models.make_model_fns(_TwoLayer(hidden, rep), (1, dim))
-  alg = deepsvdd.make(
-    model, server_optimizer=optimizers.make_server_optimizer('sgd'), eps=eps
-  )
+  alg = deepsvdd.SPEC(model, eps=eps)  # No server optimizer: nothing averaged.
   variables = {
     'params': {
       'Dense_0': {'kernel': jnp.asarray(fixture['initial_fc1'].T)},
@@ -805,7 +803,7 @@ def _deepsvdd_rounds(fixture, *, eps):
 
 
 def test_deepsvdd_rounds_match_the_authors(deepsvdd_fixture):
-  """Three rounds of our per-client Deep SVDD (deepsvdd.make: the center
+  """Three rounds of our per-client Deep SVDD (deepsvdd.SPEC: the center
   fixed in the client's first round, the one-class loss, a fresh Adam with
   weight decay 1e-6 each round) give the weights of the authors' DeepSVDD
   after each of three one-epoch ``train`` calls on the same batches, and
