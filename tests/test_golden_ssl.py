@@ -931,7 +931,7 @@ def ldawa_server(
   """Our L-DAWA server on the fixture's four clients: client_final per
   client (round ``round_idx``), then FedAvg's server_update."""
   glob = ldawa_tree(g, glob_prefix)
-  alg = l_dawa.make(
+  alg = l_dawa.SPEC(
     None,
     server_optimizer=SERVER,
     scope=scope,

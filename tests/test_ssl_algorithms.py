@@ -779,7 +779,7 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
   # undefined; that case is tested below).
   variables = jax.tree.map(lambda v: v + 0.1, variables)
   variables = {**variables, 'batch_stats': {'bn': {'var': jnp.ones(3)}}}
-  alg = l_dawa.make(
+  alg = l_dawa.SPEC(
     model, server_optimizer=SERVER, scope=scope, warmup_rounds=3
   )
   state, table = engine.init_state(alg, variables, 3)

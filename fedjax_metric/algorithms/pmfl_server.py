@@ -61,7 +61,7 @@ def adaptive_step(
 
   Eq. 8 is the running mean of the recorded Q* values; it is kept here as an
   exact integer sum / count (same value, no float drift over 10^4 rounds).
-  Unlike FedAU (`fedjax_metric.algorithms.fedau.interval_step`), the
+  Unlike FedAU (`fedjax_metric.algorithms.fedau_intervals.interval_step`), the
   interval that ends in round t is already part of the weight x_k^t used in
   round t's aggregation (line 17), and a first participation gets x = Q*
   (its elapsed rounds), not 1.
