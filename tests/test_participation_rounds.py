@@ -792,11 +792,11 @@ def test_pmfl_loss_gradient_finite_with_empty_buffer_and_zero_model():
 )
 def test_pmfl_validation(name, value):
   with pytest.raises(ValueError, match=name):
-    pmfl.make(fx.linear(), server_optimizer=server(1.0), **{name: value})
+    pmfl.SPEC(fx.linear(), server_optimizer=server(1.0), **{name: value})
 
 
 def test_pmfl_refuses_a_run_of_no_rounds():
   with pytest.raises(ValueError, match='num_rounds'):
-    pmfl.make(
+    pmfl.SPEC(
       fx.linear(), server_optimizer=server(1.0), run=RunFacts(num_rounds=0)
     )
