@@ -70,35 +70,12 @@ _MODULES = (
 
 # Modules not yet converted to SPECS (name -> legacy factory).
 _LEGACY = {
-  'fedquad': lambda: fedquad.make_fedquad,
-  'quadrupletfl': lambda: fedquad.make_quadrupletfl,
-  'tripletfl': lambda: fedquad.make_tripletfl,
-  'supconfl': lambda: fedquad.make_supconfl,
-  'fedntd': lambda: fedntd.make,
-  'fedlc': lambda: fedlc.make,
-  'fitnet': lambda: fitnet.make,
-  'fedmlb': lambda: fedmlb.make,
-  'fedproc': lambda: fedproc.make,
-  'fedrcl': lambda: fedrcl.make_fedrcl,
-  'fedscl': lambda: fedrcl.make_fedscl,
-  'scaffold': lambda: scaffold.make,
-  'fedmetric': lambda: fedmetric.make,
-  'deepsvdd': lambda: deepsvdd.make,
-  'fedaws': lambda: fedaws.make,
-  'feduv': lambda: feduv.make,
-  'fedau': lambda: fedau.make,
-  'mifa': lambda: mifa.make,
-  'fedvarp': lambda: fedvarp.make,
-  'fedppo': lambda: fedppo.make,
-  'pmfl': lambda: pmfl.make,
   'fedalignuniform': lambda: fedalignuniform.make,
   'ssd': lambda: ssd.make,
-  'feddecorr': lambda: feddecorr.make,
-  'feddecorr_supervised': lambda: feddecorr.make_supervised,
   'fedu2': lambda: fedu2.make,
   'fedx': lambda: fedx.make,
-  'l_dawa': lambda: l_dawa.make,
 }
+
 
 SPECS = {
   spec.name: spec
