@@ -26,7 +26,7 @@ lambda = 0.1 (FedDecorr's coefficient). Aggregation as FedAlignUniform.
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedalignuniform as fau
-from fedjax_metric.algorithms import fedavg
+from fedjax_metric.algorithms import fedavg, ssl_common, ssl_schedules
 from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 BASES = ('align_uniform', 'nt_xent')
@@ -65,8 +65,8 @@ def make(
     view_order: 'ssd' or 'fedu2' augmentation order.
     drop_last: drop partial batches.
   """
-  fau.check_positive('decorr_weight', decorr_weight)
-  fau.check_positive('temperature', temperature, allow_zero=False)
+  ssl_common.check_positive('decorr_weight', decorr_weight)
+  ssl_common.check_positive('temperature', temperature, allow_zero=False)
   if base not in BASES:
     raise ValueError(
       f'base must be one of {BASES}, got {base!r} '
@@ -74,11 +74,11 @@ def make(
     )
   if features not in FEATURES:
     raise ValueError(f'features must be one of {FEATURES}, got {features!r}.')
-  views = fau.make_views(view_order)
+  views = ssl_common.two_views(view_order)
 
   def client_loss(params, model_state, batch, ctx):
     mask = batch.mask
-    out1, out2, model_state = fau.two_view_forward(
+    out1, out2, model_state = ssl_common.two_view_forward(
       model, params, model_state, batch.raw_images, mask, ctx.key, views
     )
     p1, p2 = out1['projection'], out2['projection']
@@ -102,12 +102,11 @@ def make(
       {'decorrelation': decorr},
     )
 
-  return fau.make_algorithm(
-    model,
+  return ssl_common.build_algorithm(
     client_loss,
     server_optimizer=server_optimizer,
     weighting=weighting,
-    schedules=fau.ssl_batch_schedules(drop_last=drop_last),
+    schedules=ssl_schedules.ssl_batch_schedules(drop_last=drop_last),
   )
 
 
@@ -139,7 +138,7 @@ def make_supervised(
     decorr_form: 'code' or 'paper' (`losses.decorrelation_loss`).
   """
   del run
-  fau.check_positive('decorr_weight', decorr_weight)
+  ssl_common.check_positive('decorr_weight', decorr_weight)
   if decorr_form not in ('code', 'paper'):
     raise ValueError(
       f"decorr_form must be 'code' or 'paper', got {decorr_form!r} "

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric import losses
-from fedjax_metric.algorithms import fedalignuniform as fau
+from fedjax_metric.algorithms import ssl_common, ssl_schedules
 from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
 
 SCOPES = ('layer', 'model')
@@ -121,19 +121,19 @@ def make(
     view_order: augmentation order.
     drop_last: drop partial batches.
   """
-  fau.check_positive('temperature', temperature, allow_zero=False)
-  fau.check_positive('warmup_rounds', warmup_rounds)
-  fau.check_weighting(weighting)
+  ssl_common.check_positive('temperature', temperature, allow_zero=False)
+  ssl_common.check_positive('warmup_rounds', warmup_rounds)
+  ssl_common.check_weighting(weighting)
   if scope not in SCOPES:
     raise ValueError(
       f'scope must be one of {SCOPES}, got {scope!r} '
       '(--config.algorithm_kwargs.scope).'
     )
-  views = fau.make_views(view_order)
+  views = ssl_common.two_views(view_order)
 
   def client_loss(params, model_state, batch, ctx):
     mask = batch.mask
-    out1, out2, model_state = fau.two_view_forward(
+    out1, out2, model_state = ssl_common.two_view_forward(
       model, params, model_state, batch.raw_images, mask, ctx.key, views
     )
     loss = losses.masked_mean(
@@ -159,16 +159,15 @@ def make(
     update = jax.tree.map(lambda p, s: jnp.where(warm, p, s), plain, scaled)
     # Weight 1 after the warm-up: the engine's weighted mean is then the
     # plain mean over participants, the released 1 / |S|.
-    weight = jnp.where(warm, fau.aggregation_weight(ctx, weighting), 1.0)
+    weight = jnp.where(warm, ssl_common.aggregation_weight(ctx, weighting), 1.0)
     # A client that trained on nothing sends nothing (the engine's other
     # methods give it weight 0 through its step count).
     weight = jnp.where(ctx.num_steps > 0, weight, 0.0)
     return update, weight, ctx.client_row
 
-  return fau.make_algorithm(
-    model,
+  return ssl_common.build_algorithm(
     client_loss,
     server_optimizer=server_optimizer,
     weighting=weighting,
-    schedules=fau.ssl_batch_schedules(drop_last=drop_last),
+    schedules=ssl_schedules.ssl_batch_schedules(drop_last=drop_last),
   )._replace(client_final=client_final)
