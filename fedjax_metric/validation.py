@@ -11,7 +11,6 @@ the locked config still checks its type, and the code that reads it its value.
 """
 
 import difflib
-import inspect
 import math
 from typing import Any, Callable, Dict, Optional
 
@@ -316,9 +315,6 @@ def _check_algorithm(config) -> None:
   types, ranges: `spec.AlgorithmSpec.make_options`), and a server optimizer
   set for an algorithm that declares it does not read one."""
   spec = algorithms.REGISTRY[config.algorithm]
-  if not isinstance(spec, algorithms.spec.AlgorithmSpec):
-    _check_legacy_factory(config, spec)
-    return
   try:
     spec.make_options(**config.algorithm_kwargs)
   except ValueError as e:
@@ -333,20 +329,6 @@ def _check_algorithm(config) -> None:
         f'{config.algorithm!r} has no server optimizer (nothing is averaged '
         'into a global model); leave the server block at its defaults.'
       )
-
-
-def _check_legacy_factory(config, factory) -> None:
-  parameters = inspect.signature(factory).parameters.values()
-  if any(p.kind == p.VAR_KEYWORD for p in parameters):
-    return
-  known = {p.name for p in parameters if p.kind == p.KEYWORD_ONLY}
-  known -= {'server_optimizer', 'weighting'}  # Set from config.server.
-  unknown = sorted(set(config.algorithm_kwargs) - known)
-  if unknown:
-    raise ConfigError(
-      f'--config.algorithm_kwargs has {unknown}, which algorithm '
-      f'{config.algorithm!r} does not take; it takes {sorted(known)}.'
-    )
 
 
 def _check_generated(config) -> None:

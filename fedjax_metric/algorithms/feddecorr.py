@@ -35,7 +35,7 @@ from typing import Literal
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedalignuniform as fau
-from fedjax_metric.algorithms import fedavg
+from fedjax_metric.algorithms import fedavg, ssl_common, ssl_schedules
 from fedjax_metric.algorithms.spec import AlgorithmSpec
 
 BASES = ('align_uniform', 'nt_xent')
@@ -55,7 +55,7 @@ class SupervisedOptions:
   decorr_form: Literal['code', 'paper'] = 'code'
 
   def __post_init__(self):
-    fau.check_positive('decorr_weight', self.decorr_weight)
+    ssl_common.check_positive('decorr_weight', self.decorr_weight)
     if self.decorr_form not in ('code', 'paper'):
       raise ValueError(
         f"decorr_form must be 'code' or 'paper', got {self.decorr_form!r} "
@@ -77,7 +77,7 @@ class Options:
     uniform_weight: beta of the align-uniform base.
     uniformity_t: t of the align-uniform base's uniformity.
     temperature: tau of the NT-Xent base (> 0).
-    view_order: 'ssd' or 'fedu2' augmentation order (`fau.make_views`).
+    view_order: 'ssd' or 'fedu2' augmentation order (`ssl_common.two_views`).
     drop_last: drop partial batches.
   """
 
@@ -92,8 +92,8 @@ class Options:
   drop_last: bool = False
 
   def __post_init__(self):
-    fau.check_positive('decorr_weight', self.decorr_weight)
-    fau.check_positive('temperature', self.temperature, allow_zero=False)
+    ssl_common.check_positive('decorr_weight', self.decorr_weight)
+    ssl_common.check_positive('temperature', self.temperature, allow_zero=False)
     if self.base not in BASES:
       raise ValueError(
         f'base must be one of {BASES}, got {self.base!r} '
@@ -107,9 +107,9 @@ class Options:
 
 def client_loss(options, model, views, params, model_state, batch, ctx):
   """L_base(z1, z2) + lambda (R(h1) + R(h2)) / 2 over two augmented views
-  of the batch's raw images (``views``: `fau.make_views`)."""
+  of the batch's raw images (``views``: `ssl_common.two_views`)."""
   mask = batch.mask
-  out1, out2, model_state = fau.two_view_forward(
+  out1, out2, model_state = ssl_common.two_view_forward(
     model, params, model_state, batch.raw_images, mask, ctx.key, views
   )
   p1, p2 = out1['projection'], out2['projection']
@@ -152,13 +152,12 @@ def build(model, options, *, server_optimizer, weighting='num_batches'):
     server_optimizer: optax transformation of the pseudo-gradient.
     weighting: 'num_batches', 'num_examples' or 'uniform'.
   """
-  views = fau.make_views(options.view_order)
-  return fau.make_algorithm(
-    model,
+  views = ssl_common.two_views(options.view_order)
+  return ssl_common.build_algorithm(
     functools.partial(client_loss, options, model, views),
     server_optimizer=server_optimizer,
     weighting=weighting,
-    schedules=fau.ssl_batch_schedules(drop_last=options.drop_last),
+    schedules=ssl_schedules.ssl_batch_schedules(drop_last=options.drop_last),
   )
 
 

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_metric import losses
-from fedjax_metric.algorithms import fedalignuniform as fau
+from fedjax_metric.algorithms import ssl_common, ssl_schedules
 from fedjax_metric.algorithms.spec import AlgorithmSpec
 from fedjax_metric.data import views as views_lib
 
@@ -111,7 +111,7 @@ class Options:
     temperature: NT-Xent tau (0.07; > 0).
     self_in_denominator: NT-Xent form (True: FedU2's copy keeps the
       self-similarity in the denominator).
-    view_order: augmentation order, 'fedu2' or 'ssd' (`fau.make_views`).
+    view_order: augmentation order, 'fedu2' or 'ssd' (`ssl_common.two_views`).
     drop_last: drop partial batches.
   """
 
@@ -123,8 +123,8 @@ class Options:
   drop_last: bool = False
 
   def __post_init__(self):
-    fau.check_positive('temperature', self.temperature, allow_zero=False)
-    fau.check_positive('warmup_rounds', self.warmup_rounds)
+    ssl_common.check_positive('temperature', self.temperature, allow_zero=False)
+    ssl_common.check_positive('warmup_rounds', self.warmup_rounds)
     if self.scope not in SCOPES:
       raise ValueError(
         f'scope must be one of {SCOPES}, got {self.scope!r} '
@@ -140,7 +140,7 @@ class Options:
 def client_loss(options, model, views, params, model_state, batch, ctx):
   """SimCLR's NT-Xent between the projections of two views of the batch."""
   mask = batch.mask
-  out1, out2, model_state = fau.two_view_forward(
+  out1, out2, model_state = ssl_common.two_view_forward(
     model, params, model_state, batch.raw_images, mask, ctx.key, views
   )
   loss = losses.masked_mean(
@@ -171,7 +171,7 @@ def client_final(options, weighting, end_variables, ctx):
   update = jax.tree.map(lambda p, s: jnp.where(warm, p, s), plain, scaled)
   # Weight 1 after the warm-up: the engine's weighted mean is then the
   # plain mean over participants, the released 1 / |S|.
-  weight = jnp.where(warm, fau.aggregation_weight(ctx, weighting), 1.0)
+  weight = jnp.where(warm, ssl_common.aggregation_weight(ctx, weighting), 1.0)
   # A client that trained on nothing sends nothing (the engine's other
   # methods give it weight 0 through its step count).
   weight = jnp.where(ctx.num_steps > 0, weight, 0.0)
@@ -189,14 +189,13 @@ def build(model, options, *, server_optimizer, weighting='num_batches'):
     weighting: the warm-up rounds' FedAvg weights: 'num_batches',
       'num_examples' (the released Flower strategy) or 'uniform'.
   """
-  fau.check_weighting(weighting)
-  views = fau.make_views(options.view_order)
-  return fau.make_algorithm(
-    model,
+  ssl_common.check_weighting(weighting)
+  views = ssl_common.two_views(options.view_order)
+  return ssl_common.build_algorithm(
     functools.partial(client_loss, options, model, views),
     server_optimizer=server_optimizer,
     weighting=weighting,
-    schedules=fau.ssl_batch_schedules(drop_last=options.drop_last),
+    schedules=ssl_schedules.ssl_batch_schedules(drop_last=options.drop_last),
   )._replace(client_final=functools.partial(client_final, options, weighting))
 
 
