@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fedjax_metric.algorithms import fedppo
+from fedjax_metric.algorithms import fedppo_agent
 
 
 def _ranks(x):
@@ -55,7 +55,7 @@ def policy_summary(workdir):
   observation = np.asarray(extra['observation'])
   n = observation.shape[0] - 1
   log_probs = np.asarray(
-    fedppo.policy_log_probs(
+    fedppo_agent.policy_log_probs(
       _layers(extra['agent']['actor']),
       jnp.asarray(observation),
       jnp.ones(n, bool),

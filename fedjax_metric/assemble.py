@@ -218,19 +218,15 @@ def build_algorithm(
     class_counts=class_counts,
     validation=validation,
   )
-  try:
-    algorithm = algorithms.REGISTRY[config.algorithm](
-      model,
-      server_optimizer=server_optimizer,
-      run=run,
-      weighting=s.weighting,
-      **kwargs,
-    )
-  except TypeError as e:
-    raise ValueError(
-      f'algorithm_kwargs {sorted(kwargs)} do not fit algorithm '
-      f'{config.algorithm!r}: {e}'
-    ) from e
+  # Options were checked by validation.validate; the spec checks them
+  # again for a caller that skipped it (ValueError, one line).
+  algorithm = algorithms.REGISTRY[config.algorithm](
+    model,
+    server_optimizer=server_optimizer,
+    run=run,
+    weighting=s.weighting,
+    **kwargs,
+  )
   if s.optimizer == 'fedagm':
     algorithm = fedagm.accelerate(
       algorithm, server_optimizer, beta=s.fedagm_beta

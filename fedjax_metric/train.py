@@ -114,26 +114,81 @@ def train(
 
 def _run(config, workdir, stop_after_round, stop, cleanup):
   """`run`'s body, inside the config's matmul precision; ``cleanup`` closes
-  what it opens, on errors too."""
-  # Nothing is written until every check that can fail before training has
-  # passed (data, partition, model, algorithm, devices, memory): a failed
-  # start leaves nothing behind.
+  what it opens, on errors too. The order: checks, set-up, the workdir
+  written, the rounds with their periodic actions, the summary."""
   # With several processes (one workdir on a shared file system) process 0
   # writes every file but the checkpoints, which all processes save together.
   chief = jax.process_index() == 0
   # First the workdir, in a few milliseconds: a path that is not a directory,
   # and a workdir another live run holds, are refused before the data and
   # model are built (seconds) and before the run prints anything. Read only:
-  # the lock is taken below, where the first file is written; a run that
-  # takes it in between is refused there.
+  # the lock is taken where the first file is written; a run that takes it
+  # in between is refused there.
   workdir_lib.check_workdir(workdir, chief)
   validation.validate(config)
   workdir_lib.check_resume_config(workdir, config)
   finished = workdir_lib.check_rounds(workdir, config)
   if finished is not None:
     return Trained(finished, None)
+  # Nothing is written until every check that can fail before training has
+  # passed (data, partition, model, algorithm, devices, memory): a failed
+  # start leaves nothing behind.
+  setup = _set_up(config, workdir)
+  loop = _Rounds(config, workdir, setup, chief, cleanup)
+  end_round = config.num_rounds
+  if stop_after_round is not None:
+    end_round = min(end_round, stop_after_round)
+  calls = loop.plan(end_round)
+  for first in calls:
+    if stop.agreed():
+      break
+    loop.train(first)
+    if _due(loop.done, config.eval_every, end_round):
+      loop.evaluate()
+    if _due(loop.done, config.checkpoint_every, end_round):
+      loop.checkpoint()
+    faults.pause_if_asked(workdir, loop.done, stop, loop.checkpoints)
+  stopped_by = stop.agreed() if loop.done < end_round else None
+  if stopped_by is not None:
+    with stop.finishing_save():
+      if loop.last_saved != loop.done and loop.done > loop.start_round:
+        loop.checkpoint()
+      # Said once the save is on disk, not while it is still being written.
+      loop.checkpoints.wait_until_finished()
+    say(
+      workdir_lib.stopped_note(stopped_by, loop.done, loop.last_saved, workdir)
+    )
+  return loop.finish(end_round, stopped_by)
 
-  # ----- Data, partition, model, algorithm; the executor. -----
+
+def _due(done, every, end_round):
+  """A periodic action's round: every ``every`` rounds and the last one."""
+  return done % every == 0 or done == end_round
+
+
+class _SetUp(NamedTuple):
+  """What is built before anything is written: the data, model and
+  algorithm (`assemble.build`), the executor's choice and mesh, the
+  evaluator, the cohort's shape and the initial state."""
+
+  choice: Any
+  experiment: Any
+  spec: Any
+  mesh: Any
+  put: Any
+  evaluator: Any
+  num_steps: int
+  num_slots: int
+  data: Any
+  memory_budget: Any
+  placement: Any
+  layout: Any
+  state: Any
+
+
+def _set_up(config, workdir) -> _SetUp:
+  """Data, partition, model, algorithm, executor, evaluator and the initial
+  state; the first client traced. Raises on any problem, writing nothing."""
   choice = executors.choose_executor(
     config.executor, chunk_size=config.chunk_size
   )
@@ -162,8 +217,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
   num_slots = assemble.num_cohort_slots(
     config, num_devices, experiment.availability
   )
-  generated = train is None  # Clients made on demand (data/on_demand.py).
-  if generated:
+  if train is None:  # Clients made on demand (data/on_demand.py).
     # Each call brings the examples made for it; this is one round's
     # shape, for planning.
     data = put(
@@ -176,8 +230,7 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       config, experiment, choice, num_devices, num_slots, num_steps
     )
   )
-
-  # ----- State: fresh or restored; where the client table lives. -----
+  # Fresh state; where the client table lives.
   memory_budget = memory.device_budget(config)
   placement, layout = assemble.table_placement(config, experiment, workdir)
   if placement.name == 'device':
@@ -190,171 +243,170 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       assemble.initial_server_state(config, experiment),
       client_table_lib.checkpoint_template(config.num_clients),
     )
-
   # An error a hook raises while tracing (a model without the outputs an
   # algorithm reads) appears here, before the workdir is written.
   assemble.trace_one_client(
     config, experiment, spec, data, state[0], num_slots, num_steps
   )
-
-  # ----- Only now the workdir is written. -----
-  os.makedirs(workdir, exist_ok=True)
-  if chief:
-    # One run per workdir, from here until this function returns.
-    cleanup.enter_context(workdir_lib.lock(workdir))
-    workdir_lib.write_partition_files(workdir, config, experiment)
-    workdir_lib.write_json(
-      os.path.join(workdir, 'config.json'),
-      json.loads(config.to_json_best_effort()),
-    )
-  if mesh:
-    # Before restoring: orbax then reads straight into the mesh's layout.
-    state = put(state)
-  checkpoints, restored_round, (server_state, client_table) = (
-    workdir_lib.open_checkpoints(config, workdir, state, chief, cleanup)
-  )
-  table = None  # The client table when it lives off the device.
-  if placement.name != 'device':
-    table = assemble.open_table(
-      config, experiment, placement, layout, workdir, num_slots
-    )
-    cleanup.callback(table.close)
-    table.open(restored_round, client_table['written'])
-    client_table = ()
-  start_round = restored_round or 0
-  cohort_for = assemble.cohort_fn(config, experiment, num_slots, num_steps)
-
-  end_round = config.num_rounds
-  if stop_after_round is not None:
-    end_round = min(end_round, stop_after_round)
-  choice, rounds_per_call, rounds_fn = executors.plan(
-    config,
+  return _SetUp(
     choice,
+    experiment,
     spec,
+    mesh,
+    put,
+    evaluator,
+    num_steps,
+    num_slots,
     data,
-    (
-      server_state,
-      client_table
-      if table is None
-      else client_table_lib.rows_template(layout, num_slots),
-    ),
-    cohort_for,
-    round_range=(start_round, end_round),
-    memory_budget=memory_budget,
-    num_slots=num_slots,
-    mesh=mesh,
-    report=say,
-    extra_bytes_per_round=(0 if table is None else num_slots * layout.row_bytes)
-    + (memory.tree_bytes(data) if generated else 0),
+    memory_budget,
+    placement,
+    layout,
+    state,
   )
-  log = metrics_log.MetricsLog(
-    workdir, start_round, evaluator.headline, config, chief
-  )
-  cleanup.callback(log.close)
-  # Seconds spent in the round loop by earlier sessions of this run.
-  time_before = workdir_lib.previous_wall_time(
-    checkpoints, start_round, log.path
-  )
-  last_saved = restored_round  # The newest checkpoint on disk, if any.
-  driver = None  # Runs the calls when the table lives off the device.
 
-  def save(round_idx):
-    """Saves a good state (faults.state_problem: finite, every value below
-    2^64 in magnitude); any other stops the run, keeping the last good
-    checkpoint. (A round whose evaluation loss is not finite stopped it at
-    its evaluation, before this.)"""
-    nonlocal last_saved
-    if driver is not None:
-      driver.settle()
-    problem = faults.state_problem((server_state, client_table))
-    if problem is None and table is not None:
-      if table.nonfinite_round is not None:  # Rows off the device.
-        problem = 'NaN, infinite or 2^64-sized values in client rows'
-    if problem is not None:
-      raise workdir_lib.diverged_error(workdir, last_saved, config)(
-        f'The model holds {problem}', round_idx
+
+class _Rounds:
+  """The round loop's state and its periodic actions: `train` (one call of
+  R rounds), `evaluate` (and log), `checkpoint`, `finish` (the summary).
+
+  Created once the set-up has passed every check: it writes the workdir
+  (lock, partition files, config), restores the newest checkpoint and opens
+  the client table off the device, the metrics log and the progress bar.
+  """
+
+  def __init__(self, config, workdir, setup: _SetUp, chief, cleanup):
+    self.config, self.workdir, self.setup = config, workdir, setup
+    self.chief, self.cleanup = chief, cleanup
+    os.makedirs(workdir, exist_ok=True)
+    if chief:
+      # One run per workdir, from here until `_run` returns.
+      cleanup.enter_context(workdir_lib.lock(workdir))
+      workdir_lib.write_partition_files(workdir, config, setup.experiment)
+      workdir_lib.write_json(
+        os.path.join(workdir, 'config.json'),
+        json.loads(config.to_json_best_effort()),
       )
-    saved_table = client_table
-    if table is not None:
-      saved_table = {'written': table.before_checkpoint(round_idx)}
-    item = {'server_state': server_state, 'client_table': saved_table}
-    checkpoints.save(
-      round_idx,
-      args=ocp.args.StandardSave(item),
-      custom_metadata={
-        'total_wall_time': total_time(),
-        # Of the item as saved (restore_newest_readable checks it).
-        'sha256': faults.state_digest(item),
-      },
+    state = setup.state
+    if setup.mesh:
+      # Before restoring: orbax then reads straight into the mesh's layout.
+      state = setup.put(state)
+    self.checkpoints, restored_round, (self.server_state, self.client_table) = (
+      workdir_lib.open_checkpoints(config, workdir, state, chief, cleanup)
     )
-    if table is not None:
-      table.after_checkpoint(round_idx, checkpoints.all_steps())
-    last_saved = round_idx
+    self.table = None  # The client table when it lives off the device.
+    if setup.placement.name != 'device':
+      self.table = assemble.open_table(
+        config,
+        setup.experiment,
+        setup.placement,
+        setup.layout,
+        workdir,
+        setup.num_slots,
+      )
+      cleanup.callback(self.table.close)
+      self.table.open(restored_round, self.client_table['written'])
+      self.client_table = ()
+    self.start_round = self.done = restored_round or 0
+    self.last_saved = restored_round  # The newest checkpoint on disk.
+    self.cohort_for = assemble.cohort_fn(
+      config, setup.experiment, setup.num_slots, setup.num_steps
+    )
+    self.driver = None  # Runs the calls when the table is off the device.
+    self.train_sums = []  # Dicts of device arrays [R]; read at evaluation.
+    self.last = {}  # The newest evaluation row.
 
-  def table_for_evaluation():
-    """The table an evaluator is given: off the device, only to one that
-    reads it (every row then comes to host memory)."""
+  def plan(self, end_round):
+    """Decides how rounds are called (`executors.plan`: R rounds a call),
+    starts the inputs' read-ahead and the clock. Returns the calls' first
+    rounds."""
+    config, setup, table = self.config, self.setup, self.table
+    generated = setup.experiment.train is None
+    self.choice, self.rounds_per_call, self.rounds_fn = executors.plan(
+      config,
+      setup.choice,
+      setup.spec,
+      setup.data,
+      (
+        self.server_state,
+        self.client_table
+        if table is None
+        else client_table_lib.rows_template(setup.layout, setup.num_slots),
+      ),
+      self.cohort_for,
+      round_range=(self.start_round, end_round),
+      memory_budget=setup.memory_budget,
+      num_slots=setup.num_slots,
+      mesh=setup.mesh,
+      report=say,
+      extra_bytes_per_round=(
+        0 if table is None else setup.num_slots * setup.layout.row_bytes
+      )
+      + (memory.tree_bytes(setup.data) if generated else 0),
+    )
+    self.log = metrics_log.MetricsLog(
+      self.workdir,
+      self.start_round,
+      setup.evaluator.headline,
+      config,
+      self.chief,
+    )
+    self.cleanup.callback(self.log.close)
+    # Seconds spent in the round loop by earlier sessions of this run.
+    self.time_before = workdir_lib.previous_wall_time(
+      self.checkpoints, self.start_round, self.log.path
+    )
+    self.start_time = time.time()
+    self.throughput = metrics_log.Throughput(table=table is not None)
+    self.bar = tqdm.tqdm(
+      initial=self.start_round,
+      total=config.num_rounds,
+      desc=config.algorithm,
+      disable=not (config.progress and self.chief),
+      dynamic_ncols=True,
+    )
+    self.cleanup.callback(self.bar.close)
+    calls = range(self.start_round, end_round, self.rounds_per_call)
     if table is None:
-      return client_table
-    if not evaluator.reads_client_table:
-      return ()
-    driver.settle()
-    return table.arrays()
+      self.call_inputs = cohort_lib.prefetch(self._inputs_for_call, calls)
+    else:
+      self.driver = client_table_lib.OffDeviceRounds(
+        self.rounds_fn,
+        table,
+        self._inputs_for_call,
+        calls,
+        rounds_per_call=self.rounds_per_call,
+        num_slots=setup.num_slots,
+        put=setup.put,
+        overlap=config.client_table.prefetch,
+      )
+      self.cleanup.callback(self.driver.close)
+    return calls
 
-  def total_time():
-    return time_before + time.time() - start_time
-
-  # ----- Rounds: R per call (one program), the host acts between calls. -----
-  start_time = time.time()
-  throughput = metrics_log.Throughput(table=table is not None)
-  train_sums = []  # Dicts of device arrays [R]; read only at evaluation.
-  last = {}
-  bar = tqdm.tqdm(
-    initial=start_round,
-    total=config.num_rounds,
-    desc=config.algorithm,
-    disable=not (config.progress and chief),
-    dynamic_ncols=True,
-  )
-  cleanup.callback(bar.close)
-  done = start_round
-  calls = range(start_round, end_round, rounds_per_call)
-
-  def inputs_for_call(first):
+  def _inputs_for_call(self, first):
     """A call's cohorts, and for clients made on demand their examples."""
-    cohorts = [cohort_for(r) for r in range(first, first + rounds_per_call)]
-    if not generated:
+    rounds = range(first, first + self.rounds_per_call)
+    cohorts = [self.cohort_for(r) for r in rounds]
+    if self.setup.experiment.train is not None:
       return on_demand.CallData(cohorts, None)
-    call = on_demand.call_data(cohorts, experiment.clients)
-    return call._replace(data=put(call.data))
+    call = on_demand.call_data(cohorts, self.setup.experiment.clients)
+    return call._replace(data=self.setup.put(call.data))
 
-  if table is None:
-    call_inputs = cohort_lib.prefetch(inputs_for_call, calls)
-  else:
-    driver = client_table_lib.OffDeviceRounds(
-      rounds_fn,
-      table,
-      inputs_for_call,
-      calls,
-      rounds_per_call=rounds_per_call,
-      num_slots=num_slots,
-      put=put,
-      overlap=config.client_table.prefetch,
-    )
-    cleanup.callback(driver.close)
-  for first in calls:
-    if stop.agreed():
-      break
+  def train(self, first):
+    """One call: R rounds from round ``first``; their metrics stay on the
+    device until the next evaluation."""
+    table, driver = self.table, self.driver
     wait_start = time.perf_counter()
     if table is None:
-      cohorts, call_data = next(call_inputs)
+      cohorts, call_data = next(self.call_inputs)
       call_start = time.perf_counter()
-      server_state, client_table, round_metrics = rounds_fn(
-        server_state, client_table, cohorts, call_data
+      self.server_state, self.client_table, round_metrics = self.rounds_fn(
+        self.server_state, self.client_table, cohorts, call_data
       )
     else:
       before = (driver.wait_seconds, driver.table_seconds, table.io_seconds)
-      server_state, round_metrics, cohorts = driver.run(server_state, first)
+      self.server_state, round_metrics, cohorts = driver.run(
+        self.server_state, first
+      )
       waited, handled, io = (
         driver.wait_seconds - before[0],
         driver.table_seconds - before[1],
@@ -362,99 +414,149 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
       )
       call_start = wait_start + waited
     round_metrics = jax.block_until_ready(round_metrics)
-    throughput.add_call(
+    self.throughput.add_call(
       call_start - wait_start,
       time.perf_counter() - call_start,
       sum(int(np.count_nonzero(c.slot_mask)) for c in cohorts),
       0.0 if table is None else handled,
       0.0 if table is None else io,
     )
-    train_sums.append(
-      log.round_metrics(first, sharding.local_copy(round_metrics))
+    self.train_sums.append(
+      self.log.round_metrics(first, sharding.local_copy(round_metrics))
     )
-    done = first + rounds_per_call
-    bar.update(rounds_per_call)
-    if done % config.eval_every == 0 or done == end_round:
-      train_row, examples, rounds = metrics_log.train_row(
-        train_sums,
-        done,
-        workdir_lib.diverged_error(workdir, last_saved, config),
-      )
-      train_sums = []
-      # Since the last evaluation (the first interval includes compiling).
-      speed = throughput.columns(examples, rounds)
-      # Stamped after the evaluation, so that a row's wall_time covers its
-      # own evaluation (the first one compiles the evaluation programs) and
-      # the next row's difference is that row's training and evaluation.
-      eval_start = time.time()
-      evaluation = evaluator.every(
-        *sharding.local_copy((server_state, table_for_evaluation()))
-      )
-      last = log.append(
-        {
-          'round': done,
-          'wall_time': time.time() - start_time,
-          'total_wall_time': total_time(),
-          'eval_seconds': time.time() - eval_start,
-          **train_row,
-          **speed,
-          **evaluation,
-        }
-      )
-      # Written, to show why; not a good round to checkpoint or go on from.
-      nonfinite = faults.nonfinite_losses(evaluation)
-      if nonfinite:
-        raise workdir_lib.diverged_error(workdir, last_saved, config)(
-          f"The evaluation's {', '.join(nonfinite)}", done
-        )
-      throughput.restart()
-      bar.set_postfix({evaluator.headline: f'{last[evaluator.headline]:.4f}'})
-    if done % config.checkpoint_every == 0 or done == end_round:
-      save(done)
-    faults.pause_if_asked(workdir, done, stop, checkpoints)
-  stopped_by = stop.agreed() if done < end_round else None
-  if stopped_by is not None:
-    with stop.finishing_save():
-      if last_saved != done and done > start_round:
-        save(done)
-      # Said once the save is on disk, not while it is still being written.
-      checkpoints.wait_until_finished()
-    say(workdir_lib.stopped_note(stopped_by, done, last_saved, workdir))
-  checkpoints.wait_until_finished()
-  checkpoints.close()
-  log.close()
+    self.done = first + self.rounds_per_call
+    self.bar.update(self.rounds_per_call)
 
-  rounds_completed = (
-    done if stopped_by is not None else max(end_round, start_round)
-  )
-  if not last and start_round == rounds_completed:
-    # Resumed at the very end (killed after the last checkpoint, before
-    # summary.json): that round's evaluation row is already written.
-    last = metrics_log.metrics_row(log.path, rounds_completed)
-  summary = {
-    'rounds_completed': rounds_completed,
-    'workdir': workdir,
-    'executor': choice.name,
-    'chunk_size': choice.chunk_size,
-    'rounds_per_call': rounds_per_call,
-    'conv_impl': getattr(experiment.model.module, 'conv_impl', None),
-    'backend': jax.default_backend(),
-    'num_steps': num_steps,
-    'num_slots': num_slots,
-    'wall_time': time.time() - start_time,
-    'total_wall_time': total_time(),
-    'headline': evaluator.headline,
-    **last,
-  }
-  if stopped_by is not None:
-    summary['stopped_by'] = stopped_by
-  variables = None
-  if rounds_completed == config.num_rounds:
-    state = sharding.local_copy((server_state, table_for_evaluation()))
-    if evaluator.headline not in summary:  # Resumed at the very end.
-      summary.update(evaluator.every(*state))
-    summary.update(evaluator.final(*state))
-    if chief:
-      workdir_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
-    variables = state[0].variables
-  return Trained(summary, variables)
+  def _diverged(self):
+    """The error class a diverged run raises (names its checkpoints)."""
+    return workdir_lib.diverged_error(
+      self.workdir, self.last_saved, self.config
+    )
+
+  def evaluate(self):
+    """Evaluates the global model and appends the metrics row (training
+    metrics since the last row, speed, evaluation); stops the run if an
+    evaluation loss is not finite."""
+    evaluator, done = self.setup.evaluator, self.done
+    train_row, examples, rounds = metrics_log.train_row(
+      self.train_sums, done, self._diverged()
+    )
+    self.train_sums = []
+    # Since the last evaluation (the first interval includes compiling).
+    speed = self.throughput.columns(examples, rounds)
+    # Stamped after the evaluation, so that a row's wall_time covers its
+    # own evaluation (the first one compiles the evaluation programs) and
+    # the next row's difference is that row's training and evaluation.
+    eval_start = time.time()
+    evaluation = evaluator.every(
+      *sharding.local_copy((self.server_state, self.table_for_evaluation()))
+    )
+    self.last = self.log.append(
+      {
+        'round': done,
+        'wall_time': time.time() - self.start_time,
+        'total_wall_time': self.total_time(),
+        'eval_seconds': time.time() - eval_start,
+        **train_row,
+        **speed,
+        **evaluation,
+      }
+    )
+    # Written, to show why; not a good round to checkpoint or go on from.
+    nonfinite = faults.nonfinite_losses(evaluation)
+    if nonfinite:
+      raise self._diverged()(f"The evaluation's {', '.join(nonfinite)}", done)
+    self.throughput.restart()
+    headline = evaluator.headline
+    self.bar.set_postfix({headline: f'{self.last[headline]:.4f}'})
+
+  def checkpoint(self):
+    """Saves a good state (faults.state_problem: finite, every value below
+    2^64 in magnitude); any other stops the run, keeping the last good
+    checkpoint. (A round whose evaluation loss is not finite stopped it at
+    its evaluation, before this.)"""
+    round_idx, table = self.done, self.table
+    if self.driver is not None:
+      self.driver.settle()
+    problem = faults.state_problem((self.server_state, self.client_table))
+    if problem is None and table is not None:
+      if table.nonfinite_round is not None:  # Rows off the device.
+        problem = 'NaN, infinite or 2^64-sized values in client rows'
+    if problem is not None:
+      raise self._diverged()(f'The model holds {problem}', round_idx)
+    saved_table = self.client_table
+    if table is not None:
+      saved_table = {'written': table.before_checkpoint(round_idx)}
+    item = {'server_state': self.server_state, 'client_table': saved_table}
+    self.checkpoints.save(
+      round_idx,
+      args=ocp.args.StandardSave(item),
+      custom_metadata={
+        'total_wall_time': self.total_time(),
+        # Of the item as saved (restore_newest_readable checks it).
+        'sha256': faults.state_digest(item),
+      },
+    )
+    if table is not None:
+      table.after_checkpoint(round_idx, self.checkpoints.all_steps())
+    self.last_saved = round_idx
+
+  def table_for_evaluation(self):
+    """The table an evaluator is given: off the device, only to one that
+    reads it (every row then comes to host memory)."""
+    if self.table is None:
+      return self.client_table
+    if not self.setup.evaluator.reads_client_table:
+      return ()
+    self.driver.settle()
+    return self.table.arrays()
+
+  def total_time(self):
+    return self.time_before + time.time() - self.start_time
+
+  def finish(self, end_round, stopped_by) -> Trained:
+    """Closes the checkpoints and the log; returns the summary (written as
+    summary.json, with the final evaluation, once every round is done)."""
+    self.checkpoints.wait_until_finished()
+    self.checkpoints.close()
+    self.log.close()
+    setup, evaluator = self.setup, self.setup.evaluator
+    rounds_completed = (
+      self.done if stopped_by is not None else max(end_round, self.start_round)
+    )
+    last = self.last
+    if not last and self.start_round == rounds_completed:
+      # Resumed at the very end (killed after the last checkpoint, before
+      # summary.json): that round's evaluation row is already written.
+      last = metrics_log.metrics_row(self.log.path, rounds_completed)
+    summary = {
+      'rounds_completed': rounds_completed,
+      'workdir': self.workdir,
+      'executor': self.choice.name,
+      'chunk_size': self.choice.chunk_size,
+      'rounds_per_call': self.rounds_per_call,
+      'conv_impl': getattr(setup.experiment.model.module, 'conv_impl', None),
+      'backend': jax.default_backend(),
+      'num_steps': setup.num_steps,
+      'num_slots': setup.num_slots,
+      'wall_time': time.time() - self.start_time,
+      'total_wall_time': self.total_time(),
+      'headline': evaluator.headline,
+      **last,
+    }
+    if stopped_by is not None:
+      summary['stopped_by'] = stopped_by
+    variables = None
+    if rounds_completed == self.config.num_rounds:
+      state = sharding.local_copy(
+        (self.server_state, self.table_for_evaluation())
+      )
+      if evaluator.headline not in summary:  # Resumed at the very end.
+        summary.update(evaluator.every(*state))
+      summary.update(evaluator.final(*state))
+      if self.chief:
+        workdir_lib.write_json(
+          os.path.join(self.workdir, 'summary.json'), summary
+        )
+      variables = state[0].variables
+    return Trained(summary, variables)

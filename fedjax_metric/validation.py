@@ -11,7 +11,6 @@ the locked config still checks its type, and the code that reads it its value.
 """
 
 import difflib
-import inspect
 import math
 from typing import Any, Callable, Dict, Optional
 
@@ -306,20 +305,30 @@ def _check_model(model_config) -> None:
     ) from e
 
 
+# A server that only averages: what an algorithm that does not read the
+# server optimizer runs with (settings.py's defaults).
+_PLAIN_SERVER = {'optimizer': 'sgd', 'learning_rate': 1.0, 'momentum': 0.0}
+
+
 def _check_algorithm(config) -> None:
-  """``algorithm_kwargs`` against the algorithm factory's keywords."""
-  factory = algorithms.REGISTRY[config.algorithm]
-  parameters = inspect.signature(factory).parameters.values()
-  if any(p.kind == p.VAR_KEYWORD for p in parameters):
-    return
-  known = {p.name for p in parameters if p.kind == p.KEYWORD_ONLY}
-  known -= {'server_optimizer', 'weighting'}  # Set from config.server.
-  unknown = sorted(set(config.algorithm_kwargs) - known)
-  if unknown:
-    raise ConfigError(
-      f'--config.algorithm_kwargs has {unknown}, which algorithm '
-      f'{config.algorithm!r} does not take; it takes {sorted(known)}.'
+  """``algorithm_kwargs`` against the algorithm's declared options (names,
+  types, ranges: `spec.AlgorithmSpec.make_options`), and a server optimizer
+  set for an algorithm that declares it does not read one."""
+  spec = algorithms.REGISTRY[config.algorithm]
+  try:
+    spec.make_options(**config.algorithm_kwargs)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  if 'server_optimizer' not in spec.reads:
+    changed = sorted(
+      k for k, v in _PLAIN_SERVER.items() if config.server.get(k, v) != v
     )
+    if changed or config.server.get('fedhyper_local', False):
+      raise ConfigError(
+        f'--config.server.{(changed or ["fedhyper_local"])[0]} is set, but '
+        f'{config.algorithm!r} has no server optimizer (nothing is averaged '
+        'into a global model); leave the server block at its defaults.'
+      )
 
 
 def _check_generated(config) -> None:

@@ -68,7 +68,7 @@ def test_fedadam_round_matches_numpy():
   server = optimizers.make_server_optimizer(
     'adam', learning_rate=0.05, eps=1e-3
   )
-  make = lambda model: fedavg.make(model, server_optimizer=server)
+  make = lambda model: fedavg.build(model, server_optimizer=server)
   state, w0, b0, x, y = one_client_round(make, server, steps=1, lr=0.3)
   gw, _ = softmax_regression_grad(w0, b0, x, y)
   delta = -0.3 * gw
@@ -85,7 +85,7 @@ def test_registry_and_bad_hyperparameters():
   with pytest.raises(ValueError, match='mu'):
     algorithms.REGISTRY['fedprox'](fx.linear(), server_optimizer=server, mu=-1)
   with pytest.raises(ValueError, match='weighting'):
-    fedavg.make(fx.linear(), server_optimizer=server, weighting='by_loss')
+    fedavg.build(fx.linear(), server_optimizer=server, weighting='by_loss')
 
 
 def test_scaffold_two_rounds_match_numpy():

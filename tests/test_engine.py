@@ -21,7 +21,7 @@ def federation(model_fn=fx.cnn, num_clients=6, alpha=0.5, norm='none'):
     labels, num_clients, alpha, seed=1, variant='per_class'
   )
   model = model_fn(norm) if model_fn is fx.cnn else model_fn()
-  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  alg = fedavg.build(model, server_optimizer=SGD_SERVER)
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   return model, alg, data, parts, fx.init_variables(model, images)
 
@@ -96,7 +96,7 @@ def softmax_regression():
   """60 examples, FedAvg on the linear model: gradients we can write by hand."""
   images, labels = fx.make_data(60)
   model = fx.linear()
-  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  alg = fedavg.build(model, server_optimizer=SGD_SERVER)
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   return images, labels, alg, fx.init_variables(model, images), data
 
@@ -163,7 +163,7 @@ def test_aggregation_weights_by_client_size():
   w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
   b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
   for weighting, weights in [('num_examples', (4, 12)), ('uniform', (1, 1))]:
-    alg = fedavg.make(model, server_optimizer=SGD_SERVER, weighting=weighting)
+    alg = fedavg.build(model, server_optimizer=SGD_SERVER, weighting=weighting)
     c = fx.cohort(parts, [0, 1], num_slots=2, batch_size=12, num_steps=1)
     state, _, _ = run_rounds(
       'vmap', alg, data, parts, variables, [c], spec=fx.make_spec(alg, lr=0.5)
@@ -197,7 +197,7 @@ def counting_algorithm(model):
   state = steps this round; server extra = participants per client seen by
   server_update. The context's step count, slot and example count are
   recorded too."""
-  base = fedavg.make(model, server_optimizer=SGD_SERVER)
+  base = fedavg.build(model, server_optimizer=SGD_SERVER)
 
   def init_client(variables, key):
     del variables, key

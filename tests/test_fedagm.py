@@ -51,7 +51,7 @@ def test_three_rounds_match_the_equations():
     'fedagm', learning_rate=tau, momentum=lam
   )
   alg = fedagm.accelerate(
-    fedavg.make(model, server_optimizer=server), server, beta=beta
+    fedavg.build(model, server_optimizer=server), server, beta=beta
   )
   cohorts = [
     cohort_lib.make_cohort(
@@ -138,9 +138,9 @@ def test_no_momentum_and_no_proximal_term_is_the_client_method_itself():
   variables = fx.init_variables(model, images)
   ends = []
   for alg in (
-    fedavg.make(model, server_optimizer=server),
+    fedavg.build(model, server_optimizer=server),
     fedagm.accelerate(
-      fedavg.make(model, server_optimizer=server), server, beta=0.0
+      fedavg.build(model, server_optimizer=server), server, beta=0.0
     ),
   ):
     (cohort,) = fx.round_cohorts(alg, parts, labels, [[0, 2]])

@@ -101,7 +101,7 @@ def test_fedavg_with_fedhyper_matches_the_equations_over_four_rounds(local):
   parts = [np.arange(12), np.arange(12, 30)]
   model = fx.linear()
   server = optimizers.make_server_optimizer('fedhyper')
-  alg = fedavg.make(model, server_optimizer=server)
+  alg = fedavg.build(model, server_optimizer=server)
   if local:
     alg = fedhyper.schedule_local(alg, expected_clients=2)
   joined = [[0, 1], [0, 1], [], [1]]

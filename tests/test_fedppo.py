@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_metric import algorithms, contract, engine, executors, optimizers
-from fedjax_metric.algorithms import fedppo
+from fedjax_metric.algorithms import fedppo_agent, fedppo_server
 from fedjax_metric.models import split_variables
 
 SERVER = optimizers.make_server_optimizer('sgd')
@@ -43,7 +43,7 @@ def test_selection_draws_distinct_clients_as_the_codes_rejection_sampling():
   log_probs = jnp.asarray(logits) - jax.nn.logsumexp(logits[available])
   keys = jax.random.split(jax.random.key(1), draws)
   picked = np.asarray(
-    jax.vmap(fedppo.sample_without_replacement, (None, None, None, 0))(
+    jax.vmap(fedppo_server.sample_without_replacement, (None, None, None, 0))(
       log_probs, jnp.asarray(available), k, keys
     )
   )
@@ -53,10 +53,12 @@ def test_selection_draws_distinct_clients_as_the_codes_rejection_sampling():
 
 
 def test_policy_is_a_softmax_over_the_available_clients_only():
-  agent = fedppo.init_agent(jax.random.key(0), 4)
+  agent = fedppo_agent.init_agent(jax.random.key(0), 4)
   observation = jnp.array([0.3, 0.1, 0.0, 0.9, 0.5])
   available = jnp.array([True, False, True, True])
-  log_probs = fedppo.policy_log_probs(agent['actor'], observation, available)
+  log_probs = fedppo_agent.policy_log_probs(
+    agent['actor'], observation, available
+  )
   h = np.asarray(observation, np.float64)
   for layer in agent['actor'][:-1]:
     h = np.tanh(h @ np.asarray(layer['w']) + np.asarray(layer['b']))
@@ -69,7 +71,7 @@ def test_policy_is_a_softmax_over_the_available_clients_only():
   )
   assert float(log_probs[1]) < -1e8
   # Nobody available (a round nobody joins): still finite.
-  nobody = fedppo.policy_log_probs(
+  nobody = fedppo_agent.policy_log_probs(
     agent['actor'], observation, jnp.zeros(4, bool)
   )
   assert np.isfinite(np.asarray(nobody)).all()
@@ -78,7 +80,7 @@ def test_policy_is_a_softmax_over_the_available_clients_only():
 def test_rewards_by_hand():
   """r_i = acc_i + acc_g * dl_i / sum_j dl_j, dl_i = max(l_prev - l, 1e-5);
   a first selection (l_prev = 0) and a loss that rose both give 1e-5."""
-  r = fedppo.rewards(
+  r = fedppo_server.rewards(
     accuracy=jnp.array([0.5, 0.8, 0.2, 0.9]),
     global_accuracy=jnp.float32(0.6),
     loss=jnp.array([1.0, 2.0, 1.0, 3.0]),
@@ -109,8 +111,10 @@ def test_returns_follow_the_codes_monte_carlo_loop():
     expected.insert(0, running)
   expected = np.array(expected)
   expected = (expected - expected.mean()) / (expected.std(ddof=1) + 1e-7)
-  returns = fedppo.discounted_returns(jnp.asarray(reward), jnp.asarray(taken))
-  normalised = fedppo.normalise(returns, jnp.asarray(taken))
+  returns = fedppo_agent.discounted_returns(
+    jnp.asarray(reward), jnp.asarray(taken)
+  )
+  normalised = fedppo_agent.normalise(returns, jnp.asarray(taken))
   np.testing.assert_allclose(
     np.asarray(normalised)[taken], expected, rtol=1e-5, atol=1e-6
   )
@@ -130,7 +134,7 @@ def test_ppo_loss_is_the_clipped_surrogate_plus_value_minus_entropy():
   round's available clients; re-derived in float64 NumPy."""
   n, u = 4, 2
   rng = np.random.default_rng(5)
-  agent = fedppo.init_agent(jax.random.key(2), n)
+  agent = fedppo_agent.init_agent(jax.random.key(2), n)
   buffer = {
     'state': rng.uniform(size=(u, n + 1)).astype(np.float32),
     'available': np.array([[True, True, False, True], [True] * 4]),
@@ -161,7 +165,7 @@ def test_ppo_loss_is_the_clipped_surrogate_plus_value_minus_entropy():
       a = advantages[i, j]
       surrogate = -min(ratio * a, np.clip(ratio, 0.8, 1.2) * a)
       terms.append(surrogate + 0.5 * (v - returns[i, j]) ** 2 - 0.01 * entropy)
-  loss = fedppo.ppo_loss(
+  loss = fedppo_agent.ppo_loss(
     agent,
     jax.tree.map(jnp.asarray, buffer),
     jnp.asarray(returns),

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from fedjax_metric import algorithms, engine, executors, optimizers
-from fedjax_metric.algorithms import fedau
+from fedjax_metric.algorithms import fedau_intervals
 from fedjax_metric.contract import RunFacts
 from fedjax_metric.data import participation, partition
 
@@ -285,11 +285,12 @@ AGG_NEAR_MISS = {
 }
 
 # Relative to the trajectory's largest entry, in float64 but for the weights
-# our code rounds to float32: FedAU's omega (fedau.current_omega) and
-# known_prob's 1 / p (fedau._check_probabilities), measured 1.9e-8. MIFA
-# and FedVarp keep ybar incrementally (ybar += (1 / N) sum of new - old)
-# where the authors take the mean of the table: float64 rounding, measured
-# 5.2e-16 (MIFA) and 3.0e-16 (FedVarp); the plain averages 1.1e-16.
+# our code rounds to float32: FedAU's omega (fedau_intervals.current_omega)
+# and known_prob's 1 / p (fedau_intervals.inverse_probabilities), measured
+# 1.9e-8. MIFA and FedVarp keep ybar incrementally (ybar += (1 / N) sum of
+# new - old) where the authors take the mean of the table: float64
+# rounding, measured 5.2e-16 (MIFA) and 3.0e-16 (FedVarp); the plain
+# averages 1.1e-16.
 AGG_TOL = {
   'adaptive_k3': 1e-7,
   'adaptive': 1e-7,
@@ -395,10 +396,12 @@ def test_fedau_weights_match_authors_csv():
     ('adaptive', None),
   ):
     printed = np.nan_to_num(GOLDEN[f'agg_{run}_csv_weights'], nan=1.0)
-    ours = fedau.interval_weights(mask, cutoff=cutoff)
+    ours = fedau_intervals.interval_weights(mask, cutoff=cutoff)
     np.testing.assert_allclose(ours[mask], printed[mask], atol=5e-5)
   # Near miss: K + 1 (client 3's first weight would be K + 1 = 4, not 3).
-  wrong = fedau.interval_weights(mask, cutoff=int(GOLDEN['agg_k']) + 1)
+  wrong = fedau_intervals.interval_weights(
+    mask, cutoff=int(GOLDEN['agg_k']) + 1
+  )
   printed = GOLDEN['agg_adaptive_k3_csv_weights']
   assert (
     np.max(np.abs(wrong[mask] - np.nan_to_num(printed, nan=1.0)[mask])) > 0.5
@@ -499,6 +502,6 @@ def test_rounds_fixture_exercises_the_edges():
   assert mask.sum(0).all()  # every client joins at least once
   # The recorded mask has participations after >= K rounds out (K closes an
   # interval before the client returns).
-  omega_k2 = fedau.interval_weights(mask, cutoff=2)
-  omega_k3 = fedau.interval_weights(mask, cutoff=3)
+  omega_k2 = fedau_intervals.interval_weights(mask, cutoff=2)
+  omega_k3 = fedau_intervals.interval_weights(mask, cutoff=3)
   assert np.any(omega_k2 != omega_k3)

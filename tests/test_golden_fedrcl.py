@@ -92,21 +92,19 @@ def test_fixtures_name_the_authors_code():
 
 
 def test_our_defaults_are_the_released_config():
-  """make_fedrcl's defaults are the fixture's first case, which the script
-  read from the authors' configs/client/fedrcl.yaml."""
+  """FedRCL's default options are the fixture's first case, which the
+  script read from the authors' configs/client/fedrcl.yaml."""
   g = golden('fedrcl')
-  defaults = {
-    k: v.default
-    for k, v in inspect.signature(fedrcl.make_fedrcl).parameters.items()
-  }
-  assert defaults['temperature'] == g['temperatures'][0]
-  assert defaults['threshold'] == g['thresholds'][0]
-  assert defaults['beta'] == g['betas'][0]
-  assert defaults['form'] == 'code'
-  assert defaults['weighting'] == 'uniform'  # their server: a plain mean
+  defaults = fedrcl.FEDRCL.make_options()
+  assert defaults.temperature == g['temperatures'][0]
+  assert defaults.threshold == g['thresholds'][0]
+  assert defaults.beta == g['betas'][0]
+  assert defaults.form == 'code'
+  weighting = inspect.signature(fedrcl.build).parameters['weighting']
+  assert weighting.default == 'uniform'  # their server: a plain mean
   assert (int(g['topk_pos']), int(g['topk_neg'])) == (1, 2)
-  scl = inspect.signature(fedrcl.make_fedscl).parameters
-  assert scl['temperature'].default == g['temperatures'][0]
+  scl = fedrcl.FEDSCL.make_options()
+  assert scl.temperature == g['temperatures'][0]
 
 
 # ---------------------------------------------------------------------------
@@ -345,8 +343,8 @@ def test_client_loss_hooks_add_the_authors_term():
     )
     server = optimizers.make_server_optimizer('sgd')
     for make, want in (
-      (fedrcl.make_fedrcl, g['main/case0/rcl/total']),
-      (fedrcl.make_fedscl, g['main/case0/scl/total']),
+      (fedrcl.FEDRCL, g['main/case0/rcl/total']),
+      (fedrcl.FEDSCL, g['main/case0/scl/total']),
     ):
       alg = make(model, server_optimizer=server)
       loss, (_, terms) = alg.client_loss(variables['params'], {}, batch, None)
@@ -522,7 +520,7 @@ def fedagm_rounds(
   server = optimizers.make_server_optimizer(
     'fedagm', momentum=float(g[f'{p}/momentum'])
   )
-  alg = fedavg.make(fx.linear(), server_optimizer=server, weighting=weighting)
+  alg = fedavg.build(fx.linear(), server_optimizer=server, weighting=weighting)
   if lookahead:
     # Their loss adds w * ||theta - received||^2: beta / 2 = w.
     beta = 2 * float(g[f'{p}/prox_weight']) if beta is None else beta
@@ -616,9 +614,9 @@ def rcl_algorithm(g, p, **kw):
   if bool(g[f'{p}/penalty']):
     args['threshold'] = kw.pop('threshold', float(g[f'{p}/threshold']))
     args['beta'] = kw.pop('beta', float(g[f'{p}/beta']))
-    alg = fedrcl.make_fedrcl(levels_mlp(), **args)
+    alg = fedrcl.FEDRCL(levels_mlp(), **args)
   else:
-    alg = fedrcl.make_fedscl(levels_mlp(), **args)
+    alg = fedrcl.FEDSCL(levels_mlp(), **args)
   assert not kw, kw
   if fedacg:
     beta = 2 * float(g[f'{p}/prox_weight'])

@@ -184,7 +184,7 @@ def _fedhyper_round_models(fixture, case, *, local, momentum):
     }
   }
   server = optimizers.make_server_optimizer('fedhyper')
-  alg = fedavg.make(model, server_optimizer=server, weighting='uniform')
+  alg = fedavg.build(model, server_optimizer=server, weighting='uniform')
   if local:
     alg = fedhyper.schedule_local(
       alg,
@@ -350,14 +350,14 @@ def _ppo_replay(fixture, *, discount=None):
   """Our FedPPO server pieces on the authors' rounds: their draws, our
   log-probabilities, values, rewards, buffer and PPO updates. Returns the
   per-round quantities and the final agent."""
-  from fedjax_metric.algorithms import fedppo
+  from fedjax_metric.algorithms import fedppo_agent, fedppo_server
 
   n = int(fixture['num_users'])
   every = int(fixture['update_every'])
   agent = _agent_from_torch(fixture, 'initial')
   optimizer = optax_adam(float(fixture['lr']))
   opt_state = optimizer.init(agent)
-  buffer = fedppo.empty_buffer(n, every)
+  buffer = fedppo_agent.empty_buffer(n, every)
   observation = jnp.zeros(n + 1, jnp.float32)
   previous_loss = jnp.zeros(n, jnp.float32)
   available = jnp.ones(n, bool)
@@ -365,7 +365,7 @@ def _ppo_replay(fixture, *, discount=None):
   got['reward'] = []
   update = jax.jit(
     lambda a, s, b: (
-      fedppo.ppo_update(a, s, b, optimizer)
+      fedppo_agent.ppo_update(a, s, b, optimizer)
       if discount is None
       else _ppo_update_with_discount(a, s, b, optimizer, discount)
     )
@@ -373,9 +373,11 @@ def _ppo_replay(fixture, *, discount=None):
 
   @jax.jit
   def evaluate(agent, observation, accuracy, acc_g, loss, previous, selected):
-    log_probs = fedppo.policy_log_probs(agent['actor'], observation, available)
-    v = fedppo.value(agent['critic'], observation)
-    reward = fedppo.rewards(accuracy, acc_g, loss, previous, selected)
+    log_probs = fedppo_agent.policy_log_probs(
+      agent['actor'], observation, available
+    )
+    v = fedppo_agent.value(agent['critic'], observation)
+    reward = fedppo_server.rewards(accuracy, acc_g, loss, previous, selected)
     return log_probs, v, reward
 
   for t in range(int(fixture['rounds'])):
@@ -425,17 +427,19 @@ def optax_adam(lr):
 
 
 def _ppo_update_with_discount(agent, opt_state, buffer, optimizer, discount):
-  """fedppo.ppo_update with another gamma (a near miss)."""
-  from fedjax_metric.algorithms import fedppo
+  """fedppo_agent.ppo_update with another gamma (a near miss)."""
+  from fedjax_metric.algorithms import fedppo_agent
 
   taken = buffer['taken'].reshape(-1)
-  returns = fedppo.discounted_returns(
+  returns = fedppo_agent.discounted_returns(
     buffer['reward'].reshape(-1), taken, discount
   )
-  returns = fedppo.normalise(returns, taken).reshape(buffer['taken'].shape)
+  returns = fedppo_agent.normalise(returns, taken).reshape(
+    buffer['taken'].shape
+  )
   advantages = returns - buffer['value'][:, None]
-  for _ in range(fedppo.UPDATE_EPOCHS):
-    grads = jax.grad(fedppo.ppo_loss)(agent, buffer, returns, advantages)
+  for _ in range(fedppo_agent.UPDATE_EPOCHS):
+    grads = jax.grad(fedppo_agent.ppo_loss)(agent, buffer, returns, advantages)
     updates, opt_state = optimizer.update(grads, opt_state, agent)
     agent = jax.tree.map(jnp.add, agent, updates)
   return agent, opt_state
@@ -472,14 +476,14 @@ def test_fedppo_transition_order_is_a_measured_departure(fedppo_fixture):
   index-order update is the chain's (checked through round 1's
   probabilities), so the two differ: by 0.0100 at most in a weight when
   the fixture was made, after 5 Adam steps of 1e-3."""
-  from fedjax_metric.algorithms import fedppo
+  from fedjax_metric.algorithms import fedppo_agent
 
   fixture = fedppo_fixture
   assert list(fixture['drawn'][0]) != sorted(fixture['drawn'][0])
   n = int(fixture['num_users'])
   agent = _agent_from_torch(fixture, 'initial')
   optimizer = optax_adam(float(fixture['lr']))
-  buffer = fedppo.empty_buffer(n, int(fixture['update_every']))
+  buffer = fedppo_agent.empty_buffer(n, int(fixture['update_every']))
   observation = jnp.zeros(n + 1, jnp.float32)
   available = jnp.ones(n, bool)
   selected = jnp.zeros(n, bool).at[fixture['drawn'][0]].set(True)
@@ -491,13 +495,17 @@ def test_fedppo_transition_order_is_a_measured_departure(fedppo_fixture):
   entries = {
     'state': observation,
     'available': available,
-    'value': fedppo.value(agent['critic'], observation),
-    'log_prob': fedppo.policy_log_probs(agent['actor'], observation, available),
+    'value': fedppo_agent.value(agent['critic'], observation),
+    'log_prob': fedppo_agent.policy_log_probs(
+      agent['actor'], observation, available
+    ),
     'reward': reward,
     'taken': selected,
   }
   buffer = {k: buffer[k].at[-1].set(entries[k]) for k in buffer}
-  ours, _ = fedppo.ppo_update(agent, optimizer.init(agent), buffer, optimizer)
+  ours, _ = fedppo_agent.ppo_update(
+    agent, optimizer.init(agent), buffer, optimizer
+  )
   theirs = _flat_agent(_agent_from_torch(fixture, 'draw_order'))
   difference = np.max(np.abs(_flat_agent(ours) - theirs))
   assert difference > 100 * PPO_ATOL, difference
@@ -527,7 +535,7 @@ def test_fedppo_sampling_without_replacement_matches_the_authors(
   without-replacement probabilities (and the script's first pick of p).
   Near miss: Gumbel-top-k on the probabilities instead of their logs
   (our function given p as log-probabilities) is > 20 standard errors off."""
-  from fedjax_metric.algorithms import fedppo
+  from fedjax_metric.algorithms import fedppo_server
 
   fixture = fedppo_fixture
   p = fixture['sampler_probs'].astype(np.float64)
@@ -546,7 +554,9 @@ def test_fedppo_sampling_without_replacement_matches_the_authors(
 
   def frequencies(scores):
     masks = jax.vmap(
-      lambda key: fedppo.sample_without_replacement(scores, available, k, key)
+      lambda key: fedppo_server.sample_without_replacement(
+        scores, available, k, key
+      )
     )(keys)
     assert np.all(np.asarray(masks).sum(axis=1) == k)
     return np.asarray(masks).mean(axis=0)
@@ -595,7 +605,7 @@ def _feduv_rounds(fixture, *, squared=False):
   model = models.make_model_fns(_Embedding(code_length, num_clients), (1, dim))
   codes, _ = feduv.codewords(num_clients, code_length)
   assert np.array_equal(codes, fixture['codewords'])  # the same codewords
-  alg = feduv.make(
+  alg = feduv.SPEC(
     model,
     server_optimizer=optimizers.make_server_optimizer('sgd'),
     weighting='uniform',
@@ -622,7 +632,7 @@ def _feduv_rounds(fixture, *, squared=False):
 
 
 def test_feduv_rounds_match_the_reproduction(feduv_fixture):
-  """Four rounds of FedUV (feduv.make: the codeword hinge, local SGD,
+  """Four rounds of FedUV (feduv.SPEC: the codeword hinge, local SGD,
   uniform FedAvg) through the engine, on the reproduction's cohorts, batches,
   codewords and initial weights, give its global models and its training
   loss (the example-weighted mean of the batch losses) to float32 rounding
@@ -771,9 +781,7 @@ def _deepsvdd_rounds(fixture, *, eps):
 
   dim, hidden, rep = _svdd_shapes(fixture)
   model = models.make_model_fns(_TwoLayer(hidden, rep), (1, dim))
-  alg = deepsvdd.make(
-    model, server_optimizer=optimizers.make_server_optimizer('sgd'), eps=eps
-  )
+  alg = deepsvdd.SPEC(model, eps=eps)  # No server optimizer: nothing averaged.
   variables = {
     'params': {
       'Dense_0': {'kernel': jnp.asarray(fixture['initial_fc1'].T)},
@@ -805,7 +813,7 @@ def _deepsvdd_rounds(fixture, *, eps):
 
 
 def test_deepsvdd_rounds_match_the_authors(deepsvdd_fixture):
-  """Three rounds of our per-client Deep SVDD (deepsvdd.make: the center
+  """Three rounds of our per-client Deep SVDD (deepsvdd.SPEC: the center
   fixed in the client's first round, the one-class loss, a fresh Adam with
   weight decay 1e-6 each round) give the weights of the authors' DeepSVDD
   after each of three one-epoch ``train`` calls on the same batches, and

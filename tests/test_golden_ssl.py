@@ -43,7 +43,15 @@ import pytest
 
 from fedjax_metric import engine, executors, losses, optimizers
 from fedjax_metric.algorithms import fedalignuniform as fau
-from fedjax_metric.algorithms import fedu2, fedx, l_dawa, ssd
+from fedjax_metric.algorithms import (
+  fedu2,
+  fedu2_eua,
+  fedx,
+  l_dawa,
+  ssd,
+  ssd_scaling,
+  ssl_common,
+)
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.evaluation import downstream, representation
 from fedjax_metric.models import make_model_fns
@@ -203,11 +211,11 @@ def test_ssd_scaling_matrices_have_the_released_structure():
   num_clients, dim, _ = theirs.shape
   m = g['loss_subspace_indices'].shape[1]
   alpha = float(g['alpha'])
-  ours = ssd.scaling_matrices(
+  ours = ssd_scaling.scaling_matrices(
     num_clients, dim, scale=alpha, directions_per_client=m, seed=3
   ).astype(np.float64)
   # The near miss: alpha scales S instead of S S^T.
-  miss = ssd.scaling_matrices(
+  miss = ssd_scaling.scaling_matrices(
     num_clients, dim, scale=alpha**2, directions_per_client=m, seed=3
   ).astype(np.float64)
 
@@ -458,7 +466,7 @@ ENGINE_ATOL = 1e-4
 
 
 def ssd_algorithm(near_miss=False):
-  return ssd.make(
+  return ssd.SPEC(
     stub_model(),
     server_optimizer=SERVER,
     # The near miss: Eq. 7 as printed instead of the released DSR.
@@ -467,7 +475,7 @@ def ssd_algorithm(near_miss=False):
 
 
 def fau_algorithm(near_miss=False):
-  return fau.make(
+  return fau.SPEC(
     stub_model(),
     server_optimizer=SERVER,
     # The near miss: clients weighted equally, not by local batches.
@@ -479,7 +487,7 @@ def fau_algorithm(near_miss=False):
 def test_rounds_match_released_client_and_server_float64(monkeypatch, prefix):
   g = load('ssd')
   monkeypatch.setattr(
-    fau, 'make_views', lambda order='ssd': make_stub_views(jnp.float64)
+    ssl_common, 'two_views', lambda order='ssd': make_stub_views(jnp.float64)
   )
   make_alg = ssd_algorithm if prefix == 'ssd_round' else fau_algorithm
   with jax.enable_x64(True):
@@ -498,7 +506,7 @@ def test_rounds_match_released_client_and_server_float64(monkeypatch, prefix):
 def test_engine_rounds_match_released_client_and_server(monkeypatch, prefix):
   g = load('ssd')
   monkeypatch.setattr(
-    fau, 'make_views', lambda order='ssd': make_stub_views(jnp.float32)
+    ssl_common, 'two_views', lambda order='ssd': make_stub_views(jnp.float32)
   )
   make_alg = ssd_algorithm if prefix == 'ssd_round' else fau_algorithm
   extra = None
@@ -589,12 +597,12 @@ def test_fedu2_min_norm_weights_match_released_solver(clients):
   with jax.enable_x64(True):
     gram = jnp.asarray(vecs @ vecs.T)
     real = jnp.ones(clients, bool)
-    got = fedu2.min_norm_weights(gram, jnp.asarray(weights), real)
+    got = fedu2_eua.min_norm_weights(gram, jnp.asarray(weights), real)
     assert_close(got, want, 0, 1e-12)
     # The near miss: starting from equal weights (MGDA's usual start)
     # instead of the clients' weights. With two clients the released solver
     # returns its start, so any other start is a miss.
-    miss = fedu2.min_norm_weights(gram, jnp.ones(clients), real)
+    miss = fedu2_eua.min_norm_weights(gram, jnp.ones(clients), real)
     assert_differs(miss, want, 0, 1e-12)
 
 
@@ -617,7 +625,7 @@ def eua_server_round(g, name, *, sharpen, server_lr=8.0):
   """Our FedU2 server on the fixture's client models: client_final (the
   weights' sharpening) per client, then server_update (EUA + BatchNorm
   statistics averaged with the weights). Returns (new variables, lambda)."""
-  alg = fedu2.make(
+  alg = fedu2.SPEC(
     None,
     server_optimizer=SERVER,
     weighting='num_examples',  # ctx.num_examples carries the batch counts
@@ -647,7 +655,7 @@ def eua_server_round(g, name, *, sharpen, server_lr=8.0):
     jnp.ones(num_clients, bool),
   )
   cohort_rows = engine.gather_rows(table, ids)
-  _, lam = fedu2.eua_direction(
+  _, lam = fedu2_eua.eua_direction(
     cohort_rows['delta'], cohort_rows['weight'], jnp.ones(num_clients, bool)
   )
   new = alg.server_update(state, aggregate, cohort_rows)
@@ -848,7 +856,7 @@ def fedx_error(got, g):
 
 
 def fedx_algorithm(near_miss=False):
-  return fedx.make(
+  return fedx.SPEC(
     make_model_fns(StubFedX(), (1, 6, 6, 1)),
     server_optimizer=SERVER,
     # main.py averages by the clients' example counts (fed_avg_freqs);
@@ -870,7 +878,7 @@ def test_fedx_rounds_match_released_training_loop(monkeypatch, mode):
   g = load('fedx')
   dtype = jnp.float64 if mode == 'hooks_float64' else jnp.float32
   monkeypatch.setattr(
-    fau, 'make_views', lambda order='ssd': make_stub_views(dtype)
+    ssl_common, 'two_views', lambda order='ssd': make_stub_views(dtype)
   )
   run = hook_rounds if mode == 'hooks_float64' else engine_rounds
   atol = FEDX_HOOK_ATOL if mode == 'hooks_float64' else FEDX_ENGINE_ATOL
@@ -931,7 +939,7 @@ def ldawa_server(
   """Our L-DAWA server on the fixture's four clients: client_final per
   client (round ``round_idx``), then FedAvg's server_update."""
   glob = ldawa_tree(g, glob_prefix)
-  alg = l_dawa.make(
+  alg = l_dawa.SPEC(
     None,
     server_optimizer=SERVER,
     scope=scope,

@@ -46,7 +46,7 @@ def test_chunk_memory_model_predicts_a_larger_chunk():
   images, labels = fx.make_data(72)
   parts = partition_lib.iid(labels, 6, seed=0)
   model = fx.cnn()
-  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  alg = fedavg.build(model, server_optimizer=SGD_SERVER)
   data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
   spec = fx.make_spec(alg)
   state, table = engine.init_state(alg, fx.init_variables(model, images), 6)
@@ -91,7 +91,7 @@ def test_moon_table_at_10000_clients_is_sized_without_allocating():
   """MOON keeps one ResNet-18 per client: 10,000 x 44.7 MB = 447 GB."""
   model = models.build('resnet18', 10, (32, 32, 3))
   variables = abstract_variables(model, (32, 32, 3))
-  alg = moon.make(model, server_optimizer=SGD_SERVER)
+  alg = moon.SPEC(model, server_optimizer=SGD_SERVER)
   row = memory.tree_bytes(variables)
   assert memory.client_table_bytes(alg, variables, 10_000) == 10_000 * row
   assert 40e6 < row < 50e6  # 11.2M float32 parameters (+ BN statistics).
@@ -110,7 +110,7 @@ def test_a_table_over_budget_is_refused_and_one_at_budget_is_built():
   images, _ = fx.make_data(8)
   model = fx.cnn()
   variables = fx.init_variables(model, images)
-  alg = moon.make(model, server_optimizer=SGD_SERVER)
+  alg = moon.SPEC(model, server_optimizer=SGD_SERVER)
   need = memory.client_table_bytes(alg, variables, 10_000)
   with pytest.raises(memory.MemoryBudgetError, match='10,000 clients'):
     memory.check_client_table_fits(need, 10_000, need - 1)
@@ -135,7 +135,7 @@ def test_train_refuses_a_table_over_budget_before_allocating(tmp_path):
 def test_stateless_algorithms_need_no_table():
   images, _ = fx.make_data(8)
   model = fx.cnn()
-  alg = fedavg.make(model, server_optimizer=SGD_SERVER)
+  alg = fedavg.build(model, server_optimizer=SGD_SERVER)
   assert (
     memory.client_table_bytes(alg, fx.init_variables(model, images), 10_000)
     == 0

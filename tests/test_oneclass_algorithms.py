@@ -287,7 +287,7 @@ def test_fedmetric_rescale_divides_each_rounds_step_by_the_mean_radius():
     rho = radii.mean()
   assert abs(rho - 1.0) > 0.05  # The second round's step was rescaled.
   with pytest.raises(ValueError, match='rescale'):
-    fedmetric.make(
+    fedmetric.SPEC(
       model, server_optimizer=SERVER, negatives='none', rescale=True
     )
 
@@ -361,7 +361,7 @@ def test_fedmetric_host_and_vmap_agree_and_gradients_finite_on_center():
 
 def test_fedmetric_bad_knobs():
   model = linear_model()
-  make = lambda **kw: fedmetric.make(model, server_optimizer=SERVER, **kw)
+  make = lambda **kw: fedmetric.SPEC(model, server_optimizer=SERVER, **kw)
   with pytest.raises(ValueError, match='scale'):
     make(scale=-0.5)
   with pytest.raises(ValueError, match="negatives='true'"):

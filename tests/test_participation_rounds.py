@@ -23,7 +23,7 @@ from fedjax_metric import (
   models,
   optimizers,
 )
-from fedjax_metric.algorithms import fedau, pmfl
+from fedjax_metric.algorithms import fedau, fedau_intervals, pmfl
 from fedjax_metric.contract import RunFacts
 
 PARTS = [np.arange(0, 6), np.arange(6, 16), np.arange(16, 24)]
@@ -181,7 +181,7 @@ def test_fedau_aggregations_match_numpy(aggregation):
     mask = np.zeros((len(ROUNDS), NUM_CLIENTS), bool)
     for t, ids in enumerate(ROUNDS):
       mask[t, ids] = True
-    table = fedau.interval_weights(mask, cutoff=cutoff)
+    table = fedau_intervals.interval_weights(mask, cutoff=cutoff)
     for t, round_omega in enumerate(omegas):
       for n in range(NUM_CLIENTS):
         assert table[t, n] == pytest.approx(round_omega.get(n, 0.0))
@@ -210,20 +210,20 @@ def test_fedau_average_participating_is_uniform_fedavg():
 
 def test_fedau_validation():
   with pytest.raises(ValueError, match='aggregation'):
-    fedau.make(fx.linear(), server_optimizer=server(1.0), aggregation='mean')
+    fedau.SPEC(fx.linear(), server_optimizer=server(1.0), aggregation='mean')
   with pytest.raises(ValueError, match='participation probabilities'):
-    fedau.make(
+    fedau.SPEC(
       fx.linear(), server_optimizer=server(1.0), aggregation='known_prob'
     )
   with pytest.raises(ValueError, match=r'\(0, 1\]'):
-    fedau.make(
+    fedau.SPEC(
       fx.linear(),
       server_optimizer=server(1.0),
       aggregation='known_prob',
       run=RunFacts(participation_probabilities=[0.5, 0.0, 1.0]),
     )
   with pytest.raises(ValueError, match='cutoff'):
-    fedau.make(fx.linear(), server_optimizer=server(1.0), cutoff=0)
+    fedau.SPEC(fx.linear(), server_optimizer=server(1.0), cutoff=0)
 
 
 # ---------------------------------------------------------------------------
@@ -792,11 +792,11 @@ def test_pmfl_loss_gradient_finite_with_empty_buffer_and_zero_model():
 )
 def test_pmfl_validation(name, value):
   with pytest.raises(ValueError, match=name):
-    pmfl.make(fx.linear(), server_optimizer=server(1.0), **{name: value})
+    pmfl.SPEC(fx.linear(), server_optimizer=server(1.0), **{name: value})
 
 
 def test_pmfl_refuses_a_run_of_no_rounds():
   with pytest.raises(ValueError, match='num_rounds'):
-    pmfl.make(
+    pmfl.SPEC(
       fx.linear(), server_optimizer=server(1.0), run=RunFacts(num_rounds=0)
     )

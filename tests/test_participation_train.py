@@ -28,7 +28,7 @@ NUM_CLIENTS, NUM_ROUNDS = 6, 8
 def make_recorder(model, *, server_optimizer, run, weighting):
   """FedAvg that records [T, N] participants and [T] 'model unchanged'."""
   num_rounds = run.num_rounds
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
 
@@ -190,7 +190,7 @@ def test_build_algorithm_passes_run_facts(monkeypatch):
       knob=knob,
       probabilities=run.participation_probabilities,
     )
-    return fedavg.make(model, server_optimizer=server_optimizer)
+    return fedavg.build(model, server_optimizer=server_optimizer)
 
   monkeypatch.setitem(algorithms.REGISTRY, 'facts', factory)
   config = fedavg_config.get_config('runlocal')

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_metric import losses
-from fedjax_metric.algorithms import fedau, pmfl
+from fedjax_metric.algorithms import fedau_intervals, pmfl
 
 # Two clients, nine rounds (1 = participates). Client 0 hits the cutoff
 # K = C = 3 after round 4; client 1 hits it before it ever participates.
@@ -60,7 +60,7 @@ def ref_fedau(mask, cutoff):
 def test_fedau_matches_list_reference(cutoff):
   for mask in random_masks():
     np.testing.assert_allclose(
-      fedau.interval_weights(mask, cutoff=cutoff),
+      fedau_intervals.interval_weights(mask, cutoff=cutoff),
       ref_fedau(mask, cutoff),
       rtol=1e-6,
     )
@@ -82,7 +82,7 @@ FEDAU_HAND = np.array(
 
 def test_fedau_hand_table():
   np.testing.assert_allclose(
-    fedau.interval_weights(HAND_MASK, cutoff=3), FEDAU_HAND, rtol=1e-6
+    fedau_intervals.interval_weights(HAND_MASK, cutoff=3), FEDAU_HAND, rtol=1e-6
   )
 
 
@@ -95,13 +95,15 @@ def test_fedau_hand_table_without_cutoff():
     [[1, 0, 0, 1, 2, 0, 0, 0, 5 / 3], [0, 0, 0, 0, 1, 0, 5, 3.5, 8 / 3]]
   ).T
   np.testing.assert_allclose(
-    fedau.interval_weights(HAND_MASK, cutoff=None), expected, rtol=1e-6
+    fedau_intervals.interval_weights(HAND_MASK, cutoff=None),
+    expected,
+    rtol=1e-6,
   )
 
 
 def test_fedau_step_under_jit_matches_hand_table():
-  step = jax.jit(functools.partial(fedau.interval_step, cutoff=3))
-  state = fedau.init_interval_state(2)
+  step = jax.jit(functools.partial(fedau_intervals.interval_step, cutoff=3))
+  state = fedau_intervals.init_interval_state(2)
   for t in range(HAND_MASK.shape[0]):
     state, omega = step(state, jnp.asarray(HAND_MASK[t]))
     np.testing.assert_allclose(np.asarray(omega), FEDAU_HAND[t], rtol=1e-6)
@@ -112,9 +114,9 @@ def test_fedau_step_under_jit_matches_hand_table():
 
 def test_fedau_validation():
   with pytest.raises(ValueError, match='cutoff'):
-    fedau.interval_weights(HAND_MASK, cutoff=0)
+    fedau_intervals.interval_weights(HAND_MASK, cutoff=0)
   with pytest.raises(ValueError, match='\\[T, N\\]'):
-    fedau.interval_weights(np.ones(4, bool), cutoff=3)
+    fedau_intervals.interval_weights(np.ones(4, bool), cutoff=3)
 
 
 # ---------------------------------------------------------------------------

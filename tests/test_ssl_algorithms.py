@@ -24,8 +24,14 @@ import numpy as np
 import pytest
 
 from fedjax_metric import algorithms, engine, optimizers
-from fedjax_metric.algorithms import fedalignuniform as fau
-from fedjax_metric.algorithms import fedu2, fedx, l_dawa, ssd
+from fedjax_metric.algorithms import (
+  fedu2,
+  fedu2_eua,
+  fedx,
+  l_dawa,
+  ssd,
+  ssl_schedules,
+)
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import views
 from fedjax_metric.models import make_model_fns
@@ -277,7 +283,7 @@ def test_ssd_client_loss_matches_numpy(assign):
   re-normalised target) and KL projector distillation (T = 0.5)."""
   model = two_linear()
   variables = init(model)
-  alg = ssd.make(model, server_optimizer=SERVER, assign=assign)
+  alg = ssd.SPEC(model, server_optimizer=SERVER, assign=assign)
   state = alg.init_server(variables, 3, jax.random.key(1))
   scalings = np.asarray(state.extra['scaling'], np.float64)
   assert scalings.shape == (3, DIM, DIM)
@@ -323,7 +329,7 @@ def test_ssd_client_loss_matches_numpy(assign):
 
 def test_ssd_scaling_matrices_live_in_server_extra():
   model = two_linear()
-  alg = ssd.make(model, server_optimizer=SERVER, scale=10.0)
+  alg = ssd.SPEC(model, server_optimizer=SERVER, scale=10.0)
   with jax.default_matmul_precision(HIGHEST):
     state = alg.init_server(init(model), 2, jax.random.key(3))
   s = np.asarray(state.extra['scaling'], np.float64)
@@ -375,7 +381,7 @@ def test_fedu2_loss_is_nt_xent_plus_weighted_regulariser():
   real = np.flatnonzero(mask)
   values = {}
   for weight in (0.0, 0.01, 1.0):
-    alg = fedu2.make(model, server_optimizer=SERVER, fur_weight=weight)
+    alg = fedu2.SPEC(model, server_optimizer=SERVER, fur_weight=weight)
     ctx = make_ctx(alg.init_server(variables, 2, jax.random.key(0)))
     values[weight], grad = jax_value_and_grad(
       alg, variables, batch_of(raw, mask), ctx
@@ -402,7 +408,7 @@ def test_fedx_loss_matches_numpy():
   model (server variables) is frozen, the prediction head is trained."""
   model = two_linear()
   variables = init(model, seed=0)
-  alg = fedx.make(model, server_optimizer=SERVER)
+  alg = fedx.SPEC(model, server_optimizer=SERVER)
   state = alg.init_server(variables, 2, jax.random.key(5))
   params = state.variables['params']
   assert fedx.PREDICTOR in params
@@ -501,7 +507,7 @@ def schedule(schedules, n, *, batch_size, epochs, num_steps, form, seed=0):
 def test_drop_last_and_single_example_batches(form):
   # n = 10, B = 4: batches of 4, 4, 2 per epoch.
   idx, mask = schedule(
-    fau.ssl_batch_schedules(drop_last=True),
+    ssl_schedules.ssl_batch_schedules(drop_last=True),
     10,
     batch_size=4,
     epochs=2,
@@ -511,7 +517,7 @@ def test_drop_last_and_single_example_batches(form):
   assert mask.sum(1).tolist() == [4, 4, 0, 4, 4, 0]
   # n = 9, B = 4: batches of 4, 4, 1; the one-example batch is skipped.
   idx, mask = schedule(
-    fau.ssl_batch_schedules(),
+    ssl_schedules.ssl_batch_schedules(),
     9,
     batch_size=4,
     epochs=1,
@@ -525,7 +531,7 @@ def test_drop_last_and_single_example_batches(form):
 
 @pytest.mark.parametrize('form', SCHEDULE_FORMS)
 def test_random_batch_is_an_independent_epoch_of_the_same_shape(form):
-  fn = fau.ssl_batch_schedules(random_batch=True)
+  fn = ssl_schedules.ssl_batch_schedules(random_batch=True)
   idx, mask = schedule(fn, 10, batch_size=4, epochs=1, num_steps=3, form=form)
   assert idx.shape == (3, 8)
   first, second = idx[:, :4][mask[:, :4]], idx[:, 4:][mask[:, 4:]]
@@ -538,7 +544,7 @@ def test_random_batch_is_an_independent_epoch_of_the_same_shape(form):
 
 @pytest.mark.parametrize('form', SCHEDULE_FORMS)
 def test_fedu2_even_schedule_epochs(form):
-  fn = fau.ssl_batch_schedules(even_epochs_cap=10)
+  fn = ssl_schedules.ssl_batch_schedules(even_epochs_cap=10)
   # S = 12 steps; n = 10, B = 4: 3 batches per epoch -> 4 epochs.
   _, mask = schedule(fn, 10, batch_size=4, epochs=1, num_steps=12, form=form)
   assert int(mask.any(1).sum()) == 12
@@ -559,9 +565,9 @@ def test_client_final_weights_by_local_batches():
   assert float(weight) == 7.0
   np.testing.assert_allclose(delta['params']['enc']['bias'], 0.5, atol=1e-6)
   with pytest.raises(ValueError, match='weighting'):
-    ssd.make(model, server_optimizer=SERVER, weighting='by_size')
+    ssd.SPEC(model, server_optimizer=SERVER, weighting='by_size')
   with pytest.raises(ValueError, match='dsr_weight'):
-    ssd.make(model, server_optimizer=SERVER, dsr_weight=-1.0)
+    ssd.SPEC(model, server_optimizer=SERVER, dsr_weight=-1.0)
 
 
 # ---------------------------------------------------------------------------
@@ -660,7 +666,7 @@ def test_min_norm_weights_match_released_solver(n, seed):
   real[where] = True
   with jax.default_matmul_precision(HIGHEST):
     got = np.asarray(
-      fedu2.min_norm_weights(
+      fedu2_eua.min_norm_weights(
         jnp.asarray(g, jnp.float32),
         jnp.asarray(w0, jnp.float32),
         jnp.asarray(real),
@@ -684,7 +690,7 @@ def test_min_norm_weights_match_released_solver(n, seed):
 
 def test_min_norm_weights_two_clients_keep_their_weights():
   gram = jnp.asarray([[4.0, -1.0], [-1.0, 4.0]])
-  got = fedu2.min_norm_weights(
+  got = fedu2_eua.min_norm_weights(
     gram, jnp.asarray([0.25, 0.75]), jnp.asarray([True, True])
   )
   np.testing.assert_allclose(got, [0.25, 0.75], atol=1e-7)
@@ -697,7 +703,7 @@ def test_eua_server_update_matches_numpy():
   model = two_linear()
   variables = init(model)
   variables = {**variables, 'batch_stats': {'bn': {'mean': jnp.zeros(3)}}}
-  alg = fedu2.make(model, server_optimizer=SERVER, server_lr=8.0)
+  alg = fedu2.SPEC(model, server_optimizer=SERVER, server_lr=8.0)
   num_clients = 5
   state, table = engine.init_state(alg, variables, num_clients)
   rng = np.random.default_rng(0)
@@ -779,7 +785,7 @@ def test_l_dawa_aggregation_matches_numpy(scope, round_idx):
   # undefined; that case is tested below).
   variables = jax.tree.map(lambda v: v + 0.1, variables)
   variables = {**variables, 'batch_stats': {'bn': {'var': jnp.ones(3)}}}
-  alg = l_dawa.make(
+  alg = l_dawa.SPEC(
     model, server_optimizer=SERVER, scope=scope, warmup_rounds=3
   )
   state, table = engine.init_state(alg, variables, 3)
@@ -862,7 +868,7 @@ def test_ssd_without_the_projector_trains_the_encoder_alone():
   and the encoder a non-zero one; projector distillation is refused."""
   model = two_linear()
   variables = init(model)
-  alg = ssd.make(
+  alg = ssd.SPEC(
     model, server_optimizer=SERVER, loss_on='embedding', distill_weight=0.0
   )
   state = alg.init_server(variables, 3, jax.random.key(1))
@@ -873,9 +879,9 @@ def test_ssd_without_the_projector_trains_the_encoder_alone():
   assert all(np.all(g == 0.0) for g in grads['proj'].values())
   assert any(np.any(g != 0.0) for g in grads['enc'].values())
   with pytest.raises(ValueError, match='distill_weight=0'):
-    ssd.make(model, server_optimizer=SERVER, loss_on='embedding')
+    ssd.SPEC(model, server_optimizer=SERVER, loss_on='embedding')
   with pytest.raises(ValueError, match='loss_on'):
-    ssd.make(model, server_optimizer=SERVER, loss_on='logits')
+    ssd.SPEC(model, server_optimizer=SERVER, loss_on='logits')
 
 
 def test_ssd_config_ablations_are_the_papers_rows():

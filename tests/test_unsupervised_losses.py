@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fedjax_metric import losses as library_losses
-from fedjax_metric.algorithms import ssd
+from fedjax_metric.algorithms import ssd_scaling
 
 # Each call one jitted program (tests/jitted.py): eager dispatch was slower.
 losses = jitted.jitted_module(library_losses)
@@ -283,7 +283,7 @@ MASK = np.array([1, 1, 0, 1, 1, 0, 1], bool)
 # name -> (jax fn of (x, mask), NumPy reference of (x, mask), input shapes)
 # Each entry closes over fixed extra inputs so that the shared tests below can
 # run on every loss.
-_S = ssd.scaling_matrices(3, 5, seed=4)[1]
+_S = ssd_scaling.scaling_matrices(3, 5, seed=4)[1]
 _E = rand(50, 7, 5)
 _P2 = rand(51, 7, 5)
 _ANCHORS = rand(52, 6, 5)
@@ -498,7 +498,7 @@ def test_fur_padding_invariant():
 
 def test_vmap_over_clients_matches_per_client_calls():
   """Per-client scaling matrices under vmap, as the engine batches clients."""
-  scalings = ssd.scaling_matrices(3, 5, seed=1)
+  scalings = ssd_scaling.scaling_matrices(3, 5, seed=1)
   p = rand(11, 3, 6, 5)
   with jax.default_matmul_precision(HIGHEST):
     batched = jax.jit(jax.vmap(lambda x, s: J.dsr_loss(x, s)))(p, scalings)
@@ -540,7 +540,9 @@ def test_dsr_target_is_detached(form):
   differences of the formula with the target recomputed (no stop-gradient)
   must differ, so the check can fail.
   """
-  s = ssd.scaling_matrices(2, 5, scale=10.0, seed=3)[0].astype(np.float64)
+  s = ssd_scaling.scaling_matrices(2, 5, scale=10.0, seed=3)[0].astype(
+    np.float64
+  )
   p0 = rand(12, 7, 5)
   scaled = [n64(v) @ s @ s.T for v in p0]
   frozen = [n64(t) for t in scaled] if form == 'code' else scaled
@@ -574,7 +576,7 @@ def test_dsr_zero_when_target_equals_z_and_gradient_finite():
     np.testing.assert_array_equal(np.asarray(g), 0.0)
   # A client with an empty direction set: S = Q orthogonal, S S^T = I, so
   # its target is z up to rounding and its loss ~ 0.
-  s = ssd.scaling_matrices(5, 4, seed=0, directions_per_client=1)[4]
+  s = ssd_scaling.scaling_matrices(5, 4, seed=0, directions_per_client=1)[4]
   np.testing.assert_allclose(s.astype(np.float64) @ s.T, np.eye(4), atol=1e-5)
   q = rand(13, 6, 4)
   with jax.default_matmul_precision(HIGHEST):
@@ -584,7 +586,7 @@ def test_dsr_zero_when_target_equals_z_and_gradient_finite():
 
 def test_dsr_gradient_step_leans_towards_client_directions():
   """One descent step moves unit embeddings towards the scaled subspace."""
-  scaling = ssd.scaling_matrices(4, 8, seed=2)[1]
+  scaling = ssd_scaling.scaling_matrices(4, 8, seed=2)[1]
   eigval, eigvec = np.linalg.eigh(scaling.astype(np.float64) @ scaling.T)
   sub = eigvec[:, eigval > 5]  # client 1's two scaled directions
   z = unit_rows(14, 32, 8)
@@ -738,7 +740,7 @@ def scaled_subspace(s, scale):
 @pytest.mark.parametrize('num_clients,dim', [(3, 10), (4, 8), (10, 32)])
 def test_scaling_matrices_spectrum_and_orthogonal_subspaces(num_clients, dim):
   scale = 10.0
-  s = ssd.scaling_matrices(num_clients, dim, scale=scale, seed=5)
+  s = ssd_scaling.scaling_matrices(num_clients, dim, scale=scale, seed=5)
   assert s.shape == (num_clients, dim, dim) and s.dtype == np.float32
   m = dim // num_clients
   bases = []
@@ -757,14 +759,14 @@ def test_scaling_matrices_spectrum_and_orthogonal_subspaces(num_clients, dim):
 
 
 def test_scaling_matrices_deterministic_and_rotated():
-  a = ssd.scaling_matrices(3, 9, seed=7)
-  np.testing.assert_array_equal(a, ssd.scaling_matrices(3, 9, seed=7))
-  assert np.abs(a - ssd.scaling_matrices(3, 9, seed=8)).max() > 1e-2
+  a = ssd_scaling.scaling_matrices(3, 9, seed=7)
+  np.testing.assert_array_equal(a, ssd_scaling.scaling_matrices(3, 9, seed=7))
+  assert np.abs(a - ssd_scaling.scaling_matrices(3, 9, seed=8)).max() > 1e-2
   # Released code: directions of a random rotation, not canonical axes.
   eigvecs = scaled_subspace(a[0], 10.0)[1]
   assert np.abs(eigvecs).max() < 0.999
   # random_basis=False: canonical axes, S diagonal with sqrt(scale) entries.
-  c = ssd.scaling_matrices(3, 9, seed=7, random_basis=False)
+  c = ssd_scaling.scaling_matrices(3, 9, seed=7, random_basis=False)
   for k in range(3):
     diag = np.diag(c[k])
     np.testing.assert_array_equal(c[k], np.diag(diag))
@@ -776,27 +778,27 @@ def test_scaling_matrices_deterministic_and_rotated():
 
 def test_scaling_matrices_more_directions_than_dims():
   """K m > D: later clients get partial or empty sets (released slicing)."""
-  s = ssd.scaling_matrices(4, 10, seed=1, directions_per_client=4)
+  s = ssd_scaling.scaling_matrices(4, 10, seed=1, directions_per_client=4)
   counts = [scaled_subspace(s[k], 10.0)[1].shape[1] for k in range(4)]
   assert counts == [4, 4, 2, 0]
   np.testing.assert_allclose(
     s[3].astype(np.float64) @ s[3].T, np.eye(10), atol=1e-5
   )
   # Default m = floor(D / K): 10 // 3 = 3, one direction unscaled for all.
-  s = ssd.scaling_matrices(3, 10, seed=1)
+  s = ssd_scaling.scaling_matrices(3, 10, seed=1)
   assert [scaled_subspace(s[k], 10.0)[1].shape[1] for k in range(3)] == [3] * 3
   with pytest.raises(ValueError):
-    ssd.scaling_matrices(0, 10)
+    ssd_scaling.scaling_matrices(0, 10)
 
 
 def test_cohort_scaling_position_vs_client_id():
-  s = ssd.scaling_matrices(5, 10, seed=2)
+  s = ssd_scaling.scaling_matrices(5, 10, seed=2)
   ids = np.array([3, 0, 4])
-  np.testing.assert_array_equal(ssd.cohort_scaling(s, ids), s[:3])
+  np.testing.assert_array_equal(ssd_scaling.cohort_scaling(s, ids), s[:3])
   np.testing.assert_array_equal(
-    ssd.cohort_scaling(s, ids, assign='client_id'), s[ids]
+    ssd_scaling.cohort_scaling(s, ids, assign='client_id'), s[ids]
   )
   with pytest.raises(ValueError):
-    ssd.cohort_scaling(s, np.arange(6))
+    ssd_scaling.cohort_scaling(s, np.arange(6))
   with pytest.raises(ValueError):
-    ssd.cohort_scaling(s, ids, assign='random')
+    ssd_scaling.cohort_scaling(s, ids, assign='random')

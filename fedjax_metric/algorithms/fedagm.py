@@ -30,6 +30,8 @@ proximal weight 1e-3 on the unhalved squared norm, i.e. beta = 2e-3), with
 tau = 1 (their server takes the plain mean). docs/methods.md, FedAGM.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -49,6 +51,40 @@ def lookahead(server_optimizer, server_state):
   return server_state._replace(variables={'params': params, **model_state})
 
 
+def received(server_optimizer, ctx):
+  """The client context with the lookahead as the received global model."""
+  return ctx._replace(
+    server_state=lookahead(server_optimizer, ctx.server_state)
+  )
+
+
+def client_begin(server_optimizer, inner_begin, ctx):
+  """The wrapped method's client_begin from the lookahead."""
+  return inner_begin(received(server_optimizer, ctx))
+
+
+def client_loss(
+  server_optimizer, beta, inner_loss, params, model_state, batch, ctx
+):
+  """The wrapped method's loss + beta/2 ||theta - theta~||^2 (the client
+  equation), its terms logged with the proximal one as 'prox'."""
+  ctx = received(server_optimizer, ctx)
+  loss, (model_state, terms) = inner_loss(params, model_state, batch, ctx)
+  prox = fedprox.proximal_term(params, ctx.server_state.variables['params'])
+  return loss + beta * prox, (model_state, {**terms, 'prox': prox})
+
+
+def client_step_end(server_optimizer, inner_step_end, params, model_state, ctx):
+  """The wrapped method's client_step_end, seeing the lookahead."""
+  return inner_step_end(params, model_state, received(server_optimizer, ctx))
+
+
+def client_final(server_optimizer, inner_final, end_variables, ctx):
+  """The wrapped method's client_final: its update is measured from the
+  lookahead."""
+  return inner_final(end_variables, received(server_optimizer, ctx))
+
+
 def accelerate(algorithm, server_optimizer, *, beta):
   """``algorithm`` whose clients train from the lookahead model, with the
   proximal term ``beta/2 ||theta - theta~||^2`` added to its client loss
@@ -62,32 +98,14 @@ def accelerate(algorithm, server_optimizer, *, beta):
     raise ValueError(
       f'FedAGM beta must be >= 0, got {beta} (--config.server.fedagm_beta).'
     )
-
-  def received(ctx):
-    return ctx._replace(
-      server_state=lookahead(server_optimizer, ctx.server_state)
-    )
-
-  def client_begin(ctx):
-    return algorithm.client_begin(received(ctx))
-
-  def client_loss(params, model_state, batch, ctx):
-    ctx = received(ctx)
-    loss, (model_state, terms) = algorithm.client_loss(
-      params, model_state, batch, ctx
-    )
-    prox = fedprox.proximal_term(params, ctx.server_state.variables['params'])
-    return loss + beta * prox, (model_state, {**terms, 'prox': prox})
-
-  def client_step_end(params, model_state, ctx):
-    return algorithm.client_step_end(params, model_state, received(ctx))
-
-  def client_final(end_variables, ctx):
-    return algorithm.client_final(end_variables, received(ctx))
-
+  bind = functools.partial
   return algorithm._replace(
-    client_begin=client_begin,
-    client_loss=client_loss,
-    client_step_end=client_step_end,
-    client_final=client_final,
+    client_begin=bind(client_begin, server_optimizer, algorithm.client_begin),
+    client_loss=bind(
+      client_loss, server_optimizer, beta, algorithm.client_loss
+    ),
+    client_step_end=bind(
+      client_step_end, server_optimizer, algorithm.client_step_end
+    ),
+    client_final=bind(client_final, server_optimizer, algorithm.client_final),
   )

@@ -12,11 +12,13 @@ Non-trainable model state (BatchNorm statistics) is averaged the same way.
 Other algorithms reuse these pieces and `_replace` the slots they change.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_metric import engine
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import NO_OPTIONS, AlgorithmSpec
 from fedjax_metric.losses import masked_mean, softmax_cross_entropy
 from fedjax_metric.models import split_variables
 
@@ -28,26 +30,25 @@ def no_client_state(variables, key):
   return ()
 
 
-def make_init_server(server_optimizer, init_extra=None):
+def init_server(server_optimizer, init_extra, variables, num_clients, key):
   """init_server: the global model, the server optimizer's state, round 0.
 
   ``init_extra(variables, num_clients, key) -> extra`` builds the
-  algorithm's own server state (default ``()``).
+  algorithm's own server state (None: ``()``).
   """
+  params, _ = split_variables(variables)
+  extra = () if init_extra is None else init_extra(variables, num_clients, key)
+  return engine.ServerState(
+    variables=variables,
+    opt_state=server_optimizer.init(params),
+    round=jnp.zeros((), jnp.int32),
+    extra=extra,
+  )
 
-  def init_server(variables, num_clients, key):
-    params, _ = split_variables(variables)
-    extra = (
-      () if init_extra is None else init_extra(variables, num_clients, key)
-    )
-    return engine.ServerState(
-      variables=variables,
-      opt_state=server_optimizer.init(params),
-      round=jnp.zeros((), jnp.int32),
-      extra=extra,
-    )
 
-  return init_server
+def make_init_server(server_optimizer, init_extra=None):
+  """`init_server` bound to a server optimizer and an ``init_extra``."""
+  return functools.partial(init_server, server_optimizer, init_extra)
 
 
 def start_from_global(ctx):
@@ -93,35 +94,37 @@ def frozen_outputs(model, variables, images):
   return jax.lax.stop_gradient(outputs)
 
 
-def make_cross_entropy_loss(model):
+def cross_entropy_loss(model, params, model_state, batch, ctx):
   """client_loss: masked mean softmax cross-entropy of the model's logits."""
-
-  def client_loss(params, model_state, batch, ctx):
-    del ctx
-    _, ce, model_state = forward_and_cross_entropy(
-      model, params, model_state, batch
-    )
-    return ce, (model_state, {})
-
-  return client_loss
+  del ctx
+  _, ce, model_state = forward_and_cross_entropy(
+    model, params, model_state, batch
+  )
+  return ce, (model_state, {})
 
 
-def make_ce_plus_term_loss(model, term_fn, weight=1.0):
+def make_cross_entropy_loss(model):
+  """`cross_entropy_loss` bound to ``model``."""
+  return functools.partial(cross_entropy_loss, model)
+
+
+def ce_plus_term_loss(model, term_fn, weight, params, model_state, batch, ctx):
   """client_loss = masked CE + weight * masked mean of ``term_fn``.
 
   ``term_fn(outputs, batch) -> [B]`` is a per-example metric or contrastive
   term computed from the model's outputs (embedding, features) on the batch.
   """
+  del ctx
+  outputs, ce, model_state = forward_and_cross_entropy(
+    model, params, model_state, batch
+  )
+  term = masked_mean(term_fn(outputs, batch), batch.mask)
+  return ce + weight * term, (model_state, {'ce': ce, 'metric': term})
 
-  def client_loss(params, model_state, batch, ctx):
-    del ctx
-    outputs, ce, model_state = forward_and_cross_entropy(
-      model, params, model_state, batch
-    )
-    term = masked_mean(term_fn(outputs, batch), batch.mask)
-    return ce + weight * term, (model_state, {'ce': ce, 'metric': term})
 
-  return client_loss
+def make_ce_plus_term_loss(model, term_fn, weight=1.0):
+  """`ce_plus_term_loss` bound to its model, term and weight."""
+  return functools.partial(ce_plus_term_loss, model, term_fn, weight)
 
 
 def plain_sum_share(tree, weight):
@@ -142,25 +145,28 @@ def refuse_weighting(algorithm: str, weighting: str, reason: str) -> None:
     )
 
 
-def make_delta_final(weighting: str = 'num_examples'):
-  """client_final: update = local - global variables; weight by size or 1."""
+def check_weighting(weighting: str) -> None:
   if weighting not in WEIGHTINGS:
     raise ValueError(
       f'Unknown weighting {weighting!r}; use one of {WEIGHTINGS}.'
     )
 
-  def client_final(end_variables, ctx):
-    delta = jax.tree.map(
-      jnp.subtract, end_variables, ctx.server_state.variables
-    )
-    weight = (
-      ctx.num_examples
-      if weighting == 'num_examples'
-      else jnp.ones_like(ctx.num_examples)
-    )
-    return delta, weight, ctx.client_row
 
-  return client_final
+def delta_final(weighting, end_variables, ctx):
+  """client_final: update = local - global variables; weight by size or 1."""
+  delta = jax.tree.map(jnp.subtract, end_variables, ctx.server_state.variables)
+  weight = (
+    ctx.num_examples
+    if weighting == 'num_examples'
+    else jnp.ones_like(ctx.num_examples)
+  )
+  return delta, weight, ctx.client_row
+
+
+def make_delta_final(weighting: str = 'num_examples'):
+  """`delta_final` bound to a checked weighting."""
+  check_weighting(weighting)
+  return functools.partial(delta_final, weighting)
 
 
 def mean_update(aggregate: engine.Aggregate):
@@ -198,31 +204,33 @@ def skip_if_nobody(aggregate: engine.Aggregate, old_state, new_state):
   )
 
 
+def server_update(server_optimizer, server_state, aggregate, cohort_rows):
+  """server_update: the server optimizer's step on the weighted mean delta
+  (no step in a round nobody took part in)."""
+  del cohort_rows
+  new_state = apply_server_optimizer(
+    server_optimizer, server_state, mean_update(aggregate)
+  )
+  return skip_if_nobody(aggregate, server_state, new_state)
+
+
 def make_server_update(server_optimizer):
-  def server_update(server_state, aggregate, cohort_rows):
-    del cohort_rows
-    new_state = apply_server_optimizer(
-      server_optimizer, server_state, mean_update(aggregate)
-    )
-    return skip_if_nobody(aggregate, server_state, new_state)
-
-  return server_update
+  """`server_update` bound to a server optimizer."""
+  return functools.partial(server_update, server_optimizer)
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
+def build(
+  model, options=NO_OPTIONS, *, server_optimizer, weighting='num_examples'
 ):
   """FedAvg as an `engine.Algorithm`.
 
   Args:
     model: `ModelFns`.
+    options: none of its own (`spec.NO_OPTIONS`).
     server_optimizer: optax transformation of the pseudo-gradient.
     weighting: 'num_examples' (McMahan et al.) or 'uniform' (FedRCL).
   """
+  del options
   return engine.Algorithm(
     init_server=make_init_server(server_optimizer),
     init_client=no_client_state,
@@ -234,9 +242,17 @@ def make(
   )
 
 
-def make_with_term(model, term_fn, *, server_optimizer, weighting, weight=1.0):
+def build_with_term(model, term_fn, *, server_optimizer, weighting, weight=1.0):
   """FedAvg whose client loss is CE + weight * ``term_fn`` (see
-  `make_ce_plus_term_loss`): SupConFL, FedRCL and FedSCL."""
-  return make(
+  `ce_plus_term_loss`): SupConFL, FedRCL and FedSCL."""
+  return build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )._replace(client_loss=make_ce_plus_term_loss(model, term_fn, weight))
+
+
+SPEC = AlgorithmSpec(
+  'fedavg',
+  build,
+  description='FedAvg (McMahan et al., 2017): local SGD, weighted averaging.',
+)
+SPECS = (SPEC,)

@@ -1,5 +1,5 @@
-"""FedDecorr in federated unsupervised learning (`make`) and as proposed,
-for supervised FL (`make_supervised`).
+"""FedDecorr in federated unsupervised learning ('feddecorr') and as
+proposed, for supervised FL ('feddecorr_supervised').
 
 Shi et al., 'Towards Understanding and Mitigating Dimensional Collapse in
 Heterogeneous Federated Learning', ICLR 2023: each client adds a
@@ -22,103 +22,162 @@ so the comparison isolates the regulariser) or SimCLR's NT-Xent
 (``base='nt_xent'``), R the decorrelation of the encoder features h (as
 FedDecorr applies it to the backbone's output), averaged over the views,
 lambda = 0.1 (FedDecorr's coefficient). Aggregation as FedAlignUniform.
+
+The two are separate specs over separate builds, not variants of one: they
+share only lambda and the form of R, and differ in loss, batch schedule,
+aggregation weight and default weighting, so neither takes the other's
+options.
 """
+
+import dataclasses
+import functools
+from typing import Literal
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedalignuniform as fau
-from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms import fedavg, ssl_common, ssl_schedules
+from fedjax_metric.algorithms.spec import AlgorithmSpec
 
 BASES = ('align_uniform', 'nt_xent')
 FEATURES = ('embedding', 'projection')
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_batches',
-  decorr_weight=0.1,
-  decorr_form='code',
-  features='embedding',
-  base='align_uniform',
-  uniform_weight=1.0,
-  uniformity_t=2.0,
-  temperature=0.1,
-  view_order='ssd',
-  drop_last=False,
-):
+@dataclasses.dataclass(frozen=True)
+class SupervisedOptions:
+  """FedDecorr's options as proposed (defaults of the released code).
+
+  Attributes:
+    decorr_weight: lambda, the weight of the decorrelation term (>= 0).
+    decorr_form: 'code' or 'paper' (`losses.decorrelation_loss`).
+  """
+
+  decorr_weight: float = 0.1
+  decorr_form: Literal['code', 'paper'] = 'code'
+
+  def __post_init__(self):
+    ssl_common.check_positive('decorr_weight', self.decorr_weight)
+    if self.decorr_form not in ('code', 'paper'):
+      raise ValueError(
+        f"decorr_form must be 'code' or 'paper', got {self.decorr_form!r} "
+        '(--config.algorithm_kwargs.decorr_form).'
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedDecorr's options on a self-supervised base loss.
+
+  Attributes:
+    decorr_weight: lambda, the weight of R (>= 0; 0.1, FedDecorr's released
+      code).
+    decorr_form: 'code' or 'paper' (`losses.decorrelation_loss`).
+    features: the output h that R decorrelates: 'embedding' (the encoder,
+      default) or 'projection'.
+    base: L_base, 'align_uniform' (default) or 'nt_xent'.
+    uniform_weight: beta of the align-uniform base.
+    uniformity_t: t of the align-uniform base's uniformity.
+    temperature: tau of the NT-Xent base (> 0).
+    view_order: 'ssd' or 'fedu2' augmentation order (`ssl_common.two_views`).
+    drop_last: drop partial batches.
+  """
+
+  decorr_weight: float = 0.1
+  decorr_form: Literal['code', 'paper'] = 'code'
+  features: Literal['embedding', 'projection'] = 'embedding'
+  base: Literal['align_uniform', 'nt_xent'] = 'align_uniform'
+  uniform_weight: float = 1.0
+  uniformity_t: float = 2.0
+  temperature: float = 0.1
+  view_order: Literal['ssd', 'fedu2'] = 'ssd'
+  drop_last: bool = False
+
+  def __post_init__(self):
+    ssl_common.check_positive('decorr_weight', self.decorr_weight)
+    ssl_common.check_positive('temperature', self.temperature, allow_zero=False)
+    if self.base not in BASES:
+      raise ValueError(
+        f'base must be one of {BASES}, got {self.base!r} '
+        '(--config.algorithm_kwargs.base).'
+      )
+    if self.features not in FEATURES:
+      raise ValueError(
+        f'features must be one of {FEATURES}, got {self.features!r}.'
+      )
+
+
+def client_loss(options, model, views, params, model_state, batch, ctx):
+  """L_base(z1, z2) + lambda (R(h1) + R(h2)) / 2 over two augmented views
+  of the batch's raw images (``views``: `ssl_common.two_views`)."""
+  mask = batch.mask
+  out1, out2, model_state = ssl_common.two_view_forward(
+    model, params, model_state, batch.raw_images, mask, ctx.key, views
+  )
+  p1, p2 = out1['projection'], out2['projection']
+  if options.base == 'align_uniform':
+    loss, _, _ = fau.align_uniform_loss(
+      p1,
+      p2,
+      mask,
+      uniform_weight=options.uniform_weight,
+      t=options.uniformity_t,
+    )
+  else:
+    loss = losses.masked_mean(
+      losses.nt_xent_loss(
+        p1,
+        p2,
+        temperature=options.temperature,
+        self_in_denominator=False,
+        mask=mask,
+      ),
+      mask,
+    )
+  form, features = options.decorr_form, options.features
+  decorr = (
+    losses.decorrelation_loss(out1[features], form=form, mask=mask)
+    + losses.decorrelation_loss(out2[features], form=form, mask=mask)
+  ) / 2.0
+  return loss + options.decorr_weight * decorr, (
+    model_state,
+    {'decorrelation': decorr},
+  )
+
+
+def build(model, options, *, server_optimizer, weighting='num_batches'):
   """FedDecorr on a self-supervised base loss.
 
   Args:
     model: `ModelFns` with 'embedding' and 'projection' outputs.
+    options: `Options`.
     server_optimizer: optax transformation of the pseudo-gradient.
     weighting: 'num_batches', 'num_examples' or 'uniform'.
-    decorr_weight: lambda (0.1, FedDecorr's released code).
-    decorr_form: 'code' or 'paper' (`losses.decorrelation_loss`).
-    features: which output is decorrelated: 'embedding' (encoder, default)
-      or 'projection'.
-    base: 'align_uniform' (default) or 'nt_xent'.
-    uniform_weight, uniformity_t: the align-uniform base's beta and t.
-    temperature: NT-Xent temperature (base='nt_xent').
-    view_order: 'ssd' or 'fedu2' augmentation order.
-    drop_last: drop partial batches.
   """
-  fau.check_positive('decorr_weight', decorr_weight)
-  fau.check_positive('temperature', temperature, allow_zero=False)
-  if base not in BASES:
-    raise ValueError(
-      f'base must be one of {BASES}, got {base!r} '
-      '(--config.algorithm_kwargs.base).'
-    )
-  if features not in FEATURES:
-    raise ValueError(f'features must be one of {FEATURES}, got {features!r}.')
-  views = fau.make_views(view_order)
-
-  def client_loss(params, model_state, batch, ctx):
-    mask = batch.mask
-    out1, out2, model_state = fau.two_view_forward(
-      model, params, model_state, batch.raw_images, mask, ctx.key, views
-    )
-    p1, p2 = out1['projection'], out2['projection']
-    if base == 'align_uniform':
-      loss, _, _ = fau.align_uniform_loss(
-        p1, p2, mask, uniform_weight=uniform_weight, t=uniformity_t
-      )
-    else:
-      loss = losses.masked_mean(
-        losses.nt_xent_loss(
-          p1, p2, temperature=temperature, self_in_denominator=False, mask=mask
-        ),
-        mask,
-      )
-    decorr = (
-      losses.decorrelation_loss(out1[features], form=decorr_form, mask=mask)
-      + losses.decorrelation_loss(out2[features], form=decorr_form, mask=mask)
-    ) / 2.0
-    return loss + decorr_weight * decorr, (
-      model_state,
-      {'decorrelation': decorr},
-    )
-
-  return fau.make_algorithm(
-    model,
-    client_loss,
+  views = ssl_common.two_views(options.view_order)
+  return ssl_common.build_algorithm(
+    functools.partial(client_loss, options, model, views),
     server_optimizer=server_optimizer,
     weighting=weighting,
-    schedules=fau.ssl_batch_schedules(drop_last=drop_last),
+    schedules=ssl_schedules.ssl_batch_schedules(drop_last=options.drop_last),
   )
 
 
-def make_supervised(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  decorr_weight=0.1,
-  decorr_form='code',
+def supervised_client_loss(options, model, params, model_state, batch, ctx):
+  """CE(f(x), y) + lambda R(z), R over the batch's real examples."""
+  del ctx
+  outputs, ce, model_state = fedavg.forward_and_cross_entropy(
+    model, params, model_state, batch
+  )
+  decorr = losses.decorrelation_loss(
+    outputs['embedding'], form=options.decorr_form, mask=batch.mask
+  )
+  return ce + options.decorr_weight * decorr, (
+    model_state,
+    {'ce': ce, 'decorrelation': decorr},
+  )
+
+
+def build_supervised(
+  model, options, *, server_optimizer, weighting='num_examples'
 ):
   """FedDecorr as proposed, for supervised FL (a row of FedRCL's Table 1).
 
@@ -133,32 +192,28 @@ def make_supervised(
 
   Args:
     model: `ModelFns` with 'logits' and 'embedding'.
+    options: `SupervisedOptions`.
     server_optimizer: optax transformation of the pseudo-gradient.
     weighting: 'num_examples' or 'uniform'.
-    decorr_weight: lambda >= 0.
-    decorr_form: 'code' or 'paper' (`losses.decorrelation_loss`).
   """
-  del run
-  fau.check_positive('decorr_weight', decorr_weight)
-  if decorr_form not in ('code', 'paper'):
-    raise ValueError(
-      f"decorr_form must be 'code' or 'paper', got {decorr_form!r} "
-      '(--config.algorithm_kwargs.decorr_form).'
-    )
-
-  def client_loss(params, model_state, batch, ctx):
-    del ctx
-    outputs, ce, model_state = fedavg.forward_and_cross_entropy(
-      model, params, model_state, batch
-    )
-    decorr = losses.decorrelation_loss(
-      outputs['embedding'], form=decorr_form, mask=batch.mask
-    )
-    return ce + decorr_weight * decorr, (
-      model_state,
-      {'ce': ce, 'decorrelation': decorr},
-    )
-
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(client_loss=client_loss)
+  )._replace(
+    client_loss=functools.partial(supervised_client_loss, options, model)
+  )
+
+
+SPEC = AlgorithmSpec(
+  'feddecorr',
+  build,
+  Options,
+  description='FedDecorr (Shi et al., 2023): decorrelation regulariser.',
+)
+SUPERVISED_SPEC = AlgorithmSpec(
+  'feddecorr_supervised',
+  build_supervised,
+  SupervisedOptions,
+  description='FedDecorr (Shi et al., 2023) as proposed: '
+  'cross-entropy + decorrelation of the representations.',
+)
+SPECS = (SPEC, SUPERVISED_SPEC)

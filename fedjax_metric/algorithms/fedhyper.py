@@ -25,6 +25,7 @@ FedHyper-G's server state, so this runs only with
 ``server.optimizer='fedhyper'``. docs/methods.md, FedHyper.
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -69,6 +70,64 @@ def previous_global_update(server_state):
   return jax.tree.map(jnp.negative, opt_state.previous)
 
 
+def _inner(ctx):
+  """The wrapped method's context: its own local state, without the rate."""
+  return ctx._replace(local_state=ctx.local_state[0])
+
+
+def client_begin(inner_begin, ctx):
+  """The wrapped method's client_begin; the rate starts at beta = 1 with
+  g_prev = Delta_{t-1}."""
+  variables, local_state = inner_begin(ctx)
+  params, _ = split_variables(variables)
+  rate = LocalRate(
+    jnp.ones((), jnp.float32),
+    previous_global_update(ctx.server_state),
+    params,
+  )
+  return variables, (local_state, rate)
+
+
+def client_loss(inner_loss, params, model_state, batch, ctx):
+  """The wrapped method's loss, its gradient scaled by beta."""
+  loss, aux = inner_loss(params, model_state, batch, _inner(ctx))
+  beta = ctx.local_state[1].multiplier
+  # Value: the loss; gradient: beta times the loss's.
+  scaled = loss + (beta - 1.0) * (loss - jax.lax.stop_gradient(loss))
+  return scaled, aux
+
+
+def client_step_end(expected_clients, inner_step_end, params, model_state, ctx):
+  """The wrapped method's client_step_end, then beta's update from the
+  step just taken (`next_multiplier`, K = ``expected_clients``)."""
+  local_state = inner_step_end(params, model_state, _inner(ctx))
+  rate = ctx.local_state[1]
+  step = jax.tree.map(jnp.subtract, params, rate.params_before)
+  # The code leaves the round's first step alone; padded steps come after
+  # the real ones and are discarded, so ctx.step counts the real steps.
+  adapt = ctx.step >= 1
+  multiplier = jnp.where(
+    adapt,
+    next_multiplier(
+      rate.multiplier,
+      step,
+      rate.previous_step,
+      previous_global_update(ctx.server_state),
+      expected_clients,
+    ),
+    rate.multiplier,
+  )
+  previous_step = jax.tree.map(
+    lambda new, old: jnp.where(adapt, new, old), step, rate.previous_step
+  )
+  return local_state, LocalRate(multiplier, previous_step, params)
+
+
+def client_final(inner_final, end_variables, ctx):
+  """The wrapped method's client_final."""
+  return inner_final(end_variables, _inner(ctx))
+
+
 def schedule_local(algorithm, *, expected_clients):
   """``algorithm`` whose clients adapt their local rate (FedHyper-CL).
 
@@ -84,56 +143,11 @@ def schedule_local(algorithm, *, expected_clients):
       f'FedHyper-CL needs the expected clients per round > 0, got '
       f'{expected_clients}.'
     )
-
-  def inner(ctx):
-    return ctx._replace(local_state=ctx.local_state[0])
-
-  def client_begin(ctx):
-    variables, local_state = algorithm.client_begin(ctx)
-    params, _ = split_variables(variables)
-    rate = LocalRate(
-      jnp.ones((), jnp.float32),
-      previous_global_update(ctx.server_state),
-      params,
-    )
-    return variables, (local_state, rate)
-
-  def client_loss(params, model_state, batch, ctx):
-    loss, aux = algorithm.client_loss(params, model_state, batch, inner(ctx))
-    beta = ctx.local_state[1].multiplier
-    # Value: the loss; gradient: beta times the loss's.
-    scaled = loss + (beta - 1.0) * (loss - jax.lax.stop_gradient(loss))
-    return scaled, aux
-
-  def client_step_end(params, model_state, ctx):
-    local_state = algorithm.client_step_end(params, model_state, inner(ctx))
-    rate = ctx.local_state[1]
-    step = jax.tree.map(jnp.subtract, params, rate.params_before)
-    # The code leaves the round's first step alone; padded steps come after
-    # the real ones and are discarded, so ctx.step counts the real steps.
-    adapt = ctx.step >= 1
-    multiplier = jnp.where(
-      adapt,
-      next_multiplier(
-        rate.multiplier,
-        step,
-        rate.previous_step,
-        previous_global_update(ctx.server_state),
-        expected_clients,
-      ),
-      rate.multiplier,
-    )
-    previous_step = jax.tree.map(
-      lambda new, old: jnp.where(adapt, new, old), step, rate.previous_step
-    )
-    return local_state, LocalRate(multiplier, previous_step, params)
-
-  def client_final(end_variables, ctx):
-    return algorithm.client_final(end_variables, inner(ctx))
-
   return algorithm._replace(
-    client_begin=client_begin,
-    client_loss=client_loss,
-    client_step_end=client_step_end,
-    client_final=client_final,
+    client_begin=functools.partial(client_begin, algorithm.client_begin),
+    client_loss=functools.partial(client_loss, algorithm.client_loss),
+    client_step_end=functools.partial(
+      client_step_end, expected_clients, algorithm.client_step_end
+    ),
+    client_final=functools.partial(client_final, algorithm.client_final),
   )

@@ -23,12 +23,45 @@ global model in evaluation mode (BatchNorm's running statistics): it is
 frozen, and FedMLB's own models use GroupNorm. Aggregation is FedAvg's.
 """
 
+import dataclasses
+import functools
+
 import jax
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import AlgorithmSpec
 from fedjax_metric.models import split_variables
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedMLB's options (defaults of the authors' code).
+
+  Attributes:
+    ce_weight: lambda_1 of Eq. 4, the hybrid pathways' cross-entropy (>= 0).
+    kl_weight: lambda_2 of Eq. 4, their distillation into the main pathway
+      (>= 0).
+    temperature: tau of Eq. 4's KL term (> 0).
+  """
+
+  ce_weight: float = 1.0
+  kl_weight: float = 1.0
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    for name in ('ce_weight', 'kl_weight'):
+      value = getattr(self, name)
+      if not value >= 0:
+        raise ValueError(
+          f'FedMLB {name} must be >= 0, got {value} '
+          f'(--config.algorithm_kwargs.{name}).'
+        )
+    if not self.temperature > 0:
+      raise ValueError(
+        f'FedMLB temperature must be > 0, got {self.temperature} '
+        '(--config.algorithm_kwargs.temperature).'
+      )
 
 
 def hybrid_logits(model, global_variables, images, local_stages):
@@ -79,65 +112,45 @@ def fedmlb_loss(main_logits, hybrid, labels, mask, *, weights, temperature):
   return total, {'ce': ce, 'ce_hybrid': ce_hybrid, 'kl': kl}
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  ce_weight=1.0,
-  kl_weight=1.0,
-  temperature=1.0,
-):
-  """FedMLB as an `engine.Algorithm`.
-
-  Args:
-    model: `ModelFns` whose outputs have 'logits' and 'stages' and whose
-      apply takes ``graft`` ('small_cnn', 'resnet18').
-    server_optimizer: optax transformation of the pseudo-gradient.
-    weighting: 'num_examples' or 'uniform'.
-    ce_weight: lambda_1, the hybrid pathways' cross-entropy (>= 0).
-    kl_weight: lambda_2, their distillation into the main pathway (>= 0).
-    temperature: tau > 0 of the KL term.
-
-  Raises:
-    ValueError: a negative weight or temperature <= 0.
-  """
-  del run
-  for name, value in (('ce_weight', ce_weight), ('kl_weight', kl_weight)):
-    if not value >= 0:
-      raise ValueError(
-        f'FedMLB {name} must be >= 0, got {value} '
-        f'(--config.algorithm_kwargs.{name}).'
-      )
-  if not temperature > 0:
+def client_loss(options, model, params, model_state, batch, ctx):
+  """Eq. 4 on the batch: the main pathway's forward pass (training mode),
+  then one hybrid pathway per branch point through the frozen global model."""
+  outputs, model_state = model.apply(
+    params, model_state, batch.images, train=True, mask=batch.mask
+  )
+  if 'stages' not in outputs:
     raise ValueError(
-      f'FedMLB temperature must be > 0, got {temperature} '
-      '(--config.algorithm_kwargs.temperature).'
+      "FedMLB needs a model with branch points (outputs['stages'] and a "
+      "graft argument): use --config.model.name='small_cnn' or 'resnet18'."
     )
+  hybrid = hybrid_logits(
+    model, ctx.server_state.variables, batch.images, outputs['stages']
+  )
+  loss, aux = fedmlb_loss(
+    outputs['logits'],
+    hybrid,
+    batch.labels,
+    batch.mask,
+    weights=(options.ce_weight, options.kl_weight),
+    temperature=options.temperature,
+  )
+  return loss, (model_state, aux)
 
-  def client_loss(params, model_state, batch, ctx):
-    outputs, model_state = model.apply(
-      params, model_state, batch.images, train=True, mask=batch.mask
-    )
-    if 'stages' not in outputs:
-      raise ValueError(
-        "FedMLB needs a model with branch points (outputs['stages'] and a "
-        "graft argument): use --config.model.name='small_cnn' or 'resnet18'."
-      )
-    hybrid = hybrid_logits(
-      model, ctx.server_state.variables, batch.images, outputs['stages']
-    )
-    loss, aux = fedmlb_loss(
-      outputs['logits'],
-      hybrid,
-      batch.labels,
-      batch.mask,
-      weights=(ce_weight, kl_weight),
-      temperature=temperature,
-    )
-    return loss, (model_state, aux)
 
-  return fedavg.make(
+def build(model, options, *, server_optimizer, weighting='num_examples'):
+  """FedMLB: FedAvg with the Eq. 4 client loss. ``model``: `ModelFns`
+  whose outputs have 'logits' and 'stages' and whose apply takes ``graft``
+  ('small_cnn', 'resnet18')."""
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(client_loss=client_loss)
+  )._replace(client_loss=functools.partial(client_loss, options, model))
+
+
+SPEC = AlgorithmSpec(
+  'fedmlb',
+  build,
+  Options,
+  description='FedMLB (Kim et al., 2022): hybrid pathways through the '
+  "global model's upper blocks, distilled into the local model.",
+)
+SPECS = (SPEC,)

@@ -21,9 +21,38 @@ the authors' code calls the copied global model without switching modes,
 which matters only for models with BatchNorm (their CNNs have none).
 """
 
+import dataclasses
+import functools
+
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import AlgorithmSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedNTD's options (the authors' config/fedntd.json).
+
+  Attributes:
+    beta: beta, the weight of the not-true distillation term (>= 0; 0 is
+      FedAvg).
+    temperature: tau > 0 of both not-true softmaxes.
+  """
+
+  beta: float = 1.0
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if not self.beta >= 0:
+      raise ValueError(
+        f'FedNTD beta must be >= 0, got {self.beta} '
+        '(--config.algorithm_kwargs.beta).'
+      )
+    if not self.temperature > 0:
+      raise ValueError(
+        f'FedNTD temperature must be > 0, got {self.temperature} '
+        '(--config.algorithm_kwargs.temperature).'
+      )
 
 
 def ntd_term(local_logits, global_logits, labels, mask, *, temperature):
@@ -41,54 +70,44 @@ def ntd_term(local_logits, global_logits, labels, mask, *, temperature):
   return temperature**2 * losses.masked_mean(kl, mask)
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  beta=1.0,
-  temperature=1.0,
-):
-  """FedNTD as an `engine.Algorithm`.
+def client_loss(options, model, params, model_state, batch, ctx):
+  """CE + beta * `ntd_term`, the teacher the frozen global model (eval
+  mode)."""
+  outputs, ce, model_state = fedavg.forward_and_cross_entropy(
+    model, params, model_state, batch
+  )
+  teacher = fedavg.frozen_outputs(
+    model, ctx.server_state.variables, batch.images
+  )['logits']
+  ntd = ntd_term(
+    outputs['logits'],
+    teacher,
+    batch.labels,
+    batch.mask,
+    temperature=options.temperature,
+  )
+  return ce + options.beta * ntd, (model_state, {'ce': ce, 'ntd': ntd})
+
+
+def build(model, options, *, server_optimizer, weighting='num_examples'):
+  """FedNTD as an `engine.Algorithm`: FedAvg with its client loss.
 
   Args:
     model: `ModelFns` with 'logits'.
+    options: `Options`.
     server_optimizer: optax transformation of the pseudo-gradient.
     weighting: 'num_examples' or 'uniform'.
-    beta: weight of the not-true distillation term (>= 0; 0 is FedAvg).
-    temperature: tau > 0 of both not-true softmaxes.
-
-  Raises:
-    ValueError: beta < 0 or temperature <= 0.
   """
-  del run
-  if not beta >= 0:
-    raise ValueError(
-      f'FedNTD beta must be >= 0, got {beta} (--config.algorithm_kwargs.beta).'
-    )
-  if not temperature > 0:
-    raise ValueError(
-      f'FedNTD temperature must be > 0, got {temperature} '
-      '(--config.algorithm_kwargs.temperature).'
-    )
-
-  def client_loss(params, model_state, batch, ctx):
-    outputs, ce, model_state = fedavg.forward_and_cross_entropy(
-      model, params, model_state, batch
-    )
-    teacher = fedavg.frozen_outputs(
-      model, ctx.server_state.variables, batch.images
-    )['logits']
-    ntd = ntd_term(
-      outputs['logits'],
-      teacher,
-      batch.labels,
-      batch.mask,
-      temperature=temperature,
-    )
-    return ce + beta * ntd, (model_state, {'ce': ce, 'ntd': ntd})
-
-  return fedavg.make(
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(client_loss=client_loss)
+  )._replace(client_loss=functools.partial(client_loss, options, model))
+
+
+SPEC = AlgorithmSpec(
+  'fedntd',
+  build,
+  Options,
+  description="FedNTD (Lee et al., 2022): distillation of the global model's "
+  'not-true class predictions.',
+)
+SPECS = (SPEC,)

@@ -6,11 +6,29 @@ Heterogeneous Networks', MLSys 2020. Local objective (Eq. 2):
 ``w^t`` is the global params in the context (docs/methods.md, FedProx).
 """
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import AlgorithmSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedProx's options.
+
+  Attributes:
+    mu: mu of Eq. 2, the weight of the proximal term (>= 0; 0 is FedAvg).
+  """
+
+  mu: float = 0.01
+
+  def __post_init__(self):
+    if self.mu < 0:
+      raise ValueError(f'FedProx mu must be >= 0, got {self.mu}.')
 
 
 def proximal_term(params, global_params):
@@ -21,24 +39,24 @@ def proximal_term(params, global_params):
   return 0.5 * sum(jax.tree.leaves(squares))
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  mu=0.01,
-):
-  """FedProx: `fedavg.make` with the proximal client loss (mu >= 0)."""
-  if mu < 0:
-    raise ValueError(f'FedProx mu must be >= 0, got {mu}.')
-  cross_entropy = fedavg.make_cross_entropy_loss(model)
+def client_loss(options, model, params, model_state, batch, ctx):
+  """Eq. 2: cross-entropy + mu/2 ||w - w^t||^2, w^t the global params."""
+  loss, aux = fedavg.cross_entropy_loss(model, params, model_state, batch, ctx)
+  global_params = ctx.server_state.variables['params']
+  return loss + options.mu * proximal_term(params, global_params), aux
 
-  def client_loss(params, model_state, batch, ctx):
-    loss, aux = cross_entropy(params, model_state, batch, ctx)
-    global_params = ctx.server_state.variables['params']
-    return loss + mu * proximal_term(params, global_params), aux
 
-  return fedavg.make(
+def build(model, options, *, server_optimizer, weighting='num_examples'):
+  """FedProx: FedAvg with the proximal client loss."""
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(client_loss=client_loss)
+  )._replace(client_loss=functools.partial(client_loss, options, model))
+
+
+SPEC = AlgorithmSpec(
+  'fedprox',
+  build,
+  Options,
+  description='FedProx (Li et al., 2020): a proximal term mu/2 ||w - w_g||^2.',
+)
+SPECS = (SPEC,)

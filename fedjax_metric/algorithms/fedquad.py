@@ -7,33 +7,103 @@ Algorithm 1): each client minimises
 model's non-normalised embeddings, with quadruplets drawn per client by
 `data.quadruplets` (the host-side `client_batches` slot); aggregation is
 FedAvg weighted by |D_i|. The baselines of the paper's Tables I-IV replace the
-metric term only:
+metric term only (``Options.variant``, one registry name each):
 
   * ``quadrupletfl``: the quadruplet loss of Chen et al., 'Beyond Triplet
     Loss: A Deep Quadruplet Network for Person Re-identification', CVPR 2017
     (second term d(n1, n2));
-  * ``tripletfl``: triplet loss on (a, p, n1);
+  * ``tripletfl``: triplet loss on (a, p, n1) (Hoffer & Ailon, 'Deep Metric
+    Learning Using Triplet Network', SIMBAD 2015);
   * ``supconfl``: supervised contrastive loss on the batch's L2-normalised
-    embeddings (no sampled companions).
+    embeddings (Khosla et al., NeurIPS 2020, Eq. 2, the mean over positives;
+    no sampled companions).
 
 Slots replaced relative to FedAvg: ``client_loss`` and (except SupConFL)
-``client_batches`` / ``cohort_batches``. The distance defaults to Eq. 5's Euclidean norm
-(``squared=False``); ``squared=True`` is Algorithm 1's squared distance. The
-distance readings, the sampling fallbacks and the baselines' defaults are
-discussed in docs/methods.md, FedQuad.
+``client_batches`` / ``cohort_batches``. The distance defaults to Eq. 5's
+Euclidean norm (``squared=False``); ``squared=True`` is Algorithm 1's squared
+distance. The distance readings, the sampling fallbacks and the baselines'
+defaults are discussed in docs/methods.md, FedQuad.
 """
 
+import dataclasses
 import functools
+from typing import Literal
 
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import AlgorithmSpec
 from fedjax_metric.data import quadruplets
 
 
-def make_sampled_metric_loss(
-  model, metric_fn, num_negatives, beta, cross_entropy=True
-):
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The options of FedQuad and its baselines (the paper's beta 0.5, m1 1,
+  m2 0.5). A registry name fixes ``variant`` and the options its loss does
+  not read (`SPECS`), so e.g. ``tripletfl`` refuses ``margin_1``.
+
+  Attributes:
+    variant: the metric term: 'fedquad' (Eq. 5's l_quad*), 'quadruplet'
+      (Chen et al.'s Eq. 5), 'triplet' (on a, p, n1) or 'supcon'.
+    beta: beta of Eq. 3, the weight of the metric term (>= 0).
+    margin_1: m1 of Eq. 5, the margin of d(a, p) - d(a, n1) (quadruplet
+      variants).
+    margin_2: m2 of Eq. 5, the margin of the second term (d(a, n2) for
+      FedQuad, d(n1, n2) for QuadrupletFL).
+    margin: the triplet loss's margin (TripletFL).
+    squared: d is Algorithm 1's squared Euclidean distance if True, else
+      Eq. 5's Euclidean norm.
+    cross_entropy: keep the CE term of Eq. 3; False is Table V's "without
+      l_ce" (beta * metric alone; evaluate such a model on its embeddings,
+      ``eval_protocol='embedding_knn'``: its classifier is untrained).
+    temperature: tau of SupCon (SupConFL; > 0).
+  """
+
+  variant: Literal['fedquad', 'quadruplet', 'triplet', 'supcon'] = 'fedquad'
+  beta: float = 0.5
+  margin_1: float = 1.0
+  margin_2: float = 0.5
+  margin: float = 1.0
+  squared: bool = False
+  cross_entropy: bool = True
+  temperature: float = 0.07
+
+  def __post_init__(self):
+    if self.beta < 0:
+      raise ValueError(f'beta must be >= 0, got {self.beta}.')
+    if not self.cross_entropy and self.beta <= 0:
+      raise ValueError(
+        'cross_entropy=False needs beta > 0: otherwise the '
+        'client loss is 0. Set algorithm_kwargs.beta > 0.'
+      )
+    if not self.temperature > 0:
+      raise ValueError(f'temperature must be > 0, got {self.temperature}.')
+
+
+# Per sampled variant: the metric loss, its number of negatives, and the
+# options it takes besides the embeddings.
+_QUAD = ('margin_1', 'margin_2', 'squared')
+_SAMPLED = {
+  'fedquad': (losses.fedquad_loss, 2, _QUAD),
+  'quadruplet': (losses.quadruplet_loss, 2, _QUAD),
+  'triplet': (losses.triplet_loss, 1, ('margin', 'squared')),
+}
+# The options each variant reads (its spec fixes the others).
+_READS = {
+  'fedquad': ('beta', 'cross_entropy', *_QUAD),
+  'quadruplet': ('beta', 'cross_entropy', *_QUAD),
+  'triplet': ('beta', 'cross_entropy', 'margin', 'squared'),
+  'supcon': ('beta', 'temperature'),
+}
+
+
+def sampled_metric(options, *embeddings):
+  """The variant's per-anchor metric loss [B] on ``(anchors, positives,
+  negatives...)`` embeddings, each [B, D] (Eq. 5 for FedQuad)."""
+  metric_fn, _, names = _SAMPLED[options.variant]
+  return metric_fn(*embeddings, **{n: getattr(options, n) for n in names})
+
+
+def sampled_metric_loss(options, model, params, model_state, batch, ctx):
   """client_loss for batches laid out [anchors | positives | negatives...].
 
   ``CE(anchors) + beta * metric`` (Goksu & Pugeault, arXiv 2025, Eq. 3), or
@@ -41,175 +111,92 @@ def make_sampled_metric_loss(
   rows of their Table V). CE is taken on the anchors only; the metric term on
   every anchor whose companions are valid (mask of the positive column).
   """
-  groups = 2 + num_negatives
-
-  def client_loss(params, model_state, batch, ctx):
-    del ctx
-    b = batch.labels.shape[0] // groups
-    outputs, ce, model_state = fedavg.forward_and_cross_entropy(
-      model, params, model_state, batch, rows=b
-    )
-    embeddings = [
-      outputs['embedding'][g * b : (g + 1) * b] for g in range(groups)
-    ]
-    companion_mask = batch.mask[b : 2 * b]
-    metric = losses.masked_mean(metric_fn(*embeddings), companion_mask)
-    loss = beta * metric + (ce if cross_entropy else 0.0)
-    return loss, (model_state, {'ce': ce, 'metric': metric})
-
-  return client_loss
-
-
-def _make_sampled(
-  metric_fn,
-  num_negatives,
-  model,
-  *,
-  server_optimizer,
-  weighting='num_examples',
-  beta=0.5,
-  cross_entropy=True,
-  **metric_kwargs,
-):
-  if beta < 0:
-    raise ValueError(f'beta must be >= 0, got {beta}.')
-  if not cross_entropy and beta <= 0:
-    raise ValueError(
-      'cross_entropy=False needs beta > 0: otherwise the '
-      'client loss is 0. Set algorithm_kwargs.beta > 0.'
-    )
-  loss = make_sampled_metric_loss(
-    model,
-    functools.partial(metric_fn, **metric_kwargs),
-    num_negatives,
-    beta,
-    cross_entropy,
+  del ctx
+  groups = 2 + _SAMPLED[options.variant][1]
+  b = batch.labels.shape[0] // groups
+  outputs, ce, model_state = fedavg.forward_and_cross_entropy(
+    model, params, model_state, batch, rows=b
   )
-  return fedavg.make(
+  embeddings = [
+    outputs['embedding'][g * b : (g + 1) * b] for g in range(groups)
+  ]
+  companion_mask = batch.mask[b : 2 * b]
+  metric = losses.masked_mean(
+    sampled_metric(options, *embeddings), companion_mask
+  )
+  loss = options.beta * metric + (ce if options.cross_entropy else 0.0)
+  return loss, (model_state, {'ce': ce, 'metric': metric})
+
+
+def supcon_term(temperature, outputs, batch):
+  """SupConFL's term [B]: SupCon over the batch's embeddings."""
+  return losses.supcon_loss(
+    outputs['embedding'],
+    batch.labels,
+    temperature=temperature,
+    mask=batch.mask,
+  )
+
+
+def build(model, options, *, server_optimizer, weighting='num_examples'):
+  """FedQuad or a baseline (``options.variant``) as an `engine.Algorithm`.
+
+  Args:
+    model: `ModelFns` with 'logits' and 'embedding'.
+    options: `Options`.
+    server_optimizer: optax transformation of the pseudo-gradient.
+    weighting: 'num_examples' (the paper's |D_i|) or 'uniform'.
+  """
+  if options.variant == 'supcon':
+    return fedavg.build_with_term(
+      model,
+      functools.partial(supcon_term, options.temperature),
+      server_optimizer=server_optimizer,
+      weighting=weighting,
+      weight=options.beta,
+    )
+  num_negatives = _SAMPLED[options.variant][1]
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(client_loss=loss, **quadruplets.batch_schedules(num_negatives))
-
-
-def make_fedquad(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  beta=0.5,
-  margin_1=1.0,
-  margin_2=0.5,
-  squared=False,
-  cross_entropy=True,
-):
-  """FedQuad: CE + beta * fedquad_loss (paper's beta 0.5, m1 1, m2 0.5).
-
-  Goksu & Pugeault, 'FedQuad: Federated Stochastic Quadruplet Learning to
-  Mitigate Data Heterogeneity', arXiv:2509.04107, 2025, Eq. 3 and Eq. 5.
-  ``squared=False`` (default) is Eq. 5's Euclidean distance,
-  ``squared=True`` Algorithm 1's squared one. ``cross_entropy=False`` drops
-  the CE term (Table V's "without l_ce"); evaluate such a model on its
-  embeddings (``eval_protocol='embedding_knn'``), its classifier is untrained.
-  """
-  return _make_sampled(
-    losses.fedquad_loss,
-    2,
-    model,
-    server_optimizer=server_optimizer,
-    weighting=weighting,
-    beta=beta,
-    cross_entropy=cross_entropy,
-    margin_1=margin_1,
-    margin_2=margin_2,
-    squared=squared,
+  )._replace(
+    client_loss=functools.partial(sampled_metric_loss, options, model),
+    **quadruplets.batch_schedules(num_negatives),
   )
 
 
-def make_quadrupletfl(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  beta=0.5,
-  margin_1=1.0,
-  margin_2=0.5,
-  squared=False,
-  cross_entropy=True,
-):
-  """QuadrupletFL: CE + beta * Chen et al.'s quadruplet loss.
-
-  Chen, Chen, Zhang and Huang, 'Beyond Triplet Loss: A Deep Quadruplet
-  Network for Person Re-identification', CVPR 2017, Eq. 5; ``squared`` and
-  ``cross_entropy`` as in `make_fedquad`.
-  """
-  return _make_sampled(
-    losses.quadruplet_loss,
-    2,
-    model,
-    server_optimizer=server_optimizer,
-    weighting=weighting,
-    beta=beta,
-    cross_entropy=cross_entropy,
-    margin_1=margin_1,
-    margin_2=margin_2,
-    squared=squared,
+def _spec(name, variant, description):
+  """``name``'s spec: ``variant`` and the options it does not read fixed."""
+  unread = {
+    f.name: f.default
+    for f in dataclasses.fields(Options)
+    if f.name not in _READS[variant]
+  }
+  return AlgorithmSpec(
+    name,
+    build,
+    Options,
+    description=description,
+    fixed={**unread, 'variant': variant},
   )
 
 
-def make_tripletfl(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  beta=0.5,
-  margin=1.0,
-  squared=False,
-  cross_entropy=True,
-):
-  """TripletFL: CE + beta * triplet loss on (anchor, positive, negative_1).
-
-  Hoffer & Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015;
-  ``squared`` and ``cross_entropy`` as in `make_fedquad`.
-  """
-  return _make_sampled(
-    losses.triplet_loss,
-    1,
-    model,
-    server_optimizer=server_optimizer,
-    weighting=weighting,
-    beta=beta,
-    cross_entropy=cross_entropy,
-    margin=margin,
-    squared=squared,
-  )
-
-
-def make_supconfl(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  beta=0.5,
-  temperature=0.07,
-):
-  """SupConFL: CE + beta * SupCon (Khosla et al., NeurIPS 2020, Eq. 2, the
-  mean over positives) over the batch's embeddings."""
-
-  def supcon(outputs, batch):
-    return losses.supcon_loss(
-      outputs['embedding'],
-      batch.labels,
-      temperature=temperature,
-      mask=batch.mask,
-    )
-
-  return fedavg.make_with_term(
-    model,
-    supcon,
-    server_optimizer=server_optimizer,
-    weighting=weighting,
-    weight=beta,
-  )
+FEDQUAD = _spec(
+  'fedquad',
+  'fedquad',
+  'FedQuad (2025): stochastic quadruplet loss + cross-entropy.',
+)
+QUADRUPLETFL = _spec(
+  'quadrupletfl',
+  'quadruplet',
+  'QuadrupletFL: the quadruplet loss of Chen et al. (2017).',
+)
+TRIPLETFL = _spec(
+  'tripletfl', 'triplet', 'TripletFL: triplet loss + cross-entropy.'
+)
+SUPCONFL = _spec(
+  'supconfl',
+  'supcon',
+  'SupConFL: supervised contrastive loss + cross-entropy.',
+)
+SPEC = FEDQUAD
+SPECS = (FEDQUAD, QUADRUPLETFL, TRIPLETFL, SUPCONFL)

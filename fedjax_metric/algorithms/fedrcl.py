@@ -8,91 +8,117 @@ globally average-pooled, pre-ReLU features of every stage (the model's
 (default) is the authors' released loss (github.com/skynbe/FedRCL,
 utils/loss.py CLLoss: hard positive, top-2 negatives, single-partner
 penalty); ``form='paper'`` the paper's Eq. 5 (docs/methods.md, FedRCL).
-FedSCL is the same without the penalty, in the same two forms (plus
-Khosla et al.'s mean over positives as ``form='khosla'``).
-The reference aggregates unweighted: use ``server.weighting='uniform'`` (the
-configs do).
+FedSCL is the same without the penalty (Table 3), in the same two forms
+(plus Khosla et al.'s mean over positives as ``form='khosla'``).
+The reference aggregates unweighted: ``build``'s weighting defaults to
+'uniform' (``server.weighting='uniform'``; the configs set it too).
 
 Slot replaced relative to FedAvg: ``client_loss``.
 """
 
+import dataclasses
+import functools
+from typing import Literal
+
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import AlgorithmSpec
 
 
-def _make(model, level_loss, server_optimizer, weighting):
-  def multilevel(outputs, batch):
-    if not outputs['features']:
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedRCL's and FedSCL's options. The defaults are the authors' released
+  configs/client/fedrcl.yaml (github.com/skynbe/FedRCL).
+
+  Attributes:
+    variant: 'rcl' (FedRCL) or 'scl' (FedSCL: no penalty; its spec fixes
+      threshold and beta).
+    temperature: tau of the (relaxed) supervised contrastive loss (Eq. 2, 5).
+    threshold: lambda of Eq. 5, the similarity above which a negative pair
+      is penalised (FedRCL).
+    beta: beta of Eq. 5, the weight of the divergence penalty (FedRCL; the
+      FedSCL spec fixes it at 0, no penalty).
+    form: 'code' (the released CLLoss), 'paper' (Eq. 5, or Eq. 2's sum over
+      positives for FedSCL) or, FedSCL only, 'khosla' (Khosla et al.'s mean
+      over positives); `losses.multilevel_supcon_loss`.
+  """
+
+  variant: Literal['rcl', 'scl'] = 'rcl'
+  temperature: float = 0.05
+  threshold: float = 0.7
+  beta: float = 1.0
+  form: Literal['code', 'paper', 'khosla'] = 'code'
+
+  def __post_init__(self):
+    if self.variant == 'rcl' and self.form not in ('code', 'paper'):
+      raise ValueError(f"form must be 'code' or 'paper', got {self.form!r}.")
+    if self.form not in losses.SCL_FORMS:
       raise ValueError(
-        "FedRCL and FedSCL contrast the model's feature levels "
-        "(outputs['features']); this model has none. Use a model with "
-        "feature taps (--config.model.name='small_cnn', 'resnet18', or "
-        "'mlp' for vectors)."
+        f'form must be one of {losses.SCL_FORMS}, got {self.form!r}.'
       )
-    return level_loss(outputs['features'], batch.labels, mask=batch.mask)
 
-  return fedavg.make_with_term(
-    model, multilevel, server_optimizer=server_optimizer, weighting=weighting
+
+def multilevel_term(options, outputs, batch):
+  """The per-level loss averaged over the model's feature levels (a list of
+  [B, D_l] arrays, ``outputs['features']``): relaxed SupCon (FedRCL) or
+  SupCon (FedSCL)."""
+  if not outputs['features']:
+    raise ValueError(
+      "FedRCL and FedSCL contrast the model's feature levels "
+      "(outputs['features']); this model has none. Use a model with "
+      "feature taps (--config.model.name='small_cnn', 'resnet18', or "
+      "'mlp' for vectors)."
+    )
+  if options.variant == 'scl':
+    return losses.multilevel_supcon_loss(
+      outputs['features'],
+      batch.labels,
+      temperature=options.temperature,
+      form=options.form,
+      mask=batch.mask,
+    )
+  return losses.multilevel_relaxed_supcon_loss(
+    outputs['features'],
+    batch.labels,
+    temperature=options.temperature,
+    threshold=options.threshold,
+    beta=options.beta,
+    form=options.form,
+    mask=batch.mask,
   )
 
 
-def make_fedrcl(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='uniform',
-  temperature=0.05,
-  threshold=0.7,
-  beta=1.0,
-  form='code',
-):
-  """FedRCL: defaults tau 0.05, threshold lambda 0.7, beta 1.
+def build(model, options, *, server_optimizer, weighting='uniform'):
+  """FedRCL or FedSCL: FedAvg with CE + `multilevel_term` (weight 1).
 
-  The defaults are the authors' released configs/client/fedrcl.yaml
-  (github.com/skynbe/FedRCL).
+  Args:
+    model: `ModelFns` with 'logits' and a non-empty 'features' list.
+    options: `Options`.
+    server_optimizer: optax transformation of the pseudo-gradient.
+    weighting: 'uniform' (the reference's plain mean) or 'num_examples'.
   """
-  if form not in ('code', 'paper'):
-    raise ValueError(f"form must be 'code' or 'paper', got {form!r}.")
-
-  def level_loss(features, labels, mask):
-    return losses.multilevel_relaxed_supcon_loss(
-      features,
-      labels,
-      temperature=temperature,
-      threshold=threshold,
-      beta=beta,
-      form=form,
-      mask=mask,
-    )
-
-  return _make(model, level_loss, server_optimizer, weighting)
+  return fedavg.build_with_term(
+    model,
+    functools.partial(multilevel_term, options),
+    server_optimizer=server_optimizer,
+    weighting=weighting,
+  )
 
 
-def make_fedscl(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='uniform',
-  temperature=0.05,
-  form='code',
-):
-  """FedSCL: CE + mean over levels of a supervised contrastive loss.
-
-  FedRCL without the divergence penalty (Seo et al., CVPR 2024, Table 3).
-  ``form`` as in `losses.multilevel_supcon_loss`: 'code' (default; the
-  released CLLoss's supervised pair, i.e. FedRCL's default form with beta
-  0), 'paper' (Eq. 2: the sum over positives, i.e. FedRCL's 'paper' form
-  with beta 0) or 'khosla' (Khosla et al.'s mean over positives).
-  """
-  if form not in losses.SCL_FORMS:
-    raise ValueError(f'form must be one of {losses.SCL_FORMS}, got {form!r}.')
-
-  def level_loss(features, labels, mask):
-    return losses.multilevel_supcon_loss(
-      features, labels, temperature=temperature, form=form, mask=mask
-    )
-
-  return _make(model, level_loss, server_optimizer, weighting)
+FEDRCL = AlgorithmSpec(
+  'fedrcl',
+  build,
+  Options,
+  description='FedRCL (Seo et al., 2024): relaxed supervised contrastive loss.',
+  fixed={'variant': 'rcl'},
+)
+# FedSCL: FedRCL without the penalty (beta 0; threshold unused).
+FEDSCL = AlgorithmSpec(
+  'fedscl',
+  build,
+  Options,
+  description='FedSCL: supervised contrastive loss on multi-level features.',
+  fixed={'variant': 'scl', 'threshold': 0.7, 'beta': 0.0},
+)
+SPEC = FEDRCL
+SPECS = (FEDRCL, FEDSCL)

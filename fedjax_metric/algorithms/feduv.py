@@ -11,12 +11,16 @@ error-correcting code (BCH); here they are rows of a Hadamard matrix when
 that fits, random otherwise (the paper's analysis also covers random codes).
 """
 
+import dataclasses
+import functools
+from typing import Literal, Optional
+
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_metric.algorithms import fedavg
 from fedjax_metric.algorithms import oneclass_common as common
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import AlgorithmSpec
 from fedjax_metric.losses.oneclass import feduv_loss
 
 CODEWORD_KINDS = ('auto', 'hadamard', 'random')
@@ -127,18 +131,63 @@ def codewords(num_classes, dim, *, seed=0, kind='auto', max_tries=100):
 # ---------------------------------------------------------------------------
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='uniform',
-  num_classes=None,
-  codeword_kind='auto',
-  codeword_seed=0,
-  squared=False,
-  reduction='mean',
-):
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedUV's options.
+
+  Attributes:
+    num_classes: C codewords; None reads the model's ``num_classes``
+      (train.py sets it from the dataset), which takes precedence.
+    codeword_kind: 'auto', 'hadamard' or 'random' (see `codewords`).
+    codeword_seed: seed of a random code.
+    squared: p = 2, the squared hinge of Eq. 3 of Park et al. (False: p = 1,
+      the reproduction's).
+    reduction: 'mean' or 'sum' over the batch.
+  """
+
+  num_classes: Optional[int] = None
+  codeword_kind: Literal['auto', 'hadamard', 'random'] = 'auto'
+  codeword_seed: int = 0
+  squared: bool = False
+  reduction: Literal['sum', 'mean'] = 'mean'
+
+  def __post_init__(self):
+    common.check_choice('reduction', self.reduction, common.REDUCTIONS)
+    common.check_choice('codeword_kind', self.codeword_kind, CODEWORD_KINDS)
+
+
+def init_extra(code, min_distance, variables, num_clients, key):
+  """The code V [C, D] and its minimum Hamming distance, for evaluation
+  only (the server step never reads them)."""
+  del variables, num_clients, key
+  return {
+    'codewords': jnp.asarray(code),
+    'min_distance': jnp.asarray(min_distance, jnp.int32),
+  }
+
+
+def client_begin(ctx):
+  """client_begin: from the global model; local_state holds the class."""
+  return ctx.server_state.variables, {'class': common.client_class(ctx)}
+
+
+def client_loss(options, model, code, params, model_state, batch, ctx):
+  """max(0, 1 - cos(f(x_i), v_u))^p, reduced over the batch; v_u is read
+  from ``code`` (a constant of the program) by the client's class."""
+  outputs, model_state = model.apply(
+    params, model_state, batch.images, train=True, mask=batch.mask
+  )
+  codeword = jnp.asarray(code)[ctx.local_state['class']]
+  per_example = feduv_loss(
+    outputs['embedding'], codeword, squared=options.squared, mask=batch.mask
+  )
+  return (
+    common.reduce_batch(per_example, batch.mask, options.reduction),
+    (model_state, {}),
+  )
+
+
+def build(model, options, *, server_optimizer, weighting='uniform'):
   """FedUV as an `engine.Algorithm`: FedAvg with a codeword loss.
 
   Hosseini et al., 'Federated Learning of User Verification Models Without
@@ -159,20 +208,15 @@ def make(
   Args:
     model: `ModelFns` with an 'embedding' output; the codeword length is its
       width D.
+    options: `Options`.
     server_optimizer: optax transformation of the pseudo-gradient.
     weighting: 'uniform' or 'num_examples'.
-    num_classes: C codewords; None reads the model's ``num_classes``.
-    codeword_kind: 'auto', 'hadamard' or 'random' (see `codewords`).
-    codeword_seed: seed of a random code.
-    squared: square the hinge.
-    reduction: 'mean' or 'sum' over the batch.
 
   Raises:
-    ValueError: an unknown choice, or no code of that size exists.
+    ValueError: neither the model nor the options give num_classes, or no
+      code of that size exists.
   """
-  common.check_choice('reduction', reduction, common.REDUCTIONS)
-  common.check_choice('codeword_kind', codeword_kind, CODEWORD_KINDS)
-  num_classes = common.num_model_classes(model, num_classes or 0)
+  num_classes = common.num_model_classes(model, options.num_classes or 0)
   if num_classes < 1:
     raise ValueError(
       'FedUV needs num_classes >= 1 (the model has none; '
@@ -180,37 +224,25 @@ def make(
     )
   dim = common.embedding_dim(model)
   code, min_distance = codewords(
-    num_classes, dim, seed=codeword_seed, kind=codeword_kind
+    num_classes, dim, seed=options.codeword_seed, kind=options.codeword_kind
   )
-  base = fedavg.make(
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
-
-  def init_server(variables, num_clients, key):
-    state = base.init_server(variables, num_clients, key)
-    return state._replace(
-      extra={
-        'codewords': jnp.asarray(code),
-        'min_distance': jnp.asarray(min_distance, jnp.int32),
-      }
-    )
-
-  def client_begin(ctx):
-    return ctx.server_state.variables, {'class': common.client_class(ctx)}
-
-  def client_loss(params, model_state, batch, ctx):
-    outputs, model_state = model.apply(
-      params, model_state, batch.images, train=True, mask=batch.mask
-    )
-    codeword = jnp.asarray(code)[ctx.local_state['class']]
-    per_example = feduv_loss(
-      outputs['embedding'], codeword, squared=squared, mask=batch.mask
-    )
-    return (
-      common.reduce_batch(per_example, batch.mask, reduction),
-      (model_state, {}),
-    )
-
   return base._replace(
-    init_server=init_server, client_begin=client_begin, client_loss=client_loss
+    init_server=fedavg.make_init_server(
+      server_optimizer, functools.partial(init_extra, code, min_distance)
+    ),
+    client_begin=client_begin,
+    client_loss=functools.partial(client_loss, options, model, code),
   )
+
+
+SPEC = AlgorithmSpec(
+  'feduv',
+  build,
+  Options,
+  description='FedUV (Hosseini et al., 2021): fixed error-correcting '
+  'codewords.',
+)
+SPECS = (SPEC,)

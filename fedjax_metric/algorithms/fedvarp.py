@@ -28,43 +28,57 @@ Slots replaced relative to FedAvg:
   * ``server_update``: the move above, then ybar moved by the same sum / N.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg, mifa
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import NO_OPTIONS, AlgorithmSpec
 
 
-def make(
-  model, *, server_optimizer, run: RunFacts = NO_RUN_FACTS, weighting='uniform'
-):
+def server_update(server_optimizer, server_state, aggregate, cohort_rows):
+  """w <- w + eta_g (mean_{S_t} (Delta_n - y_n^old) + ybar^old), then ybar
+  moved by the same sum / N; a round nobody joins changes nothing."""
+  del cohort_rows  # Their change arrived in the aggregate.
+  change_sum = aggregate.update_sum
+  ybar_old = server_state.extra['ybar']
+  participants = jnp.maximum(aggregate.num_participants, 1.0)
+  direction = jax.tree.map(
+    lambda old, d: old + d / participants, ybar_old, change_sum
+  )
+  new_state = fedavg.apply_server_optimizer(
+    server_optimizer, server_state, direction
+  )
+  ybar = mifa.moved_mean(ybar_old, change_sum, aggregate.num_clients)
+  new_state = new_state._replace(extra={'ybar': ybar})
+  return fedavg.skip_if_nobody(aggregate, server_state, new_state)
+
+
+def build(model, options=NO_OPTIONS, *, server_optimizer, weighting='uniform'):
   """FedVarp (Jhunjhunwala et al., UAI 2022) as in FedAU's released code.
 
   Args:
     model: `ModelFns`.
+    options: none of its own (`spec.NO_OPTIONS`).
     server_optimizer: optax transformation of the pseudo-gradient; sgd(eta_g)
       (the released README runs FedVarp with eta_g = 1).
     weighting: 'uniform' only (anything else is refused): participants count
       equally (1 / |S_t|), as in the released code.
   """
+  del options
   fedavg.refuse_weighting(
     'fedvarp', weighting, 'participants count equally, as in the paper'
   )
-  base = mifa.make(model, server_optimizer=server_optimizer)
+  return mifa.stored_updates(model, server_optimizer)._replace(
+    server_update=functools.partial(server_update, server_optimizer)
+  )
 
-  def server_update(server_state, aggregate, cohort_rows):
-    del cohort_rows  # Their change arrived in the aggregate.
-    change_sum = aggregate.update_sum
-    ybar_old = server_state.extra['ybar']
-    participants = jnp.maximum(aggregate.num_participants, 1.0)
-    direction = jax.tree.map(
-      lambda old, d: old + d / participants, ybar_old, change_sum
-    )
-    new_state = fedavg.apply_server_optimizer(
-      server_optimizer, server_state, direction
-    )
-    ybar = mifa.moved_mean(ybar_old, change_sum, aggregate.num_clients)
-    new_state = new_state._replace(extra={'ybar': ybar})
-    return fedavg.skip_if_nobody(aggregate, server_state, new_state)
 
-  return base._replace(server_update=server_update)
+SPEC = AlgorithmSpec(
+  'fedvarp',
+  build,
+  description='FedVarp (Jhunjhunwala et al., 2022): stored updates as '
+  'control variates.',
+)
+SPECS = (SPEC,)

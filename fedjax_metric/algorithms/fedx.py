@@ -11,7 +11,7 @@ on the projection, ``ModelFedX.predictionMLP``); it is federated like the
 rest, and lives in the parameters under the key ``'fedx_predictor'`` (the
 encoder and projector ignore it). Each step sees the two views x1, x2 of a
 batch and one view x_r of an independent random batch of the client's data
-(`fedalignuniform.ssl_batch_schedules` with random_batch=True); one
+(`ssl_schedules.ssl_batch_schedules` with random_batch=True); one
 forward pass of the local model over [x1; x2; x_r] (BatchNorm statistics
 over all 3B) gives projections z and predictions q(z), and the frozen
 global model in eval mode gives z^g. The loss is
@@ -31,15 +31,17 @@ head), ``client_loss``, ``client_final`` (weight = local batches),
 width 2B).
 """
 
+import dataclasses
+import functools
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_metric import losses
-from fedjax_metric.algorithms import fedalignuniform as fau
-from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms import fedavg, ssl_common, ssl_schedules
+from fedjax_metric.algorithms.spec import AlgorithmSpec
 from fedjax_metric.models import split_variables
 
 PREDICTOR = 'fedx_predictor'
@@ -72,117 +74,149 @@ def apply_predictor(params, z):
   return h @ params['fc2']['kernel'] + params['fc2']['bias']
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_batches',
-  temperature=0.1,
-  local_target_temperature=0.1,
-  global_target_temperature=0.1,
-  relational_form='code',
-  view_order='fedu2',
-  drop_last=False,
-):
-  """FedX.
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedX's options (the released main.py's defaults).
 
-  Args:
-    model: `ModelFns` with a 'projection' output.
-    server_optimizer: optax transformation of the pseudo-gradient.
-    weighting: 'num_batches' (released code), 'num_examples', 'uniform'.
+  Attributes:
     temperature: tau of NT-Xent and of the relational student
-      distributions (0.1, main.py --temperature).
-    local_target_temperature: t2 of the local relational target (0.1,
+      distributions (> 0; main.py --temperature).
+    local_target_temperature: t2 of the local relational target (> 0;
       main.py --ts).
-    global_target_temperature: t2 of the global relational target (0.1,
+    global_target_temperature: t2 of the global relational target (> 0;
       main.py --tt).
     relational_form: 'code' or 'js' (`losses.relational_loss`).
     view_order: augmentation order ('fedu2', the FedU2 copy's transforms).
     drop_last: drop partial batches.
   """
-  for name, value in (
-    ('temperature', temperature),
-    ('local_target_temperature', local_target_temperature),
-    ('global_target_temperature', global_target_temperature),
-  ):
-    fau.check_positive(name, value, allow_zero=False)
-  views = fau.make_views(view_order)
-  init_server_base = fedavg.make_init_server(server_optimizer)
 
-  def init_server(variables, num_clients, key):
-    dim = fau.output_width(model, variables, 'projection')
-    params = dict(variables['params'])
-    params[PREDICTOR] = init_predictor(key, dim)
-    return init_server_base({**variables, 'params': params}, num_clients, key)
+  temperature: float = 0.1
+  local_target_temperature: float = 0.1
+  global_target_temperature: float = 0.1
+  relational_form: Literal['code', 'js'] = 'code'
+  view_order: Literal['ssd', 'fedu2'] = 'fedu2'
+  drop_last: bool = False
 
-  def nt_xent(a, b, mask):
-    return losses.masked_mean(
-      losses.nt_xent_loss(
-        a, b, temperature=temperature, self_in_denominator=False, mask=mask
-      ),
-      mask,
-    )
+  def __post_init__(self):
+    for name in (
+      'temperature',
+      'local_target_temperature',
+      'global_target_temperature',
+    ):
+      ssl_common.check_positive(name, getattr(self, name), allow_zero=False)
 
-  def relational(a, b, anchors, target_temperature, mask, anchor_mask):
-    return losses.masked_mean(
-      losses.relational_loss(
-        a,
-        b,
-        anchors,
-        temperature=temperature,
-        target_temperature=target_temperature,
-        form=relational_form,
-        mask=mask,
-        anchor_mask=anchor_mask,
-      ),
-      mask,
-    )
 
-  def client_loss(params, model_state, batch, ctx):
-    size = batch.raw_images.shape[0] // 2
-    raw, raw_random = batch.raw_images[:size], batch.raw_images[size:]
-    mask, mask_random = batch.mask[:size], batch.mask[size:]
-    k_views, k_random = jax.random.split(ctx.key)
-    x1, x2 = views(raw, k_views)
-    x_random = views(raw_random, k_random)[0]
-    x = jnp.concatenate([x1, x2, x_random])
-    all_mask = jnp.concatenate([mask, mask, mask_random])
-    out, model_state = model.apply(
-      params, model_state, x, train=True, mask=all_mask
-    )
-    z = out['projection']
-    q = apply_predictor(params[PREDICTOR], z)
-    g_params, g_state = split_variables(ctx.server_state.variables)
-    g_out, _ = model.apply(g_params, g_state, x, train=False)
-    g = jax.lax.stop_gradient(g_out['projection'])
-    z1, z2, z_random = z[:size], z[size : 2 * size], z[2 * size :]
-    q1, q2 = q[:size], q[size : 2 * size]
-    g2, g_random = g[size : 2 * size], g[2 * size :]
-    nt_local = nt_xent(z1, z2, mask)
-    nt_global = nt_xent(q1, g2, mask)
-    js_local = relational(
-      z1, z2, z_random, local_target_temperature, mask, mask_random
-    )
-    js_global = relational(
-      q1, q2, g_random, global_target_temperature, mask, mask_random
-    )
-    loss = nt_local + nt_global + js_local + js_global
-    return loss, (
-      model_state,
-      {
-        'nt_local': nt_local,
-        'nt_global': nt_global,
-        'js_local': js_local,
-        'js_global': js_global,
-      },
-    )
+def init_server(model, server_optimizer, variables, num_clients, key):
+  """FedAvg's init_server on the model's variables plus the prediction head
+  (``params[PREDICTOR]``, width P of the projection)."""
+  dim = ssl_common.output_width(model, variables, 'projection')
+  params = dict(variables['params'])
+  params[PREDICTOR] = init_predictor(key, dim)
+  return fedavg.init_server(
+    server_optimizer, None, {**variables, 'params': params}, num_clients, key
+  )
 
-  algorithm = fau.make_algorithm(
-    model,
-    client_loss,
+
+def nt_xent(options, a, b, mask):
+  """Masked mean NT-Xent at tau, self-similarity excluded."""
+  return losses.masked_mean(
+    losses.nt_xent_loss(
+      a,
+      b,
+      temperature=options.temperature,
+      self_in_denominator=False,
+      mask=mask,
+    ),
+    mask,
+  )
+
+
+def relational(options, a, b, anchors, target_temperature, mask, anchor_mask):
+  """Masked mean relational (JS) loss of a against b over ``anchors``."""
+  return losses.masked_mean(
+    losses.relational_loss(
+      a,
+      b,
+      anchors,
+      temperature=options.temperature,
+      target_temperature=target_temperature,
+      form=options.relational_form,
+      mask=mask,
+      anchor_mask=anchor_mask,
+    ),
+    mask,
+  )
+
+
+def client_loss(options, model, views, params, model_state, batch, ctx):
+  """Local + global NT-Xent and relational losses on a batch laid out as
+  [batch | random batch] (width 2B): one training forward over [x1; x2;
+  x_r], the frozen global model in eval mode for the targets z^g."""
+  size = batch.raw_images.shape[0] // 2
+  raw, raw_random = batch.raw_images[:size], batch.raw_images[size:]
+  mask, mask_random = batch.mask[:size], batch.mask[size:]
+  k_views, k_random = jax.random.split(ctx.key)
+  x1, x2 = views(raw, k_views)
+  x_random = views(raw_random, k_random)[0]
+  x = jnp.concatenate([x1, x2, x_random])
+  all_mask = jnp.concatenate([mask, mask, mask_random])
+  out, model_state = model.apply(
+    params, model_state, x, train=True, mask=all_mask
+  )
+  z = out['projection']
+  q = apply_predictor(params[PREDICTOR], z)
+  g_params, g_state = split_variables(ctx.server_state.variables)
+  g_out, _ = model.apply(g_params, g_state, x, train=False)
+  g = jax.lax.stop_gradient(g_out['projection'])
+  z1, z2, z_random = z[:size], z[size : 2 * size], z[2 * size :]
+  q1, q2 = q[:size], q[size : 2 * size]
+  g2, g_random = g[size : 2 * size], g[2 * size :]
+  nt_local = nt_xent(options, z1, z2, mask)
+  nt_global = nt_xent(options, q1, g2, mask)
+  t_local = options.local_target_temperature
+  t_global = options.global_target_temperature
+  js_local = relational(options, z1, z2, z_random, t_local, mask, mask_random)
+  js_global = relational(options, q1, q2, g_random, t_global, mask, mask_random)
+  loss = nt_local + nt_global + js_local + js_global
+  return loss, (
+    model_state,
+    {
+      'nt_local': nt_local,
+      'nt_global': nt_global,
+      'js_local': js_local,
+      'js_global': js_global,
+    },
+  )
+
+
+def build(model, options, *, server_optimizer, weighting='num_batches'):
+  """FedX.
+
+  Args:
+    model: `ModelFns` with a 'projection' output.
+    options: `Options`.
+    server_optimizer: optax transformation of the pseudo-gradient.
+    weighting: 'num_batches' (released code), 'num_examples', 'uniform'.
+  """
+  views = ssl_common.two_views(options.view_order)
+  algorithm = ssl_common.build_algorithm(
+    functools.partial(client_loss, options, model, views),
     server_optimizer=server_optimizer,
     weighting=weighting,
-    schedules=fau.ssl_batch_schedules(drop_last=drop_last, random_batch=True),
+    schedules=ssl_schedules.ssl_batch_schedules(
+      drop_last=options.drop_last, random_batch=True
+    ),
   )
-  return algorithm._replace(init_server=init_server)
+  return algorithm._replace(
+    init_server=functools.partial(init_server, model, server_optimizer)
+  )
+
+
+SPEC = AlgorithmSpec(
+  'fedx',
+  build,
+  Options,
+  description='FedX (Han et al., 2022): local and global relational '
+  'distillation.',
+)
+SPECS = (SPEC,)

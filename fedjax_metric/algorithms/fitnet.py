@@ -18,9 +18,33 @@ baseline was found (docs/methods.md, FitNet): the layer and beta = 1 are
 this library's choices, to be tuned on a validation split.
 """
 
+import dataclasses
+import functools
+
 from fedjax_metric import losses
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import AlgorithmSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """FedAvg + FitNet's options (this library's choices, see above).
+
+  Attributes:
+    beta: beta, the weight of the hint term (>= 0; 0 is FedAvg).
+    level: index into ``outputs['features']`` of the hint / guided layer;
+      -1 (default) means the middle tap, ``len(features) // 2``.
+  """
+
+  beta: float = 1.0
+  level: int = -1
+
+  def __post_init__(self):
+    if not self.beta >= 0:
+      raise ValueError(
+        f'FitNet beta must be >= 0, got {self.beta} '
+        '(--config.algorithm_kwargs.beta).'
+      )
 
 
 def hint_loss(student, teacher):
@@ -28,55 +52,47 @@ def hint_loss(student, teacher):
   return 0.5 * ((teacher - student) ** 2).sum(axis=-1)
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_examples',
-  beta=1.0,
-  level=-1,
-):
-  """FedAvg + FitNet as an `engine.Algorithm`.
-
-  Args:
-    model: `ModelFns` with 'logits' and 'features'.
-    server_optimizer: optax transformation of the pseudo-gradient.
-    weighting: 'num_examples' or 'uniform'.
-    beta: weight of the hint term (>= 0; 0 is FedAvg).
-    level: index into ``outputs['features']``; -1 (default) means the
-      middle tap, ``len(features) // 2``.
-
-  Raises:
-    ValueError: beta < 0.
-  """
-  del run
-  if not beta >= 0:
+def tap(level, features):
+  """The hint layer among the feature taps: [B, D]."""
+  if not features:
     raise ValueError(
-      f'FitNet beta must be >= 0, got {beta} (--config.algorithm_kwargs.beta).'
+      "FitNet needs a model with feature taps (outputs['features']); "
+      'this one has none.'
     )
+  return features[len(features) // 2 if level == -1 else level]
 
-  def tap(features):
-    if not features:
-      raise ValueError(
-        "FitNet needs a model with feature taps (outputs['features']); "
-        'this one has none.'
-      )
-    return features[len(features) // 2 if level == -1 else level]
 
-  def client_loss(params, model_state, batch, ctx):
-    outputs, ce, model_state = fedavg.forward_and_cross_entropy(
-      model, params, model_state, batch
-    )
-    teacher = fedavg.frozen_outputs(
-      model, ctx.server_state.variables, batch.images
-    )
-    hint = losses.masked_mean(
-      hint_loss(tap(outputs['features']), tap(teacher['features'])),
-      batch.mask,
-    )
-    return ce + beta * hint, (model_state, {'ce': ce, 'hint': hint})
+def client_loss(options, model, params, model_state, batch, ctx):
+  """CE + beta * 1/2 ||u_g(x) - v_l(x)||^2, u_g from the frozen global
+  model (evaluation mode), masked mean over the batch."""
+  outputs, ce, model_state = fedavg.forward_and_cross_entropy(
+    model, params, model_state, batch
+  )
+  teacher = fedavg.frozen_outputs(
+    model, ctx.server_state.variables, batch.images
+  )
+  hint = losses.masked_mean(
+    hint_loss(
+      tap(options.level, outputs['features']),
+      tap(options.level, teacher['features']),
+    ),
+    batch.mask,
+  )
+  return ce + options.beta * hint, (model_state, {'ce': ce, 'hint': hint})
 
-  return fedavg.make(
+
+def build(model, options, *, server_optimizer, weighting='num_examples'):
+  """FedAvg + FitNet. ``model``: `ModelFns` with 'logits' and 'features'."""
+  return fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(client_loss=client_loss)
+  )._replace(client_loss=functools.partial(client_loss, options, model))
+
+
+SPEC = AlgorithmSpec(
+  'fitnet',
+  build,
+  Options,
+  description='FedAvg + FitNet (Romero et al., 2015): a hint loss to the '
+  "global model's intermediate features.",
+)
+SPECS = (SPEC,)

@@ -31,14 +31,21 @@ above minus w_g) and FedAvg's ``server_update``. A layer where either norm
 is 0 keeps delta = 1 (the released code would divide by zero).
 """
 
+import dataclasses
+import functools
+import typing
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_metric import losses
-from fedjax_metric.algorithms import fedalignuniform as fau
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms import ssl_common, ssl_schedules
+from fedjax_metric.algorithms.spec import AlgorithmSpec
+from fedjax_metric.data import views as views_lib
 
-SCOPES = ('layer', 'model')
+Scope = Literal['layer', 'model']
+SCOPES = typing.get_args(Scope)
 
 
 def _cosine(dot, a_sq, b_sq):
@@ -92,83 +99,111 @@ def divergence_weights(local_variables, global_variables, *, scope='layer'):
   )
 
 
-def make(
-  model,
-  *,
-  server_optimizer,
-  run: RunFacts = NO_RUN_FACTS,
-  weighting='num_batches',
-  scope='layer',
-  warmup_rounds=3,
-  temperature=0.07,
-  self_in_denominator=True,
-  view_order='fedu2',
-  drop_last=False,
-):
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """L-DAWA's options (the released code's, tau of FedU2's copy).
+
+  Attributes:
+    scope: what one delta_k^l covers: 'layer' (one cosine per tensor, the
+      released code) or 'model' (one over the whole model, FedU2's copy).
+    warmup_rounds: rounds of plain FedAvg before L-DAWA (3, the released
+      code's start round <= 2; 0 starts at once; >= 0).
+    temperature: NT-Xent tau (0.07; > 0).
+    self_in_denominator: NT-Xent form (True: FedU2's copy keeps the
+      self-similarity in the denominator).
+    view_order: augmentation order, 'fedu2' or 'ssd' (`ssl_common.two_views`).
+    drop_last: drop partial batches.
+  """
+
+  scope: Scope = 'layer'
+  warmup_rounds: int = 3
+  temperature: float = 0.07
+  self_in_denominator: bool = True
+  view_order: Literal['ssd', 'fedu2'] = 'fedu2'
+  drop_last: bool = False
+
+  def __post_init__(self):
+    ssl_common.check_positive('temperature', self.temperature, allow_zero=False)
+    ssl_common.check_positive('warmup_rounds', self.warmup_rounds)
+    if self.scope not in SCOPES:
+      raise ValueError(
+        f'scope must be one of {SCOPES}, got {self.scope!r} '
+        '(--config.algorithm_kwargs.scope).'
+      )
+    if self.view_order not in views_lib.VIEW_ORDERS:
+      raise ValueError(
+        f'Unknown order {self.view_order!r}; use one of '
+        f'{views_lib.VIEW_ORDERS}.'
+      )
+
+
+def client_loss(options, model, views, params, model_state, batch, ctx):
+  """SimCLR's NT-Xent between the projections of two views of the batch."""
+  mask = batch.mask
+  out1, out2, model_state = ssl_common.two_view_forward(
+    model, params, model_state, batch.raw_images, mask, ctx.key, views
+  )
+  loss = losses.masked_mean(
+    losses.nt_xent_loss(
+      out1['projection'],
+      out2['projection'],
+      temperature=options.temperature,
+      self_in_denominator=options.self_in_denominator,
+      mask=mask,
+    ),
+    mask,
+  )
+  return loss, (model_state, {'nt_xent': loss})
+
+
+def client_final(options, weighting, end_variables, ctx):
+  """The update delta_k w_k - w_g with weight 1 (plain w_k - w_g with the
+  FedAvg weight during the warm-up)."""
+  global_variables = ctx.server_state.variables
+  deltas = divergence_weights(
+    end_variables, global_variables, scope=options.scope
+  )
+  scaled = jax.tree.map(
+    lambda d, w, g: d * w - g, deltas, end_variables, global_variables
+  )
+  plain = jax.tree.map(jnp.subtract, end_variables, global_variables)
+  warm = ctx.server_state.round < options.warmup_rounds
+  update = jax.tree.map(lambda p, s: jnp.where(warm, p, s), plain, scaled)
+  # Weight 1 after the warm-up: the engine's weighted mean is then the
+  # plain mean over participants, the released 1 / |S|.
+  weight = jnp.where(warm, ssl_common.aggregation_weight(ctx, weighting), 1.0)
+  # A client that trained on nothing sends nothing (the engine's other
+  # methods give it weight 0 through its step count).
+  weight = jnp.where(ctx.num_steps > 0, weight, 0.0)
+  return update, weight, ctx.client_row
+
+
+def build(model, options, *, server_optimizer, weighting='num_batches'):
   """L-DAWA with SimCLR clients.
 
   Args:
     model: `ModelFns` with a 'projection' output.
+    options: `Options`.
     server_optimizer: optax transformation of the pseudo-gradient
       (sgd(1.0): the aggregate above is the new model).
     weighting: the warm-up rounds' FedAvg weights: 'num_batches',
       'num_examples' (the released Flower strategy) or 'uniform'.
-    scope: 'layer' (released code) or 'model' (FedU2's copy).
-    warmup_rounds: rounds of plain FedAvg before L-DAWA (3, released code;
-      0 starts at once).
-    temperature: NT-Xent tau (0.07).
-    self_in_denominator: NT-Xent form (True: FedU2's copy).
-    view_order: augmentation order.
-    drop_last: drop partial batches.
   """
-  fau.check_positive('temperature', temperature, allow_zero=False)
-  fau.check_positive('warmup_rounds', warmup_rounds)
-  fau.check_weighting(weighting)
-  if scope not in SCOPES:
-    raise ValueError(
-      f'scope must be one of {SCOPES}, got {scope!r} '
-      '(--config.algorithm_kwargs.scope).'
-    )
-  views = fau.make_views(view_order)
-
-  def client_loss(params, model_state, batch, ctx):
-    mask = batch.mask
-    out1, out2, model_state = fau.two_view_forward(
-      model, params, model_state, batch.raw_images, mask, ctx.key, views
-    )
-    loss = losses.masked_mean(
-      losses.nt_xent_loss(
-        out1['projection'],
-        out2['projection'],
-        temperature=temperature,
-        self_in_denominator=self_in_denominator,
-        mask=mask,
-      ),
-      mask,
-    )
-    return loss, (model_state, {'nt_xent': loss})
-
-  def client_final(end_variables, ctx):
-    global_variables = ctx.server_state.variables
-    deltas = divergence_weights(end_variables, global_variables, scope=scope)
-    scaled = jax.tree.map(
-      lambda d, w, g: d * w - g, deltas, end_variables, global_variables
-    )
-    plain = jax.tree.map(jnp.subtract, end_variables, global_variables)
-    warm = ctx.server_state.round < warmup_rounds
-    update = jax.tree.map(lambda p, s: jnp.where(warm, p, s), plain, scaled)
-    # Weight 1 after the warm-up: the engine's weighted mean is then the
-    # plain mean over participants, the released 1 / |S|.
-    weight = jnp.where(warm, fau.aggregation_weight(ctx, weighting), 1.0)
-    # A client that trained on nothing sends nothing (the engine's other
-    # methods give it weight 0 through its step count).
-    weight = jnp.where(ctx.num_steps > 0, weight, 0.0)
-    return update, weight, ctx.client_row
-
-  return fau.make_algorithm(
-    model,
-    client_loss,
+  ssl_common.check_weighting(weighting)
+  views = ssl_common.two_views(options.view_order)
+  return ssl_common.build_algorithm(
+    functools.partial(client_loss, options, model, views),
     server_optimizer=server_optimizer,
     weighting=weighting,
-    schedules=fau.ssl_batch_schedules(drop_last=drop_last),
-  )._replace(client_final=client_final)
+    schedules=ssl_schedules.ssl_batch_schedules(drop_last=options.drop_last),
+  )._replace(client_final=functools.partial(client_final, options, weighting))
+
+
+SPEC = AlgorithmSpec(
+  'l_dawa',
+  build,
+  Options,
+  description='L-DAWA (Rehman et al., 2023): layer-wise divergence-aware '
+  'weights.',
+)
+SPECS = (SPEC,)

@@ -30,11 +30,13 @@ Slots replaced relative to FedAvg:
     through the server optimizer.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import NO_OPTIONS, AlgorithmSpec
 
 
 def zeros_like_variables(variables, key):
@@ -49,17 +51,13 @@ def init_mean(variables, num_clients, key):
   return {'ybar': zeros_like_variables(variables, key)}
 
 
-def client_final(base):
+def client_final(end_variables, ctx):
   """MIFA's and FedVarp's client_final: the row becomes Delta_n; the update
   sent is Delta_n - y_n^old, scaled so that the engine's weighted sum is
   the plain sum over the cohort (`fedavg.plain_sum_share`)."""
-
-  def final(end_variables, ctx):
-    delta, weight, _ = base.client_final(end_variables, ctx)
-    change = jax.tree.map(jnp.subtract, delta, ctx.client_row)
-    return fedavg.plain_sum_share(change, weight), weight, delta
-
-  return final
+  delta, weight, _ = fedavg.delta_final('uniform', end_variables, ctx)
+  change = jax.tree.map(jnp.subtract, delta, ctx.client_row)
+  return fedavg.plain_sum_share(change, weight), weight, delta
 
 
 def moved_mean(ybar, change_sum, num_clients):
@@ -67,40 +65,59 @@ def moved_mean(ybar, change_sum, num_clients):
   return jax.tree.map(lambda m, d: m + d / num_clients, ybar, change_sum)
 
 
-def make(
-  model, *, server_optimizer, run: RunFacts = NO_RUN_FACTS, weighting='uniform'
-):
+def server_update(server_optimizer, server_state, aggregate, cohort_rows):
+  """ybar moved by the cohort's change, then w <- w + eta_g ybar through
+  the server optimizer (in every round, also one nobody joins)."""
+  del cohort_rows  # Their change arrived in the aggregate.
+  ybar = moved_mean(
+    server_state.extra['ybar'], aggregate.update_sum, aggregate.num_clients
+  )
+  new_state = fedavg.apply_server_optimizer(
+    server_optimizer, server_state, ybar
+  )
+  return new_state._replace(extra={'ybar': ybar})
+
+
+def build(model, options=NO_OPTIONS, *, server_optimizer, weighting='uniform'):
   """MIFA (Gu et al., NeurIPS 2021) as in FedAU's released code.
 
   Args:
     model: `ModelFns`.
+    options: none of its own (`spec.NO_OPTIONS`).
     server_optimizer: optax transformation of the pseudo-gradient; sgd(eta_g)
       (the released README runs MIFA with eta_g = 1).
     weighting: 'uniform' only (anything else is refused): the stored updates
       are averaged uniformly over all N clients, as in the released code.
   """
+  del options
   fedavg.refuse_weighting(
     'mifa',
     weighting,
     'the stored updates are averaged uniformly over all clients',
   )
-  base = fedavg.make(
-    model, server_optimizer=server_optimizer, weighting='uniform'
+  return stored_updates(model, server_optimizer)._replace(
+    server_update=functools.partial(server_update, server_optimizer)
   )
 
-  def server_update(server_state, aggregate, cohort_rows):
-    del cohort_rows  # Their change arrived in the aggregate.
-    ybar = moved_mean(
-      server_state.extra['ybar'], aggregate.update_sum, aggregate.num_clients
-    )
-    new_state = fedavg.apply_server_optimizer(
-      server_optimizer, server_state, ybar
-    )
-    return new_state._replace(extra={'ybar': ybar})
 
+def stored_updates(model, server_optimizer):
+  """FedAvg with MIFA's and FedVarp's client table of stored updates
+  (init_client, ybar in the server extra, client_final); the server update
+  is the caller's."""
+  base = fedavg.build(
+    model, server_optimizer=server_optimizer, weighting='uniform'
+  )
   return base._replace(
     init_server=fedavg.make_init_server(server_optimizer, init_mean),
     init_client=zeros_like_variables,
-    client_final=client_final(base),
-    server_update=server_update,
+    client_final=client_final,
   )
+
+
+SPEC = AlgorithmSpec(
+  'mifa',
+  build,
+  description="MIFA (Gu et al., 2021): every client's latest update, each "
+  'round.',
+)
+SPECS = (SPEC,)

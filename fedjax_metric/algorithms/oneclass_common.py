@@ -12,6 +12,8 @@ round of batches with a frozen model (centers, radii), and the reductions of
 per-example losses over a batch.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -20,6 +22,18 @@ from fedjax_metric.losses import masked_mean
 from fedjax_metric.models import split_variables
 
 REDUCTIONS = ('sum', 'mean')
+
+
+def _initial_outputs(model, key):
+  """The outputs of a freshly initialised ``model`` on a zero input."""
+  params, model_state = split_variables(model.init(key))
+  outputs, _ = model.apply(
+    params,
+    model_state,
+    jnp.zeros(model.input_shape, jnp.float32),
+    train=False,
+  )
+  return outputs
 
 
 def embedding_dim(model) -> int:
@@ -38,18 +52,9 @@ def embedding_dim(model) -> int:
       'their per-client state.'
     )
 
-  def embed(key):
-    variables = model.init(key)
-    params, model_state = split_variables(variables)
-    outputs, _ = model.apply(
-      params,
-      model_state,
-      jnp.zeros(model.input_shape, jnp.float32),
-      train=False,
-    )
-    return outputs
-
-  outputs = jax.eval_shape(embed, jax.random.key(0))
+  outputs = jax.eval_shape(
+    functools.partial(_initial_outputs, model), jax.random.key(0)
+  )
   if 'embedding' not in outputs:
     raise ValueError(
       f"The model returns {sorted(outputs)}, no 'embedding'; "
@@ -71,6 +76,12 @@ def frozen_embeddings(model, variables, images):
   return jax.lax.stop_gradient(outputs['embedding'])
 
 
+def _largest_label(carry, batch):
+  """scan body: the largest real label so far (-1 before any)."""
+  labels = jnp.where(batch.mask, batch.labels, -1)
+  return jnp.maximum(carry, jnp.max(labels))
+
+
 def client_class(ctx):
   """The class a client holds: the label of its examples, int32 scalar.
 
@@ -78,13 +89,17 @@ def client_class(ctx):
   is needed. For a client holding several classes (not the one-class
   setting) it is the largest label; 0 for a client with no example.
   """
-
-  def body(carry, batch):
-    labels = jnp.where(batch.mask, batch.labels, -1)
-    return jnp.maximum(carry, jnp.max(labels))
-
-  label = ctx.scan_batches(body, jnp.asarray(-1, jnp.int32))
+  label = ctx.scan_batches(_largest_label, jnp.asarray(-1, jnp.int32))
   return jnp.maximum(label, 0).astype(jnp.int32)
+
+
+def _embedding_sum(model, variables, carry, batch):
+  """scan body: (sum of the real examples' embeddings [D], their count)."""
+  total, count = carry
+  e = frozen_embeddings(model, variables, batch.images)
+  w = batch.mask.astype(e.dtype)
+  # An elementwise sum, not a matmul, so TF32 on GPUs cannot round it.
+  return total + jnp.sum(w[:, None] * e, axis=0), count + jnp.sum(w)
 
 
 def scan_center(ctx, model, variables, dim):
@@ -95,29 +110,26 @@ def scan_center(ctx, model, variables, dim):
   round's batches. ``dim`` is D (`embedding_dim`). Returns ([D] center,
   float32 count of real examples).
   """
-
-  def body(carry, batch):
-    total, count = carry
-    e = frozen_embeddings(model, variables, batch.images)
-    w = batch.mask.astype(e.dtype)
-    # An elementwise sum, not a matmul, so TF32 on GPUs cannot round it.
-    return total + jnp.sum(w[:, None] * e, axis=0), count + jnp.sum(w)
-
   total, count = ctx.scan_batches(
-    body, (jnp.zeros((dim,), jnp.float32), jnp.zeros((), jnp.float32))
+    functools.partial(_embedding_sum, model, variables),
+    (jnp.zeros((dim,), jnp.float32), jnp.zeros((), jnp.float32)),
   )
   return total / jnp.maximum(count, 1.0), count
 
 
+def _largest_distance(model, variables, center, carry, batch):
+  """scan body: the largest ||g(x_i) - center|| of a real example so far."""
+  e = frozen_embeddings(model, variables, batch.images)
+  d = jnp.sqrt(jnp.sum(jnp.square(e - center[None]), axis=-1))
+  return jnp.maximum(carry, jnp.max(jnp.where(batch.mask, d, 0.0)))
+
+
 def scan_radius(ctx, model, variables, center):
   """max_i ||g(x_i) - center|| over the client's round of batches; 0 if none."""
-
-  def body(carry, batch):
-    e = frozen_embeddings(model, variables, batch.images)
-    d = jnp.sqrt(jnp.sum(jnp.square(e - center[None]), axis=-1))
-    return jnp.maximum(carry, jnp.max(jnp.where(batch.mask, d, 0.0)))
-
-  return ctx.scan_batches(body, jnp.zeros((), jnp.float32))
+  return ctx.scan_batches(
+    functools.partial(_largest_distance, model, variables, center),
+    jnp.zeros((), jnp.float32),
+  )
 
 
 def reduce_batch(per_example, mask, reduction):

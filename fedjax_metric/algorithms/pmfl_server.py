@@ -6,7 +6,7 @@ preprint, 2025, Algorithm 2 and Eqs. 9-11. x_k^t, the weight of node k's
 update, is the mean length of its participation intervals (FedAU's
 estimator, counted so that the interval ending in round t already counts,
 cutoff C = 50); psi (Eq. 11) mixes the new global model with the H - 1
-previous ones. The algorithm using them is pmfl.py.
+previous ones. pmfl_history.py and pmfl.py use them.
 """
 
 import functools
@@ -61,7 +61,7 @@ def adaptive_step(
 
   Eq. 8 is the running mean of the recorded Q* values; it is kept here as an
   exact integer sum / count (same value, no float drift over 10^4 rounds).
-  Unlike FedAU (`fedjax_metric.algorithms.fedau.interval_step`), the
+  Unlike FedAU (`fedjax_metric.algorithms.fedau_intervals.interval_step`), the
   interval that ends in round t is already part of the weight x_k^t used in
   round t's aggregation (line 17), and a first participation gets x = Q*
   (its elapsed rounds), not 1.
@@ -86,6 +86,24 @@ def adaptive_step(
     interval_sum=state.interval_sum + jnp.where(record, interval, 0),
   )
   return new_state, adaptive_weight(new_state)
+
+
+def participant_weight(extra, client_id):
+  """x_k^t of a node that participates in round t, from the state before it.
+
+  Algorithm 2 lines 3-9 for A_k^t = 1: Q* = Q_k + 1 and x_k^t = (R_k
+  x_k^{t-1} + Q*) / (R_k + 1) (= Q* when R_k = 0). Equals `adaptive_step`'s
+  x for a participant; the cutoff does not matter here because a
+  participation always records its interval.
+
+  Args:
+    extra: the server extra (int32 [N] 'interval', 'count', 'interval_sum').
+    client_id: int32 scalar (an out-of-range padding id reads the last row).
+  """
+  interval = extra['interval'].at[client_id].get(mode='clip') + 1
+  count = extra['count'].at[client_id].get(mode='clip')
+  total = extra['interval_sum'].at[client_id].get(mode='clip')
+  return ((total + interval) / (count + 1)).astype(jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnames=('cutoff',))

@@ -24,17 +24,31 @@ Slots replaced relative to FedAvg:
   * ``server_update``: the two moves above.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_metric.algorithms import fedavg
-from fedjax_metric.contract import NO_RUN_FACTS, RunFacts
+from fedjax_metric.algorithms.spec import NO_OPTIONS, AlgorithmSpec
 from fedjax_metric.models import split_variables
 
 
 def _zeros_like_params(variables):
   params, _ = split_variables(variables)
   return jax.tree.map(jnp.zeros_like, params)
+
+
+def init_client(variables, key):
+  """init_client: c_i = 0, shaped like the params."""
+  del key
+  return _zeros_like_params(variables)
+
+
+def init_extra(variables, num_clients, key):
+  """The server extra: c = 0, shaped like the params."""
+  del num_clients, key
+  return {'control': _zeros_like_params(variables)}
 
 
 def _dot(a, b):
@@ -70,63 +84,76 @@ def control_variate_update(
   )
 
 
-def make(
-  model, *, server_optimizer, run: RunFacts = NO_RUN_FACTS, weighting='uniform'
-):
+def client_loss(model, params, model_state, batch, ctx):
+  """CE + <c - c_i, w>: its gradient adds the correction ``c - c_i`` of
+  Alg. 1 line 10 (held constant)."""
+  loss, aux = fedavg.cross_entropy_loss(model, params, model_state, batch, ctx)
+  correction = jax.tree.map(
+    jnp.subtract, ctx.server_state.extra['control'], ctx.client_row
+  )
+  return loss + _dot(jax.lax.stop_gradient(correction), params), aux
+
+
+def client_final(weighting, end_variables, ctx):
+  """The update ``{'model': y_i - x, 'control': c_i+ - c_i}``, the model
+  delta's weight, and the new c_i as the row."""
+  delta, weight, _ = fedavg.delta_final(weighting, end_variables, ctx)
+  global_params, _ = split_variables(ctx.server_state.variables)
+  local_params, _ = split_variables(end_variables)
+  new_control = control_variate_update(
+    ctx.client_row,
+    ctx.server_state.extra['control'],
+    global_params,
+    local_params,
+    num_steps=ctx.num_steps,
+    learning_rate=ctx.learning_rate,
+  )
+  # Divided by the weight, so the engine's weighted sum is the plain sum
+  # (0 for a zero weight: a padding slot under example-count weighting).
+  control_delta = fedavg.plain_sum_share(
+    jax.tree.map(jnp.subtract, new_control, ctx.client_row), weight
+  )
+  return {'model': delta, 'control': control_delta}, weight, new_control
+
+
+def server_update(server_optimizer, server_state, aggregate, cohort_rows):
+  """x moves by FedAvg's server step on the model deltas; c by
+  ``(1 / N) sum_S (c_i+ - c_i)`` (Alg. 1 line 17)."""
+  num_clients = aggregate.num_clients
+  model_sum = aggregate.update_sum['model']
+  state = fedavg.server_update(
+    server_optimizer,
+    server_state,
+    aggregate._replace(update_sum=model_sum),
+    cohort_rows,
+  )
+  control = jax.tree.map(
+    lambda c, d: c + d / num_clients,
+    server_state.extra['control'],
+    aggregate.update_sum['control'],
+  )
+  return state._replace(extra={'control': control})
+
+
+def build(model, options=NO_OPTIONS, *, server_optimizer, weighting='uniform'):
   """SCAFFOLD; ``weighting`` applies to the model deltas ('uniform' is the
   paper's 1/|S|); the control variates always move by the plain sum / N."""
-  base = fedavg.make(
+  del options
+  base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
   )
-  cross_entropy = base.client_loss
-
-  def init_server(variables, num_clients, key):
-    state = base.init_server(variables, num_clients, key)
-    return state._replace(extra={'control': _zeros_like_params(variables)})
-
-  def client_loss(params, model_state, batch, ctx):
-    loss, aux = cross_entropy(params, model_state, batch, ctx)
-    correction = jax.tree.map(
-      jnp.subtract, ctx.server_state.extra['control'], ctx.client_row
-    )
-    return loss + _dot(jax.lax.stop_gradient(correction), params), aux
-
-  def client_final(end_variables, ctx):
-    delta, weight, _ = base.client_final(end_variables, ctx)
-    global_params, _ = split_variables(ctx.server_state.variables)
-    local_params, _ = split_variables(end_variables)
-    new_control = control_variate_update(
-      ctx.client_row,
-      ctx.server_state.extra['control'],
-      global_params,
-      local_params,
-      num_steps=ctx.num_steps,
-      learning_rate=ctx.learning_rate,
-    )
-    # Divided by the weight, so the engine's weighted sum is the plain sum
-    # (0 for a zero weight: a padding slot under example-count weighting).
-    control_delta = fedavg.plain_sum_share(
-      jax.tree.map(jnp.subtract, new_control, ctx.client_row), weight
-    )
-    return {'model': delta, 'control': control_delta}, weight, new_control
-
-  def server_update(server_state, aggregate, cohort_rows):
-    num_clients = aggregate.num_clients
-    model_sum = aggregate.update_sum['model']
-    state = base.server_update(
-      server_state, aggregate._replace(update_sum=model_sum), cohort_rows
-    )
-    control = jax.tree.map(
-      lambda c, d: c + d / num_clients,
-      server_state.extra['control'],
-      aggregate.update_sum['control'],
-    )
-    return state._replace(extra={'control': control})
-
   return base._replace(
-    init_server=init_server,
-    init_client=lambda variables, key: _zeros_like_params(variables),
-    client_loss=client_loss,
-    client_final=client_final,
-    server_update=server_update,
+    init_server=fedavg.make_init_server(server_optimizer, init_extra),
+    init_client=init_client,
+    client_loss=functools.partial(client_loss, model),
+    client_final=functools.partial(client_final, weighting),
+    server_update=functools.partial(server_update, server_optimizer),
   )
+
+
+SPEC = AlgorithmSpec(
+  'scaffold',
+  build,
+  description='SCAFFOLD (Karimireddy et al., 2020): control variates.',
+)
+SPECS = (SPEC,)

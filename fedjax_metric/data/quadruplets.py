@@ -25,6 +25,8 @@ does not cover this case; docs/methods.md, FedQuad):
     cross-entropy term trains on that anchor.
 """
 
+import functools
+
 import numpy as np
 
 from fedjax_metric.data import cohort as cohort_lib
@@ -94,32 +96,42 @@ def sample_companions(
   return positives, negatives, valid
 
 
-def make_batches_fn(num_negatives: int = 2):
-  """An `engine.Algorithm.client_batches`: anchors as usual, then companions.
+def batches_with_companions(
+  num_negatives,
+  indices,
+  labels,
+  rng,
+  *,
+  num_steps,
+  batch_size,
+  local_epochs,
+  local_steps,
+):
+  """An `engine.Algorithm.client_batches` (bound to ``num_negatives`` K by
+  `make_batches_fn`): anchors as usual, then companions.
 
-  Returns ``(indices, labels, rng, **shape) -> (idx [S, (2+K)B], mask)`` with
-  K = num_negatives; companion columns are masked where the anchor is padding
-  or has no valid negative.
+  Returns ``(idx [S, (2+K)B], mask)``; companion columns are masked where
+  the anchor is padding or has no valid negative.
   """
+  idx, mask = cohort_lib.client_batches(
+    indices,
+    rng,
+    num_steps=num_steps,
+    batch_size=batch_size,
+    local_epochs=local_epochs,
+    local_steps=local_steps,
+  )
+  # With no anchor, sample_companions returns before drawing anything.
+  positives, negatives, valid = sample_companions(
+    idx[mask], np.asarray(indices), labels, rng, num_negatives
+  )
+  return with_companions(idx, mask, positives, negatives, valid)
 
-  def batches(
-    indices, labels, rng, *, num_steps, batch_size, local_epochs, local_steps
-  ):
-    idx, mask = cohort_lib.client_batches(
-      indices,
-      rng,
-      num_steps=num_steps,
-      batch_size=batch_size,
-      local_epochs=local_epochs,
-      local_steps=local_steps,
-    )
-    # With no anchor, sample_companions returns before drawing anything.
-    positives, negatives, valid = sample_companions(
-      idx[mask], np.asarray(indices), labels, rng, num_negatives
-    )
-    return with_companions(idx, mask, positives, negatives, valid)
 
-  return batches
+def make_batches_fn(num_negatives: int = 2):
+  """`batches_with_companions` for K = num_negatives: ``(indices, labels,
+  rng, **shape) -> (idx [S, (2+K)B], mask)``."""
+  return functools.partial(batches_with_companions, num_negatives)
 
 
 def with_companions(anchors, mask, positives, negatives, valid):
@@ -220,36 +232,40 @@ def cohort_companions(
   return positives, negatives, valid
 
 
-def make_cohort_batches_fn(num_negatives: int = 2):
-  """An `engine.Algorithm.cohort_batches`: `make_batches_fn` for a cohort.
+def cohort_batches_with_companions(
+  num_negatives, clients, labels, *, seed, round_idx, **shape
+):
+  """An `engine.Algorithm.cohort_batches` (bound to ``num_negatives`` K by
+  `make_cohort_batches_fn`): `batches_with_companions` for a cohort.
 
-  Returns ``(clients, labels, *, seed, round_idx, **shape) -> (idx [R, S,
-  (2+K)B], mask)``, the same layout as `make_batches_fn`; the companions'
+  Returns ``(idx [R, S, (2+K)B], mask)``, the same layout; the companions'
   draws are ``counter_uniform(seed, round, client, 2, step, column, j)``
   for companion draw j.
   """
+  pos, mask = cohort_lib.vectorized_schedule(
+    clients, seed=seed, round_idx=round_idx, **shape
+  )
+  slot, step, col = np.nonzero(mask)
+  # counter_bits(seed, round, client, 2, step, column, j), its shared
+  # prefixes hashed once; stream 2 is apart from the permutations'.
+  client_bits = cohort_lib.counter_bits(seed, round_idx, clients.ids, 2)
+  anchor_bits = cohort_lib.counter_bits(step, col, bits=client_bits[slot])
+  uniforms = cohort_lib.to_uniform(
+    cohort_lib.counter_bits(
+      np.arange(1 + 2 * num_negatives), bits=anchor_bits[:, None]
+    )
+  )
+  positives, negatives, valid = cohort_companions(
+    pos[mask], slot, clients, labels, uniforms, num_negatives
+  )
+  pos, mask = with_companions(pos, mask, positives, negatives, valid)
+  return cohort_lib.take(clients, pos, mask), mask
 
-  def batches(clients, labels, *, seed, round_idx, **shape):
-    pos, mask = cohort_lib.vectorized_schedule(
-      clients, seed=seed, round_idx=round_idx, **shape
-    )
-    slot, step, col = np.nonzero(mask)
-    # counter_bits(seed, round, client, 2, step, column, j), its shared
-    # prefixes hashed once; stream 2 is apart from the permutations'.
-    client_bits = cohort_lib.counter_bits(seed, round_idx, clients.ids, 2)
-    anchor_bits = cohort_lib.counter_bits(step, col, bits=client_bits[slot])
-    uniforms = cohort_lib.to_uniform(
-      cohort_lib.counter_bits(
-        np.arange(1 + 2 * num_negatives), bits=anchor_bits[:, None]
-      )
-    )
-    positives, negatives, valid = cohort_companions(
-      pos[mask], slot, clients, labels, uniforms, num_negatives
-    )
-    pos, mask = with_companions(pos, mask, positives, negatives, valid)
-    return cohort_lib.take(clients, pos, mask), mask
 
-  return batches
+def make_cohort_batches_fn(num_negatives: int = 2):
+  """`cohort_batches_with_companions` for K = num_negatives: ``(clients,
+  labels, *, seed, round_idx, **shape) -> (idx [R, S, (2+K)B], mask)``."""
+  return functools.partial(cohort_batches_with_companions, num_negatives)
 
 
 def batch_schedules(num_negatives: int = 2):

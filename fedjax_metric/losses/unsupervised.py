@@ -114,7 +114,7 @@ def dsr_loss(p, scaling, *, form='code', mask=None):
   """SSD dimension-scaled regularisation L_DSR (Fang et al., ICCV 2025, Eq. 7).
 
   With z = n(p) (L2-normalised rows) and the client's scaling matrix S
-  (`fedjax_metric.algorithms.ssd.scaling_matrices`, S S^T = Q D_k Q^T):
+  (`fedjax_metric.algorithms.ssd_scaling.scaling_matrices`, S S^T = Q D_k Q^T):
 
   form='code' (default; ``subspace_loss`` with detach=True, norm=True in the
   authors' released code, github.com/hc-fang/ssd, methods/loss.py):
