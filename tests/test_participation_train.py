@@ -19,14 +19,15 @@ import pytest
 
 from configs import fedavg as fedavg_config
 from fedjax_metric import algorithms, assemble, executors, train
-from fedjax_metric.algorithms import fedau, fedavg
+from fedjax_metric.algorithms import fedau, fedavg, spec
 from fedjax_metric.data import augment, sources
 
 NUM_CLIENTS, NUM_ROUNDS = 6, 8
 
 
-def make_recorder(model, *, server_optimizer, run, weighting):
+def build_recorder(model, options, *, server_optimizer, run, weighting):
   """FedAvg that records [T, N] participants and [T] 'model unchanged'."""
+  del options
   num_rounds = run.num_rounds
   base = fedavg.build(
     model, server_optimizer=server_optimizer, weighting=weighting
@@ -96,7 +97,13 @@ def final_server_state(workdir):
 
 @pytest.mark.parametrize('executor', ['host', 'vmap'])
 def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
-  monkeypatch.setitem(algorithms.REGISTRY, 'recorder', make_recorder)
+  recorder = spec.AlgorithmSpec(
+    'recorder',
+    build_recorder,
+    reads=('server_optimizer', 'run', 'weighting'),
+    description='FedAvg recording its participants.',
+  )
+  monkeypatch.setitem(algorithms.REGISTRY, 'recorder', recorder)
   made = []
   make_rounds_fn = executors.make_rounds_fn
 
