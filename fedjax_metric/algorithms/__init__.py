@@ -75,16 +75,6 @@ SPECS = {entry.name: entry for module in _MODULES for entry in module.SPECS}
 REGISTRY = SPECS
 
 
-def make(name: str, model, **kwargs):
-  """The registered algorithm ``name`` (`spec.AlgorithmSpec.__call__`:
-  ``server_optimizer=``, ``weighting=``, ``run=`` and its options)."""
-  if name not in REGISTRY:
-    raise ValueError(
-      f'Unknown algorithm {name!r}; registered: {sorted(REGISTRY)}.'
-    )
-  return REGISTRY[name](model, **kwargs)
-
-
 DESCRIPTIONS = {name: entry.description for name, entry in REGISTRY.items()}
 
 

@@ -103,11 +103,6 @@ def cross_entropy_loss(model, params, model_state, batch, ctx):
   return ce, (model_state, {})
 
 
-def make_cross_entropy_loss(model):
-  """`cross_entropy_loss` bound to ``model``."""
-  return functools.partial(cross_entropy_loss, model)
-
-
 def ce_plus_term_loss(model, term_fn, weight, params, model_state, batch, ctx):
   """client_loss = masked CE + weight * masked mean of ``term_fn``.
 
@@ -120,11 +115,6 @@ def ce_plus_term_loss(model, term_fn, weight, params, model_state, batch, ctx):
   )
   term = masked_mean(term_fn(outputs, batch), batch.mask)
   return ce + weight * term, (model_state, {'ce': ce, 'metric': term})
-
-
-def make_ce_plus_term_loss(model, term_fn, weight=1.0):
-  """`ce_plus_term_loss` bound to its model, term and weight."""
-  return functools.partial(ce_plus_term_loss, model, term_fn, weight)
 
 
 def plain_sum_share(tree, weight):
@@ -161,12 +151,6 @@ def delta_final(weighting, end_variables, ctx):
     else jnp.ones_like(ctx.num_examples)
   )
   return delta, weight, ctx.client_row
-
-
-def make_delta_final(weighting: str = 'num_examples'):
-  """`delta_final` bound to a checked weighting."""
-  check_weighting(weighting)
-  return functools.partial(delta_final, weighting)
 
 
 def mean_update(aggregate: engine.Aggregate):
@@ -214,11 +198,6 @@ def server_update(server_optimizer, server_state, aggregate, cohort_rows):
   return skip_if_nobody(aggregate, server_state, new_state)
 
 
-def make_server_update(server_optimizer):
-  """`server_update` bound to a server optimizer."""
-  return functools.partial(server_update, server_optimizer)
-
-
 def build(
   model, options=NO_OPTIONS, *, server_optimizer, weighting='num_examples'
 ):
@@ -231,14 +210,15 @@ def build(
     weighting: 'num_examples' (McMahan et al.) or 'uniform' (FedRCL).
   """
   del options
+  check_weighting(weighting)
   return engine.Algorithm(
     init_server=make_init_server(server_optimizer),
     init_client=no_client_state,
     client_begin=start_from_global,
-    client_loss=make_cross_entropy_loss(model),
+    client_loss=functools.partial(cross_entropy_loss, model),
     client_step_end=unchanged_local_state,
-    client_final=make_delta_final(weighting),
-    server_update=make_server_update(server_optimizer),
+    client_final=functools.partial(delta_final, weighting),
+    server_update=functools.partial(server_update, server_optimizer),
   )
 
 
@@ -247,7 +227,9 @@ def build_with_term(model, term_fn, *, server_optimizer, weighting, weight=1.0):
   `ce_plus_term_loss`): SupConFL, FedRCL and FedSCL."""
   return build(
     model, server_optimizer=server_optimizer, weighting=weighting
-  )._replace(client_loss=make_ce_plus_term_loss(model, term_fn, weight))
+  )._replace(
+    client_loss=functools.partial(ce_plus_term_loss, model, term_fn, weight)
+  )
 
 
 SPEC = AlgorithmSpec(
