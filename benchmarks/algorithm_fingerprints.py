@@ -74,10 +74,10 @@ def _is_timing(key: str) -> bool:
 
 def fingerprint(config) -> dict:
   """``{leaf path: digest}`` of the final variables, and the history's."""
-  from fedjax_metric import metrics_log, train
+  from fedjax_metric import experiment, metrics_log
 
   with tempfile.TemporaryDirectory() as workdir:
-    trained = train.train(config, workdir)
+    trained = experiment.train(config, workdir)
     history = metrics_log.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
   leaves = {
     jax.tree_util.keystr(path): _digest(leaf)

@@ -7,7 +7,7 @@ r"""Host time of building a round's cohort, per sampler.
 The host draws each round's batches (`data.cohort.make_cohort`, with the
 algorithm's own schedule: FedQuad's quadruplets, the self-supervised
 methods' two-view schedules) while the device trains the previous round
-(train.py prefetches it in a thread). With thousands of clients per round
+(experiment.py prefetches it in a thread). With thousands of clients per round
 this host work can be as long as the round itself. This script times it
 alone, for the two samplers (``config.cohort_sampler``): ``per_client``, a
 NumPy generator per client in a Python loop, and ``vectorized``, the whole

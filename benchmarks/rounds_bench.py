@@ -3,7 +3,7 @@ r"""Many small rounds: whole runs timed, one round per call vs R per call.
   python -m benchmarks.rounds_bench                  # the default cases below
   python -m benchmarks.rounds_bench --cases=fedmetric_1step_scan --rounds_scale=0.1
 
-A case is a config and overrides, run by `train.run` in a fresh child process
+A case is a config and overrides, run by `experiment.run` in a fresh child process
 into a temporary workdir with one evaluation at the end (the FedMetric
 protocol case evaluates every 500 rounds, as a user would). Reported: the
 seconds of training (the run's wall time minus its evaluations; compilation
@@ -151,7 +151,7 @@ def one_round_cost(captured):
 
 def measure_point(case):
   """Runs one case in this process; returns its timings."""
-  from fedjax_metric import executors, train  # pylint: disable=g-import-not-at-top
+  from fedjax_metric import executors, experiment  # pylint: disable=g-import-not-at-top
 
   config = _load_config(case, case['rounds'])
   captured = []
@@ -174,7 +174,7 @@ def measure_point(case):
   executors.make_rounds_fn = recording
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
-    summary = train.run(config, workdir)
+    summary = experiment.run(config, workdir)
     wall = time.perf_counter() - start
     with open(os.path.join(workdir, 'metrics.jsonl')) as f:
       rows = [json.loads(line) for line in f]

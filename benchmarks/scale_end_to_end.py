@@ -166,7 +166,7 @@ def main(argv):
     and np.array_equal(rows_whole, rows_killed)
     and last_whole['test_accuracy'] == last_killed['test_accuracy']
   )
-  from fedjax_metric import scale  # pylint: disable=g-import-not-at-top
+  from fedjax_metric.launch import scale  # pylint: disable=g-import-not-at-top
 
   section = [
     f'### {time.strftime("%Y-%m-%d")}: SCAFFOLD end to end, '

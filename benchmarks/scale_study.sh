@@ -8,7 +8,7 @@
 # 2 CPU cores; run it on a quiet machine, since it measures time.
 set -euo pipefail
 OUT=${1:-runs/scale}
-run() { nice -n 5 python -m fedjax_metric.scale "$@" --rounds=12 --eval_every=4 --timeout=1800; }
+run() { nice -n 5 python -m launch.scale "$@" --rounds=12 --eval_every=4 --timeout=1800; }
 run --out="$OUT/population" --populations=1000,10000,100000,1000000 --cohorts=1000 \
   --algorithms=fedavg,scaffold --placements=host,disk --seeds=0,1,2
 run --out="$OUT/population" --populations=1000,10000,100000,1000000 --cohorts=1000 \

@@ -17,7 +17,7 @@ grows with N). Per point:
     host part is also reported alone ("cohort s"), because it grows with C on
     every backend. Compile time is the warm-up round minus the median.
   * overlapped seconds per round: the median of ``--rounds`` more rounds run
-    as `train.run` runs them, the next round's cohort built in a thread while
+    as `experiment.run` runs them, the next round's cohort built in a thread while
     the device runs this one (`cohort.prefetch`); what is left of "cohort s" in
     it is the cohort's share of a real run (``--nooverlap``: not measured).
   * peak host RSS (``getrusage``), and peak device memory where the backend
@@ -362,7 +362,7 @@ def measure_point(point: Point) -> Dict[str, Any]:
 
   Peak memory is this process's: run each point in a fresh process
   (`measure_in_subprocess`) for a per-point number. The executor is chosen
-  as train.run chooses it (``auto`` falls back to chunks that fit the
+  as experiment.run chooses it (``auto`` falls back to chunks that fit the
   memory budget).
   """
   with executors.matmul_precision(point.precision):
@@ -389,7 +389,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
     precision=point.precision,
     conv_impl=conv_impl,
   )
-  # As train.run: the single-program executors shard the cohort over a mesh.
+  # As experiment.run: the single-program executors shard the cohort over a mesh.
   mesh = sharding.make_mesh() if choice.name != 'host' else None
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
   place_cohort = (
@@ -426,7 +426,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
 
   choice = executors.fit_to_memory(
     choice,
-    lambda: memory.chunk_memory_model(
+    lambda: executors.chunk_memory_model(
       spec,
       data,
       state,
@@ -453,7 +453,7 @@ def _measure_point(point: Point) -> Dict[str, Any]:
   seconds = statistics.median(round_times[1:])
   overlapped = None
   if point.overlap:
-    # As train.run: round r + 1's cohort is built in a thread while the
+    # As experiment.run: round r + 1's cohort is built in a thread while the
     # device runs round r. The first of these rounds builds its own cohort
     # with nothing to hide behind, so it is not counted.
     overlapped_times = []
@@ -675,7 +675,7 @@ def format_section(
     f'{executor}; median of {first["rounds"]} rounds after 1 warm-up, each '
     'round timed with its host-side cohort building ("cohort s"); '
     '"overlapped s/round": as many more rounds with the next cohort built '
-    'in a thread while the device runs the round, as train.run does; '
+    'in a thread while the device runs the round, as experiment.run does; '
     f'{isolation}.',
     f'Command: `{command}`',
   ]
@@ -895,7 +895,7 @@ def define_flags():
     'overlap',
     Point.overlap,
     'Also time --rounds rounds with the next cohort built in a thread while '
-    'the device runs the round, as train.run does ("overlapped s/round").',
+    'the device runs the round, as experiment.run does ("overlapped s/round").',
   )
   flags.DEFINE_float(
     'max_seconds', 1800.0, 'Wall-time budget of one grid point; 0 = none.'

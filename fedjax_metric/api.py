@@ -24,8 +24,8 @@ from typing import Any, Dict, List, NamedTuple, Optional
 
 import ml_collections
 
-from fedjax_metric import config_io, metrics_log, train
-from fedjax_metric import workdir as workdir_lib
+from fedjax_metric import config_io, experiment, metrics_log
+from fedjax_metric import restore as restore_lib
 from fedjax_metric.data import sources
 
 
@@ -39,7 +39,7 @@ class RunResult(NamedTuple):
     variables: the final global model's variables (``params`` and, with
       BatchNorm, ``batch_stats``), from the latest checkpoint.
     workdir: the run's directory.
-    summary: ``summary.json`` (or what `train.run` returned after a stop).
+    summary: ``summary.json`` (or what `experiment.run` returned after a stop).
   """
 
   history: List[Dict[str, Any]]
@@ -68,7 +68,7 @@ def load_run(workdir: str) -> RunResult:
   if os.path.exists(summary_path):
     with open(summary_path) as f:
       summary = json.load(f)
-  restored = workdir_lib.restore(config, workdir)
+  restored = restore_lib.restore(config, workdir)
   return RunResult(
     history=history,
     final=history[-1] if history else {},
@@ -119,7 +119,7 @@ def run(
   if temporary:
     workdir = tempfile.mkdtemp(prefix='fedjax_metric_')
   try:
-    trained = train.train(config, workdir)
+    trained = experiment.train(config, workdir)
   except BaseException as e:
     if temporary:
       if os.path.isdir(workdir) and not os.listdir(workdir):

@@ -2,12 +2,13 @@
 
 `build` loads the data, partitions it over the clients, draws the
 participation pattern and builds the model and the algorithm: everything
-`train.run` trains and `workdir.restore` reloads, made by the same code so a
+`experiment.run` trains and `restore.restore` reloads, made by the same code so a
 restored run is the run that was trained. Each piece is also a small
 function a notebook can call on its own (`make_partition`, `build_model`,
 `build_algorithm`, ...).
 """
 
+import json
 import math
 import os
 import threading
@@ -21,10 +22,12 @@ import numpy as np
 from fedjax_metric import (
   algorithms,
   client_table,
+  config_io,
   contract,
   engine,
   executors,
   memory,
+  metrics_log,
   models,
   optimizers,
 )
@@ -39,6 +42,8 @@ from fedjax_metric.data import (
   synthetic,
 )
 from fedjax_metric.data import cohort as cohort_lib
+from fedjax_metric.evaluation import protocols
+from fedjax_metric.evaluation import ssl as ssl_eval
 
 
 def make_partition(config, labels, client_ids=None):
@@ -111,18 +116,6 @@ def one_class_partition(config, labels):
       '--config.partition.clients_per_class.'
     )
   return clients
-
-
-def partition_label(p):
-  if p.method == 'dirichlet':
-    return f'dirichlet {p.variant}, alpha={p.alpha}'
-  if p.method == 'shards':
-    return f'shards, {p.classes_per_client} classes per client'
-  if p.method == 'quantity':
-    if p.size_distribution == 'power_law':
-      return f'quantity, power law exponent={p.power_law_exponent}'
-    return f'quantity, dirichlet alpha={p.alpha}'
-  return p.method
 
 
 def build_model(
@@ -692,7 +685,7 @@ def table_placement(config, experiment: Experiment, workdir: str):
     config.client_table.placement,
     row_bytes=row_bytes,
     num_clients=config.num_clients,
-    device_budget=memory.device_budget(config),
+    device_budget=memory.device_budget(config.memory_budget_gb),
     host_budget=host_budget,
     free_disk=client_table.disk_free(workdir),
     workdir=workdir,
@@ -753,6 +746,65 @@ def cohort_fn(config, experiment, num_slots, num_steps):
     )
 
   return cohort_for
+
+
+# The typed settings of the pieces below this module, which never read the
+# config: each is made here, once, from the config's fields.
+
+
+def eval_settings(config) -> protocols.EvalSettings:
+  """The evaluation's settings (`protocols.make_evaluator`)."""
+  federated = config.get('federated_eval') or {}
+  # A partial config (a notebook's, a test's) may lack the blocks that only
+  # name things in messages.
+  return protocols.EvalSettings(
+    protocol=config.eval_protocol,
+    algorithm=config.algorithm,
+    model_name=(config.get('model') or {}).get('name', '?'),
+    dataset_name=(config.get('dataset') or {}).get('name', '?'),
+    batch_size=config.eval_batch_size,
+    seed=config.seed,
+    train_examples=config.eval_train_examples,
+    representation_examples=config.representation_examples,
+    one_class_center_examples=config.one_class_center_examples,
+    federated_clients=federated.get('clients', 0),
+    federated_every=federated.get('every', 0),
+    ssl=ssl_eval.SslEvalSettings(**(config.get('ssl_eval') or {})),
+  )
+
+
+def make_evaluator(config, experiment: Experiment) -> protocols.Evaluator:
+  """The run's `protocols.Evaluator`, on ``experiment``'s model and data."""
+  return protocols.make_evaluator(
+    eval_settings(config),
+    model=experiment.eval_model,
+    preprocess=experiment.eval_preprocess,
+    train=experiment.train,
+    test=experiment.test,
+    clients=experiment.clients,
+    validation=experiment.validation,
+  )
+
+
+def log_settings(config) -> metrics_log.LogSettings:
+  """What the run records beside metrics.jsonl (`metrics_log.MetricsLog`)."""
+  return metrics_log.LogSettings(
+    ema_weight=config.eval_ema_weight,
+    top_k=config.eval_top_k,
+    hparams=config_io.flatten(json.loads(config.to_json_best_effort())),
+    per_client=config.logging.per_client,
+    wandb=config.logging.wandb,
+  )
+
+
+def call_settings(config) -> executors.CallSettings:
+  """How rounds are called (`executors.plan`)."""
+  return executors.CallSettings(
+    cadence=(config.eval_every, config.checkpoint_every),
+    rounds_per_call=config.rounds_per_call,
+    steps_per_call=config.steps_per_call,
+    unroll=config.unroll,
+  )
 
 
 # Device files the NVIDIA driver creates: a GPU the system can use.

@@ -30,6 +30,12 @@ from fedjax_metric import settings
 WHOLE_BLOCKS = ('model', 'algorithm_kwargs')
 
 
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the field and fix.
+  (Defined here, below every module that raises it; validation.py, which
+  raises most of them, re-exports it.)"""
+
+
 def configs_dir() -> str:
   """The directory of the packaged config files: ``fedjax_metric/configs``
   in an installed package, the repository's ``configs/`` in a checkout."""

@@ -5,8 +5,8 @@ fixed points of a round; each gets a `ClientContext` (what a client knows
 during its local training) or the round's `Aggregate`, and the state lives
 in `ServerState` (global) and the client table (one row per client, the
 algorithm's own pytree). `RoundSpec` is what the engine needs beyond the
-algorithm (optimizer, schedule, preprocessing, seed); `DeviceData` the
-training set on the device. How a round uses them: engine.py; how to write
+algorithm (optimizer, schedule, preprocessing, seed); the training set on
+the device is data/cohort.py's `DeviceData`. How a round uses them: engine.py; how to write
 an algorithm against them: docs/adding_an_algorithm.md.
 """
 
@@ -206,11 +206,6 @@ class RoundSpec(NamedTuple):
   batch_size: int = 0
   per_client: bool = False
   num_clients: int = 0
-
-
-class DeviceData(NamedTuple):
-  images: jax.Array  # uint8 [num_examples, H, W, C]
-  labels: jax.Array  # int32 [num_examples]
 
 
 class HeldOut(NamedTuple):

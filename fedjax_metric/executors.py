@@ -1,6 +1,6 @@
 """How a round runs: executors, and the one place ``executor='auto'`` is chosen.
 
-All executors compute the same function (`rounds.single_program_round`);
+All executors compute the same function (`engine.single_program_round`);
 tests/test_executors.py proves it:
 
   * ``vmap``: every slot at once, the whole round one jitted XLA program, the
@@ -15,14 +15,17 @@ tests/test_executors.py proves it:
     single program cannot.
 
 Rounds per call: the single-program executors can also run R rounds as one
-program (`rounds.multi_round`, a scan over rounds), so that the host returns
+program (`engine.multi_round`, a scan over rounds), so that the host returns
 only to evaluate, log and checkpoint; `choose_rounds_per_call` picks R from
 the run's cadence and `make_rounds_fn` builds the call.
 
+`plan` puts it together for a run from typed `CallSettings` (assemble.py
+makes them from the config; nothing here reads the config).
+
 Public API: `EXECUTORS`, `PRECISIONS`, `matmul_precision`, `ExecutorChoice`,
-`choose_executor`, `fit_to_memory`, `make_round_fn`,
+`choose_executor`, `fit_to_memory`, `chunk_memory_model`, `make_round_fn`,
 `make_single_program_round_fn`, `make_host_loop_round_fn`,
-`choose_rounds_per_call`, `make_rounds_fn`.
+`choose_rounds_per_call`, `make_rounds_fn`, `CallSettings`, `plan`.
 """
 
 import functools
@@ -33,9 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import engine, memory, rounds, sharding
-from fedjax_metric.data.cohort import Cohort
-from fedjax_metric.host_loop import make_host_loop_round_fn
+from fedjax_metric import engine, memory, sharding
+from fedjax_metric.data.cohort import Cohort, table_rows
 
 EXECUTORS = ('auto', 'vmap', 'chunked', 'sequential', 'host')
 
@@ -172,7 +174,7 @@ def fit_to_memory(
     choice: from `choose_executor`; returned as is unless
       ``choice.fit_to_memory``.
     memory_model: ``() -> (fixed_bytes, bytes_per_slot)`` of the chunked
-      round (`memory.chunk_memory_model`); called only when needed, since it
+      round (`chunk_memory_model`); called only when needed, since it
       compiles the round twice.
     memory_budget: bytes per device.
     num_slots, num_devices: C and the mesh size.
@@ -191,6 +193,61 @@ def fit_to_memory(
   if choice.name == 'vmap' and k >= num_slots:
     return ExecutorChoice('vmap', reason=f'{choice.reason}; fits: {budget}')
   return ExecutorChoice('chunked', k, reason=f'{budget} -> chunks of {k}')
+
+
+def chunk_memory_model(
+  spec: engine.RoundSpec,
+  data,
+  server_state,
+  client_table,
+  example_shape,
+  *,
+  unroll=1,
+):
+  """``(fixed_bytes, bytes_per_slot)`` of the chunked round, from XLA.
+
+  Compiles the chunked round for cohorts of 1 and 2 slots (one chunk each)
+  and reads XLA's buffer assignment (arguments + temporaries + outputs -
+  donated aliases). Working memory grows linearly in the chunk size k, so
+  two points fix the line. ``example_shape`` is a slot's [S, B].
+  """
+
+  def cohort_of(k):
+    spec_of = jax.ShapeDtypeStruct
+    return Cohort(
+      spec_of((k,), jnp.int32),
+      spec_of((k,), jnp.bool_),
+      spec_of((k, *example_shape), jnp.int32),
+      spec_of((k, *example_shape), jnp.bool_),
+      spec_of((k,), jnp.float32),
+    )
+
+  def total(k):
+    round_fn = jax.jit(
+      functools.partial(
+        engine.single_program_round, spec, chunk_size=k, unroll=unroll
+      ),
+      donate_argnums=(1, 2),
+    )
+    analysis = (
+      round_fn.lower(data, server_state, client_table, cohort_of(k))
+      .compile()
+      .memory_analysis()
+    )
+    return (
+      analysis.argument_size_in_bytes
+      + analysis.temp_size_in_bytes
+      + analysis.output_size_in_bytes
+      - analysis.alias_size_in_bytes
+    )
+
+  one, two = total(1), total(2)
+  per_slot = max(two - one, 1)
+  # On GPUs the step from k = 1 to 2 can exceed a slot's share (convolution
+  # workspaces chosen per shape), which would make the intercept negative;
+  # the arguments are always resident, so they floor the fixed part.
+  floor = memory.tree_bytes((data, server_state))
+  return max(one - per_slot, floor), per_slot
 
 
 def make_round_fn(
@@ -232,7 +289,7 @@ def make_single_program_round_fn(spec, data, *, chunk_size=0, unroll=1):
   """
 
   jitted = _jit_program(
-    rounds.single_program_round, spec, chunk_size=chunk_size, unroll=unroll
+    engine.single_program_round, spec, chunk_size=chunk_size, unroll=unroll
   )
 
   def round_fn(server_state, client_table, cohort, call_data=None):
@@ -319,7 +376,7 @@ def make_rounds_fn(
   examples made for its cohorts (data/on_demand.py); ``data`` is then only
   a template. With R > 1
   and a single-program executor the R rounds are one jitted program
-  (`rounds.multi_round`; ``.jitted`` is exposed); otherwise the one-round
+  (`engine.multi_round`; ``.jitted`` is exposed); otherwise the one-round
   function of `make_round_fn` is called R times. Both give the same result.
   With a ``mesh`` the cohorts are split over its clients axis.
   """
@@ -369,7 +426,7 @@ def make_rounds_fn(
 
 
 def _jit_program(program, spec, *, chunk_size, unroll):
-  """``program`` (`rounds.single_program_round` or `rounds.multi_round`)
+  """``program`` (`engine.single_program_round` or `engine.multi_round`)
   jitted as ``(server_state, client_table, cohort(s), data)``, the state
   donated. The dataset is an argument, not a closure: a closed-over array
   would be baked into the program as a constant."""
@@ -392,7 +449,7 @@ def _jit_program(program, spec, *, chunk_size, unroll):
 def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
   """`make_rounds_fn` for R > 1 rounds in one single-program call."""
   jitted = _jit_program(
-    rounds.multi_round, spec, chunk_size=choice.chunk_size, unroll=unroll
+    engine.multi_round, spec, chunk_size=choice.chunk_size, unroll=unroll
   )
 
   def rounds_fn(server_state, client_table, cohorts, call_data=None):
@@ -414,8 +471,26 @@ def _make_multi_round_fn(spec, data, choice, rounds_per_call, unroll, mesh):
   return rounds_fn
 
 
+class CallSettings(NamedTuple):
+  """How a run asks its rounds to be called (built from the config by
+  `assemble.call_settings`).
+
+  Attributes:
+    cadence: the rounds at which the host must act, as intervals (the
+      evaluation and checkpoint intervals): R divides each.
+    rounds_per_call: the largest R asked for (0: as memory allows).
+    steps_per_call: the host executor's unrolled local steps per jitted call.
+    unroll: the single-program executors' scan unroll over local steps.
+  """
+
+  cadence: Sequence[int] = (1,)
+  rounds_per_call: int = 0
+  steps_per_call: int = 10
+  unroll: int | bool = 1
+
+
 def plan(
-  config,
+  settings: CallSettings,
   choice: ExecutorChoice,
   spec: engine.RoundSpec,
   data: engine.DeviceData,
@@ -446,12 +521,12 @@ def plan(
   num_devices = mesh.size if mesh is not None else 1
 
   def memory_model():
-    return memory.chunk_memory_model(
+    return chunk_memory_model(
       spec,
       data,
       *state,
       cohort_for(start_round).example_idx.shape[1:],
-      unroll=config.unroll,
+      unroll=settings.unroll,
     )
 
   if choice.fit_to_memory:
@@ -464,14 +539,9 @@ def plan(
     )
     report(f'Memory: executor={choice.name}; {choice.reason}.')
   rounds_per_call, why = choose_rounds_per_call(
-    config.rounds_per_call,
+    settings.rounds_per_call,
     choice,
-    boundaries=(
-      config.eval_every,
-      config.checkpoint_every,
-      start_round,
-      end_round,
-    ),
+    boundaries=(*settings.cadence, start_round, end_round),
     round_bytes=(
       cohort_bytes(cohort_for(start_round)) + extra_bytes_per_round
       if start_round < end_round
@@ -485,8 +555,236 @@ def plan(
     data,
     executor=choice,
     rounds_per_call=rounds_per_call,
-    steps_per_call=config.steps_per_call,
-    unroll=config.unroll,
+    steps_per_call=settings.steps_per_call,
+    unroll=settings.unroll,
     mesh=mesh,
   )
   return choice, rounds_per_call, rounds_fn
+
+
+# ---------------------------------------------------------------------------
+# The ``host`` executor: a round as a Python loop over its real slots.
+#
+# Each slot runs the engine's client update (`engine.client_update`) as one
+# jitted call, or, when its S local steps exceed ``steps_per_call``, the same
+# update cut at block boundaries (`engine.start_client`, ``ceil(S / k)`` calls
+# of `engine.run_steps`, `engine.finish_client`), skipping blocks that are all
+# padding. Results equal the single-program executors'
+# (tests/test_executors.py). The default on one CPU process
+# (`choose_executor` says why).
+# ---------------------------------------------------------------------------
+
+
+def _accumulate(client_table, row_id, slot, accumulator, outputs):
+  """Writes a slot's new row (at ``row_id``) and adds ``weight * update``
+  (and its loss sums) into the round's running totals; with per-client
+  reports on (a non-empty last entry of ``accumulator``), writes the slot's
+  report."""
+  update, weight, new_row, (loss_sum, count, terms) = outputs
+  client_table = engine.scatter_rows(client_table, row_id, new_row)
+  (update_sum, weight_sum, loss_total, count_total, term_totals, per_slot) = (
+    accumulator
+  )
+  if per_slot:
+    report = engine.client_report(update, loss_sum, count)
+    per_slot = {k: v.at[slot].set(report[k]) for k, v in per_slot.items()}
+  accumulator = (
+    jax.tree.map(lambda s, u: s + weight * u, update_sum, update),
+    weight_sum + weight,
+    loss_total + loss_sum,
+    count_total + count,
+    jax.tree.map(jnp.add, term_totals, terms),
+    per_slot,
+  )
+  return client_table, accumulator
+
+
+class HostLoopFns(NamedTuple):
+  """The jitted pieces the ``host`` executor strings together."""
+
+  zero_accumulator: Callable
+  begin: Callable
+  steps: Callable
+  finish: Callable
+  whole_client: Callable
+  server: Callable
+
+
+def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
+  """A round as a Python loop over real slots of jitted unrolled step blocks.
+
+  Each slot: gather its row and start (one call), ``ceil(S / steps_per_call)``
+  calls of `engine.run_steps` (blocks whose steps are all padding are
+  skipped; they would be no-ops), then one call that computes the update,
+  scatters the row and adds ``weight * update`` into a running sum. When all
+  S steps fit one block, the three are fused into one call per slot
+  (``whole_client``): dispatch, not arithmetic, dominates small clients.
+  Memory stays O(model): no stacked [C, ...] updates exist. Every function
+  compiles once per run.
+  """
+
+  def begin_body(
+    server_state,
+    client_table,
+    row_id,
+    client_id,
+    slot,
+    num_examples,
+    example_idx,
+    example_mask,
+    data,
+  ):
+    row = engine.gathered(client_table, row_id)
+    inputs = engine.client_inputs(
+      row, client_id, slot, num_examples, example_idx, example_mask
+    )
+    return inputs, engine.start_client(spec, data, server_state, inputs)
+
+  def steps_body(
+    server_state, inputs, carry, example_idx, example_mask, first_step, data
+  ):
+    return engine.run_steps(
+      spec,
+      data,
+      server_state,
+      inputs,
+      carry,
+      example_idx,
+      example_mask,
+      first_step,
+      unroll=unroll,
+    )
+
+  def finish_body(
+    server_state, client_table, row_id, inputs, accumulator, carry, data
+  ):
+    outputs = engine.finish_client(spec, data, server_state, inputs, carry)
+    return _accumulate(client_table, row_id, inputs.slot, accumulator, outputs)
+
+  @functools.partial(jax.jit, donate_argnums=(1, 2))
+  def whole_client(
+    server_state,
+    client_table,
+    accumulator,
+    row_id,
+    client_id,
+    slot,
+    num_examples,
+    example_idx,
+    example_mask,
+    data,
+  ):
+    # All S steps in one call: the engine's client update itself, as the
+    # single-program executors run it for each slot.
+    outputs = engine.client_update(
+      spec,
+      data,
+      server_state,
+      engine.gathered(client_table, row_id),
+      client_id,
+      slot,
+      example_idx,
+      example_mask,
+      num_examples,
+      unroll=unroll,
+    )
+    return _accumulate(client_table, row_id, slot, accumulator, outputs)
+
+  @functools.partial(jax.jit, static_argnums=(3, 4))
+  def zero_accumulator(
+    server_state, client_table, data, example_shape, num_slots
+  ):
+    # Made on the device: a jnp.zeros here would be a host-to-device transfer.
+    # The outputs are distinct buffers, as `finish` donates them.
+    update, terms = engine.zero_update(
+      spec, data, server_state, client_table, example_shape
+    )
+    per_slot = {}
+    if spec.per_client:
+      per_slot = {
+        name: jnp.zeros((num_slots,), jnp.float32)
+        for name in ('loss', 'examples', 'update_norm')
+      }
+    scalars = (jnp.zeros((), jnp.float32) for _ in range(3))
+    return (update, *scalars, terms, per_slot)
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def server(server_state, client_table, cohort, accumulator):
+    *sums, per_slot = accumulator
+    return engine.finish_round(
+      spec, server_state, client_table, cohort, *sums, per_slot=per_slot
+    )
+
+  fns = HostLoopFns(
+    zero_accumulator,
+    jax.jit(begin_body),
+    jax.jit(steps_body),
+    jax.jit(finish_body, donate_argnums=(1, 4)),
+    whole_client,
+    server,
+  )
+
+  bound_data = data
+
+  def round_fn(server_state, client_table, cohort: Cohort, call_data=None):
+    data = bound_data if call_data is None else call_data
+    host = jax.tree.map(np.asarray, cohort)  # The host needs the masks.
+    row_ids = table_rows(host)
+    num_steps = host.example_idx.shape[1]
+    k = min(steps_per_call, num_steps)
+    # Pad S to a multiple of k with all-padding steps, which are no-ops.
+    pad = (-num_steps) % k
+    example_idx = np.pad(host.example_idx, ((0, 0), (0, pad), (0, 0)))
+    example_mask = np.pad(host.example_mask, ((0, 0), (0, pad), (0, 0)))
+    accumulator = fns.zero_accumulator(
+      server_state,
+      client_table,
+      data,
+      host.example_idx.shape[1:],
+      host.client_ids.shape[0],
+    )
+    for slot in np.flatnonzero(host.slot_mask):
+      # One transfer per slot of its index arrays, which the round needs anyway.
+      client = (
+        row_ids[slot],
+        host.client_ids[slot],
+        np.int32(slot),
+        host.num_examples[slot],
+        host.example_idx[slot],
+        host.example_mask[slot],
+      )
+      if num_steps + pad == k:
+        client_table, accumulator = fns.whole_client(
+          server_state, client_table, accumulator, *jax.device_put(client), data
+        )
+        continue
+      live_blocks = [
+        first
+        for first in range(0, num_steps + pad, k)
+        if example_mask[slot, first : first + k].any()
+      ]
+      client, blocks = jax.device_put(
+        (
+          client,
+          [
+            (
+              example_idx[slot, f : f + k],
+              example_mask[slot, f : f + k],
+              np.int32(f),
+            )
+            for f in live_blocks
+          ],
+        )
+      )
+      inputs, carry = fns.begin(server_state, client_table, *client, data)
+      for block in blocks:
+        carry = fns.steps(server_state, inputs, carry, *block, data)
+      client_table, accumulator = fns.finish(
+        server_state, client_table, client[0], inputs, accumulator, carry, data
+      )
+    return fns.server(
+      server_state, client_table, jax.device_put(host), accumulator
+    )
+
+  round_fn.fns = fns
+  return round_fn

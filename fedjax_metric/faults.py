@@ -1,5 +1,5 @@
 """What a run does when things go wrong: preemption signals, unreadable
-checkpoints and non-finite state (train.run uses each).
+checkpoints and non-finite state (experiment.run uses each).
 
 * `StopSignals`: SIGTERM (a scheduler preempting the job) and SIGINT
   (Ctrl-C) ask the round loop to stop after the round in progress; it saves
@@ -10,7 +10,7 @@ checkpoints and non-finite state (train.run uses each).
   cannot are moved aside.
 * `state_problem`: what makes a state not good (NaN / infinite values, or
   values of magnitude 2^64 or more); checked before every save, so no
-  checkpoint holds one. train.run also refuses to save a round whose
+  checkpoint holds one. experiment.run also refuses to save a round whose
   evaluation loss is not finite (`nonfinite_losses`).
 """
 

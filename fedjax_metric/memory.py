@@ -4,24 +4,22 @@ Two things run out of memory in a simulation of many clients: the client
 table (N rows of per-client state, every round reads and writes it) and a
 round's working memory (grows with the number of slots trained at once).
 `check_client_table_fits` refuses a table over budget before it is
-allocated; `chunk_memory_model` reads XLA's own buffer assignment of the
-chunked round so that `choose_chunk_size` can pick the largest chunk that
-fits. Budgets are bytes per device.
+allocated; `choose_chunk_size` picks the largest chunk of slots that fits,
+from the line of bytes per slot that executors.chunk_memory_model reads off
+XLA's own buffer assignment of the chunked round. Budgets are bytes per
+device.
 
 Public API: `MemoryBudgetError`, `default_memory_budget`, `device_budget`,
 `tree_bytes`, `client_table_bytes`, `check_client_table_fits`,
-`chunk_memory_model`, `choose_chunk_size`.
+`choose_chunk_size`.
 """
 
-import functools
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import engine, rounds
-from fedjax_metric.data.cohort import Cohort
+from fedjax_metric import contract
 
 
 class MemoryBudgetError(MemoryError):
@@ -48,18 +46,18 @@ def tree_bytes(tree) -> int:
 
 
 def client_table_bytes(
-  algorithm: engine.Algorithm, variables, num_clients: int
+  algorithm: contract.Algorithm, variables, num_clients: int
 ) -> int:
   """Bytes of the N-row client table, found without allocating it."""
   row = jax.eval_shape(algorithm.init_client, variables, jax.random.key(0))
   return num_clients * tree_bytes(row)
 
 
-def device_budget(config) -> int:
-  """A run's memory budget per device in bytes (``config.memory_budget_gb``,
-  or `default_memory_budget`). Where the client table goes within it:
-  client_table.choose_placement."""
-  return int(config.memory_budget_gb * 1024**3) or default_memory_budget()
+def device_budget(memory_budget_gb: float = 0.0) -> int:
+  """A run's memory budget per device in bytes: ``memory_budget_gb`` (the
+  config's ``memory_budget_gb``), or 0 for `default_memory_budget`. Where
+  the client table goes within it: client_table.choose_placement."""
+  return int(memory_budget_gb * 1024**3) or default_memory_budget()
 
 
 def check_client_table_fits(
@@ -85,61 +83,6 @@ def check_client_table_fits(
     "the memory. (Chunking bounds the round's working memory, not the "
     'table, which every round reads and writes.)'
   )
-
-
-def chunk_memory_model(
-  spec: engine.RoundSpec,
-  data,
-  server_state,
-  client_table,
-  example_shape,
-  *,
-  unroll=1,
-):
-  """``(fixed_bytes, bytes_per_slot)`` of the chunked round, from XLA.
-
-  Compiles the chunked round for cohorts of 1 and 2 slots (one chunk each)
-  and reads XLA's buffer assignment (arguments + temporaries + outputs -
-  donated aliases). Working memory grows linearly in the chunk size k, so
-  two points fix the line. ``example_shape`` is a slot's [S, B].
-  """
-
-  def cohort_of(k):
-    spec_of = jax.ShapeDtypeStruct
-    return Cohort(
-      spec_of((k,), jnp.int32),
-      spec_of((k,), jnp.bool_),
-      spec_of((k, *example_shape), jnp.int32),
-      spec_of((k, *example_shape), jnp.bool_),
-      spec_of((k,), jnp.float32),
-    )
-
-  def total(k):
-    round_fn = jax.jit(
-      functools.partial(
-        rounds.single_program_round, spec, chunk_size=k, unroll=unroll
-      ),
-      donate_argnums=(1, 2),
-    )
-    analysis = (
-      round_fn.lower(data, server_state, client_table, cohort_of(k))
-      .compile()
-      .memory_analysis()
-    )
-    return (
-      analysis.argument_size_in_bytes
-      + analysis.temp_size_in_bytes
-      + analysis.output_size_in_bytes
-      - analysis.alias_size_in_bytes
-    )
-
-  one, two = total(1), total(2)
-  per_slot = max(two - one, 1)
-  # On GPUs the step from k = 1 to 2 can exceed a slot's share (convolution
-  # workspaces chosen per shape), which would make the intercept negative;
-  # the arguments are always resident, so they floor the fixed part.
-  floor = tree_bytes((data, server_state))
-  return max(one - per_slot, floor), per_slot
 
 
 def choose_chunk_size(

@@ -14,11 +14,12 @@ import csv
 import json
 import os
 import time
+from typing import Any, Dict, NamedTuple, Optional
 
 from absl import logging
 import numpy as np
 
-from fedjax_metric import config_io, wandb_log
+from fedjax_metric import wandb_log
 from fedjax_metric.evaluation import statistics as eval_statistics
 
 
@@ -206,6 +207,27 @@ def _keep_rounds(path, last_round, header):
     csv.writer(f).writerows([header, *kept])
 
 
+class LogSettings(NamedTuple):
+  """What a run records beside metrics.jsonl (built from the config by
+  `assemble.log_settings`).
+
+  Attributes:
+    ema_weight, top_k: the headline's statistics in each row (its EMA and
+      the mean of its top k values so far).
+    hparams: the flattened config, shown beside the headline in
+      TensorBoard's HParams dashboard and sent to W&B (None: nothing).
+    per_client: write each cohort client's training metrics to
+      per_client.csv.
+    wandb: a Weights & Biases project ('' = none).
+  """
+
+  ema_weight: float = 0.9
+  top_k: int = 5
+  hparams: Optional[Dict[str, Any]] = None
+  per_client: bool = False
+  wandb: str = ''
+
+
 class MetricsLog:
   """The evaluation rows of one session of a run, from ``start_round`` on.
 
@@ -214,31 +236,34 @@ class MetricsLog:
   for its statistics. Only the chief process (``chief``) writes.
   """
 
-  def __init__(self, workdir, start_round, headline, config, chief):
+  def __init__(
+    self, workdir, start_round, headline, settings: LogSettings, chief
+  ):
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self.headline = headline
     self._history = evaluations_of(self.path, headline, start_round)
     self._statistics = dict(
-      ema_weight=config.eval_ema_weight, top_k=config.eval_top_k
+      ema_weight=settings.ema_weight, top_k=settings.top_k
     )
     self._chief = chief
     self.writer = None
     self.wandb = None
     self.per_client_path = None
     if chief:
-      flat = config_io.flatten(json.loads(config.to_json_best_effort()))
       truncate_metrics(self.path, start_round)
       self.writer = make_summary_writer(workdir, start_round)
       if self.writer and start_round == 0:
         # TensorBoard's HParams dashboard: the config beside the headline.
         self.writer.add_hparams(
-          flat, [headline, f'{headline}_ema', 'train_loss']
+          settings.hparams or {}, [headline, f'{headline}_ema', 'train_loss']
         )
-      if config.logging.per_client:
+      if settings.per_client:
         self.per_client_path = os.path.join(workdir, 'per_client.csv')
         _keep_rounds(self.per_client_path, start_round, PER_CLIENT_COLUMNS)
-      if config.logging.wandb:
-        self.wandb = wandb_log.WandbWriter(config.logging.wandb, workdir, flat)
+      if settings.wandb:
+        self.wandb = wandb_log.WandbWriter(
+          settings.wandb, workdir, settings.hparams or {}
+        )
 
   def round_metrics(self, first_round, metrics):
     """The training sums of a call's rounds; their per-client part, if any,

@@ -454,4 +454,7 @@ def ssl_config(
     c.algorithm_kwargs.drop_last = arg.clients <= 10
   if arg.runlocal:
     ssl_runlocal(c)
+    # Shrunk already: `finalize` must not shrink again, which would put the
+    # projector back to 16 wide under a wider encoder (ssl_resnet18).
+    arg = ml_collections.ConfigDict({**arg.to_dict(), 'runlocal': False})
   return finalize(c, arg)

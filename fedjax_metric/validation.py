@@ -24,6 +24,7 @@ from fedjax_metric import (
   wandb_log,
 )
 from fedjax_metric.algorithms import fedavg
+from fedjax_metric.config_io import ConfigError  # re-exported
 from fedjax_metric.data import (
   augment,
   cohort,
@@ -33,11 +34,6 @@ from fedjax_metric.data import (
   sources,
 )
 from fedjax_metric.evaluation import protocols
-
-
-class ConfigError(ValueError):
-  """A config value that cannot work; the message names the field and fix."""
-
 
 # Training-split sizes of the built-in datasets, for the cheap partition
 # check (the partition itself needs the labels, i.e. the data).

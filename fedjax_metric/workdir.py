@@ -1,13 +1,10 @@
-"""A run's workdir: what `train.run` writes there and how it is read back.
+"""A run's workdir: the files `experiment.run` writes there, and reads back.
 
-Writing (`train.run`): `write_json` (atomic), the resume checks
-(`check_resume_config`, `check_rounds`), checkpoints with fallback
-(`open_checkpoints`), the partition / participation files. The evaluation
-rows (metrics.jsonl, TensorBoard) are `metrics_log`'s.
-Reading: `restore` rebuilds the run with `assemble.build`, as `train.run`
-builds it, and loads a checkpoint, for the config that
-``config_io.load_config(workdir=...)`` reads back from ``config.json``. Used
-by `fedjax_metric.load_run`, ``launch.evaluate`` and ``launch.report``.
+`write_json` (atomic), the resume checks (`check_resume_config`,
+`check_rounds`), checkpoints with fallback (`open_checkpoints`), the
+partition / participation files. The evaluation rows (metrics.jsonl,
+TensorBoard) are `metrics_log`'s. Rebuilding a saved run (data, model and
+a checkpoint) is restore.py's: this module reads and writes files only.
 """
 
 import json
@@ -20,16 +17,13 @@ import orbax.checkpoint as ocp
 import tqdm
 
 from fedjax_metric import (
-  assemble,
   config_io,
   engine,
   faults,
   metrics_log,
-  validation,
   workdir_lock,
 )
-from fedjax_metric import client_table as client_table_lib
-from fedjax_metric.data import augment, on_demand, participation, partition
+from fedjax_metric.data import on_demand, participation, partition
 
 # Keys whose change between a run and its resumption is harmless.
 RESUMABLE_CHANGES = (
@@ -45,79 +39,8 @@ RESUMABLE_CHANGES = (
 )
 
 
-def input_scaling(config, train_images):
-  """``(mean, std)`` [C] of the scaling the run evaluated its model with.
-
-  ``x = (uint8 / 255 - mean) / std``: the training set's channel statistics
-  (train.run's evaluation preprocess), except under the 'ssl' protocol,
-  whose models see images on the 0..1 scale (evaluation/ssl.py).
-  """
-  if config.eval_protocol == 'ssl':
-    channels = train_images.shape[-1]
-    return (np.zeros(channels, np.float32), np.ones(channels, np.float32))
-  return augment.channel_stats(train_images)
-
-
-def restore(config, workdir, round_=None):
-  """The saved run rebuilt as `train.run` builds it, at checkpoint ``round_``.
-
-  Returns:
-    A dict with ``model`` (ModelFns), ``preprocess`` (train.run's evaluation
-    preprocess), ``train`` / ``test`` (datasets), ``clients`` (index arrays),
-    ``server_state``, ``client_table`` and ``round`` (the checkpoint's),
-    and ``table_placement``: where the run kept its client table; off the
-    device (client_table.py) ``client_table`` is ``()``.
-  """
-  directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(
-      f"No checkpoints in {workdir}: is it a run's "
-      'workdir (python -m launch.main --workdir=...)?'
-    )
-  experiment = assemble.build(config)
-  placement = client_table_lib.stored_placement(workdir) or 'device'
-  if placement == 'device':
-    server_state, client_table = assemble.initial_state(config, experiment)
-  else:
-    # The rows file holds the newest round's rows only: the checkpoint
-    # gives the server state (and which rows were written), not the table.
-    server_state = assemble.initial_server_state(config, experiment)
-    client_table = client_table_lib.checkpoint_template(config.num_clients)
-  manager = ocp.CheckpointManager(directory)
-  saved = list(manager.all_steps())
-  round_ = manager.latest_step() if round_ is None else round_
-  if round_ is None or round_ not in saved:
-    manager.close()
-    raise FileNotFoundError(
-      f'No checkpoint of round {round_} in '
-      f'{directory}; saved rounds: {sorted(saved)}.'
-    )
-  try:
-    with faults.orbax_reads_drained():  # A damaged file: one error, no noise.
-      restored = manager.restore(
-        round_,
-        args=ocp.args.StandardRestore(
-          {'server_state': server_state, 'client_table': client_table}
-        ),
-      )
-  finally:
-    manager.close()
-  return dict(
-    model=experiment.eval_model,
-    preprocess=experiment.eval_preprocess,
-    train=experiment.train,
-    test=experiment.test,
-    validation=experiment.validation,
-    clients=experiment.clients,
-    server_state=engine.ServerState(*restored['server_state']),
-    client_table=restored['client_table'] if placement == 'device' else (),
-    table_placement=placement,
-    round=int(round_),
-  )
-
-
 # ---------------------------------------------------------------------------
-# Writing: what train.run keeps in the workdir.
+# Writing: what experiment.run keeps in the workdir.
 # ---------------------------------------------------------------------------
 
 
@@ -190,7 +113,7 @@ def check_resume_config(workdir, config):
     for k in changed[:5]
   )
   more = f' and {len(changed) - 5} more' if len(changed) > 5 else ''
-  raise validation.ConfigError(
+  raise config_io.ConfigError(
     f'{workdir} holds a run with a different config: {shown}{more}. Use a '
     'new --workdir, or delete this one to start over.'
   )
@@ -226,7 +149,7 @@ def _check_extension(workdir, old, new):
     return
   why = rounds_dependence(new)
   if why:
-    raise validation.ConfigError(
+    raise config_io.ConfigError(
       f'{workdir} holds a run of num_rounds={old.get("num_rounds")}; it '
       f'cannot become num_rounds={new.get("num_rounds")}: {why}, so the '
       "rounds already run differ from that run's. Use a new --workdir."
@@ -249,7 +172,7 @@ def check_rounds(workdir, config):
       say(f'{workdir} already holds a finished run; nothing to do.')
       return summary
     if done is not None and done > config.num_rounds:
-      raise validation.ConfigError(
+      raise config_io.ConfigError(
         f'{workdir} holds a run finished after {done} rounds; '
         f'--config.num_rounds={config.num_rounds} asks for fewer. Its '
         'metrics.jsonl has every evaluated round; for a shorter run, use a '
@@ -257,7 +180,7 @@ def check_rounds(workdir, config):
       )
   rounds = saved_rounds(workdir)
   if rounds and rounds[-1] > config.num_rounds:
-    raise validation.ConfigError(
+    raise config_io.ConfigError(
       f'{workdir} holds a checkpoint of round {rounds[-1]}, past '
       f'--config.num_rounds={config.num_rounds}. Ask for at least '
       f'{rounds[-1]} rounds, or use a new --workdir.'
@@ -339,8 +262,7 @@ def write_partition_files(workdir, config, experiment):
     partition.plot_class_counts(
       counts,
       os.path.join(workdir, 'partition.png'),
-      title=f'{config.dataset.name}: '
-      f'{assemble.partition_label(config.partition)}',
+      title=f'{config.dataset.name}: {partition.label(config.partition)}',
     )
   plan = experiment.availability
   if plan is None:

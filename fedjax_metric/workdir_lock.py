@@ -12,7 +12,7 @@ still at it, then taken over with a note. A lock held from another host
 cannot be checked from here; the error says which file to delete once that
 run is known to be gone.
 
-`check_free` is the same judgement without taking the lock: train.run calls
+`check_free` is the same judgement without taking the lock: experiment.run calls
 it before building anything, so that a busy workdir is refused at once and
 nothing is written before every check has passed.
 """

@@ -2,7 +2,7 @@
 
   fedjax-metric --config=fedquad:runlocal --workdir=runs/x   # launch.main
   fedjax-metric reproduce fedrcl table1 --seeds=3            # launch.reproduce
-  fedjax-metric scale --out=runs/scale                       # fedjax_metric.scale
+  fedjax-metric scale --out=runs/scale                       # launch.scale
 
 Each subcommand defines its own flags, so only the one asked for is
 imported (launch.main's --config and --workdir are required flags).
@@ -16,7 +16,7 @@ from . import cli
 
 def main():
   if sys.argv[1:2] == ['scale']:
-    from fedjax_metric import scale  # pylint: disable=g-import-not-at-top
+    from . import scale  # pylint: disable=g-import-not-at-top
 
     scale.run_main(
       [sys.argv[0], *sys.argv[2:]], flags_parser=cli.flags_parser(scale)

@@ -43,7 +43,7 @@ import ml_collections
 import numpy as np
 
 from fedjax_metric import assemble, config_io, executors
-from fedjax_metric import workdir as workdir_lib
+from fedjax_metric import restore as restore_lib
 from fedjax_metric.data import augment
 from fedjax_metric.evaluation import protocols
 
@@ -168,11 +168,11 @@ def evaluate(
   if (write and run_evaluation) or export_model:
     _check_writable(out_dir)
   with executors.matmul_precision(config.precision):
-    run = workdir_lib.restore(config, workdir, round_)
+    run = restore_lib.restore(config, workdir, round_)
     metrics = {'round': run['round'], 'algorithm': config.algorithm}
     if run_evaluation:
       evaluator = protocols.make_evaluator(
-        config,
+        assemble.eval_settings(config),
         model=run['model'],
         preprocess=run['preprocess'],
         train=run['train'],
@@ -195,7 +195,7 @@ def evaluate(
   metrics['overrides'] = list(overrides)
   chief = jax.process_index() == 0
   if export_model and chief:
-    mean, std = workdir_lib.input_scaling(config, run['train'].images)
+    mean, std = restore_lib.input_scaling(config, run['train'].images)
     metrics['export_dir'] = export(
       os.path.join(out_dir, 'export', f'round_{run["round"]}'),
       run['server_state'].variables,

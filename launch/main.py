@@ -27,7 +27,7 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from fedjax_metric import config_io, overrides, train
+from fedjax_metric import config_io, experiment, overrides
 
 from . import cli
 
@@ -195,7 +195,7 @@ def main(argv):
       cause = str(e.__cause__ or e).strip().splitlines()[-1].strip()
       sys.exit(f'error: cannot load --config: {cause}')
   try:
-    summary = train.run(config, _WORKDIR.value)
+    summary = experiment.run(config, _WORKDIR.value)
   except KeyboardInterrupt:
     # A second Ctrl-C: the round in progress was not finished.
     if cli.verbose():

@@ -28,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fedjax_metric import assemble, config_io
-from fedjax_metric import workdir as workdir_lib
+from fedjax_metric import restore as restore_lib
 from fedjax_metric.data import augment, sources
 from fedjax_metric.evaluation import make_feature_fn
 
@@ -165,7 +165,7 @@ def compute_embeddings(
   # (its channel statistics; 0..1 under the 'ssl' protocol).
   train_split = sources.load(config.dataset.name, 'train', data_dir)
   test_split = sources.load(config.dataset.name, 'test', data_dir)
-  mean, std = workdir_lib.input_scaling(config, train_split.images)
+  mean, std = restore_lib.input_scaling(config, train_split.images)
   preprocess = augment.make_preprocess(mean, std, 'none')
   model = assemble.build_model(config.model, train_split.num_classes)
   # Restoring without a target needs no template, but init checks that the

@@ -23,7 +23,7 @@ from fedjax_metric.config_io import flatten, load_config
 from fedjax_metric.overrides import parse_assignments
 
 POINT_FILE = 'sweep_point.json'
-# Keys whose change between a run and its resumption train.run accepts
+# Keys whose change between a run and its resumption experiment.run accepts
 # (fedjax_metric/workdir.py, RESUMABLE_CHANGES; this module stays JAX-free).
 RESUMABLE_KEYS = (
   'num_rounds',
@@ -56,7 +56,7 @@ def resolve(spec: str, overrides: Dict[str, str]):
 
 
 def config_dict(config) -> Dict[str, Any]:
-  """The JSON form train.run writes to ``config.json``."""
+  """The JSON form experiment.run writes to ``config.json``."""
   return json.loads(config.to_json_best_effort())
 
 
@@ -224,7 +224,7 @@ def run_point(workdir: str) -> Dict[str, Any]:
   Raises:
     PointStopped: a signal stopped the training before its last round.
   """
-  from fedjax_metric import train  # pylint: disable=g-import-not-at-top
+  from fedjax_metric import experiment  # pylint: disable=g-import-not-at-top
 
   stored = read_json(os.path.join(workdir, POINT_FILE))
   if stored is None:
@@ -233,7 +233,7 @@ def run_point(workdir: str) -> Dict[str, Any]:
     )
   config = resolve(stored['config'], stored['overrides'])
   config.progress = False  # A log file, not a terminal.
-  summary = train.run(config, workdir)
+  summary = experiment.run(config, workdir)
   if 'stopped_by' in summary:
     raise PointStopped(
       workdir,

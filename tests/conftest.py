@@ -94,6 +94,22 @@ jax.config.update('jax_disable_most_optimizations', True)
 # the quick tier (it must have a quicker sibling in its module).
 QUICK_CASES_ENV = 'FEDJAX_METRIC_NUM_GENERATED_CASES'
 QUICK_CASES_DEFAULT = 2
+# The quick tier's budget (6 minutes from an empty compilation cache on 2
+# cores) leaves its most expensive functions to make test-all: the list is
+# measured, not chosen by hand (benchmarks/quick_tier.py writes it from a
+# --durations=0 run; every test module keeps its cheapest function).
+QUICK_EXCLUDED_FILE = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), 'quick_tier_excluded.txt'
+)
+
+
+def quick_excluded(path=QUICK_EXCLUDED_FILE):
+  """The function ids (``tests/x.py::test_f``) the quick tier leaves out."""
+  if not os.path.exists(path):
+    return set()
+  with open(path) as f:
+    lines = (line.split('#', 1)[0].strip() for line in f)
+    return {line for line in lines if line}
 
 
 def pytest_addoption(parser):
@@ -115,12 +131,13 @@ def pytest_configure(config):
   )
 
 
-def quick_sample(items, cases_per_function: int):
+def quick_sample(items, cases_per_function: int, excluded=frozenset()):
   """The quick tier's items: per test function (module + name), all of an
   unparametrized or `every_case` function, else ``cases_per_function`` of
   its cases chosen by a generator seeded from the function's id (the same
   choice on every machine and run, and under xdist in every worker, which
-  collects alike); `slow` items dropped. Order is kept."""
+  collects alike); `slow` items and the functions in ``excluded`` dropped.
+  Order is kept."""
   import random  # pylint: disable=g-import-not-at-top
   import zlib  # pylint: disable=g-import-not-at-top
 
@@ -130,6 +147,8 @@ def quick_sample(items, cases_per_function: int):
     groups.setdefault(key, []).append(item)
   keep = set()
   for key, members in groups.items():
+    if key in excluded:
+      continue
     members = [m for m in members if m.get_closest_marker('slow') is None]
     parametrized = len(members) > 1 or any('[' in m.nodeid for m in members)
     if (
@@ -148,7 +167,7 @@ def pytest_collection_modifyitems(config, items):
   if not config.getoption('--quick'):
     return
   cases = int(os.environ.get(QUICK_CASES_ENV, QUICK_CASES_DEFAULT))
-  kept = quick_sample(items, cases)
+  kept = quick_sample(items, cases, quick_excluded())
   kept_ids = {id(item) for item in kept}
   deselected = [item for item in items if id(item) not in kept_ids]
   if deselected:

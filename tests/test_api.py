@@ -48,19 +48,19 @@ def test_run_returns_the_variables_it_holds_equal_to_the_checkpoints(
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from fedjax_metric import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_metric import restore as restore_lib  # pylint: disable=g-import-not-at-top
 
   config = fm.get_config('scaffold', 'runlocal')
   config.num_rounds = 2
   workdir = str(tmp_path / 'run')
-  restore = workdir_lib.restore
+  restore = restore_lib.restore
   calls = []
 
   def counting_restore(*args, **kwargs):
     calls.append(args)
     return restore(*args, **kwargs)
 
-  monkeypatch.setattr(workdir_lib, 'restore', counting_restore)
+  monkeypatch.setattr(restore_lib, 'restore', counting_restore)
   result = fm.run(config, workdir)
   assert not calls  # Not rebuilt from the checkpoint.
   loaded = fm.load_run(workdir)

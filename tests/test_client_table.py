@@ -561,7 +561,7 @@ def test_bit_identical_under_other_patterns_and_executors(
 def test_a_run_whose_table_fits_nowhere_is_refused_before_writing(
   tmp_path, monkeypatch
 ):
-  from fedjax_metric import api, train
+  from fedjax_metric import api, experiment
 
   config = api.get_config('scaffold', 'runlocal')
   with config.unlocked():
@@ -569,7 +569,7 @@ def test_a_run_whose_table_fits_nowhere_is_refused_before_writing(
   monkeypatch.setattr(client_table, 'host_memory_budget', lambda: 1)
   monkeypatch.setattr(client_table, 'disk_free', lambda directory: 1)
   with pytest.raises(memory.MemoryBudgetError) as error:
-    train.run(config, str(tmp_path / 'run'))
+    experiment.run(config, str(tmp_path / 'run'))
   message = str(error.value)
   assert '\n' not in message and 'num_clients' in message
   assert 'free disk space' in message
@@ -578,7 +578,7 @@ def test_a_run_whose_table_fits_nowhere_is_refused_before_writing(
 
 def test_auto_puts_a_table_over_the_device_budget_in_host_memory(tmp_path):
   """And the run is bit-identical to one with the table on the device."""
-  from fedjax_metric import api, train
+  from fedjax_metric import api, experiment
 
   results = {}
   for name, budget in (('device', 0.0), ('auto', 1e-9)):
@@ -588,7 +588,7 @@ def test_auto_puts_a_table_over_the_device_budget_in_host_memory(tmp_path):
       config.client_table.placement = name
       config.progress = False
     workdir = str(tmp_path / name)
-    train.run(config, workdir)
+    experiment.run(config, workdir)
     results[name] = api.load_run(workdir).variables
   assert client_table.stored_placement(str(tmp_path / 'auto')) == 'host'
   assert client_table.stored_placement(str(tmp_path / 'device')) is None

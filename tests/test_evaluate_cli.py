@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from test_train import ROOT, load_config
+from test_experiment import ROOT, load_config
 
-from fedjax_metric import train
+from fedjax_metric import experiment
 from launch import evaluate as evaluate_lib
 
 
@@ -20,7 +20,7 @@ def finished_run(tmp_path_factory):
   config.num_rounds = 2
   config.checkpoint_every = 1
   config.keep_checkpoints = 1  # Round 1's checkpoint is pruned.
-  train.run(config, workdir)
+  experiment.run(config, workdir)
   return workdir
 
 

@@ -9,7 +9,6 @@ the first compiles. Everything else runs in-process on :runlocal configs.
 import gc
 import glob
 import json
-import logging
 import math
 import os
 import shutil
@@ -23,11 +22,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-import test_train
-from test_train import final_params, jax_leaves, read_metrics
+import test_experiment
+from test_experiment import final_params, jax_leaves, read_metrics
 
-from fedjax_metric import event_log, faults, train, validation
-from fedjax_metric import workdir as workdir_lib
+from fedjax_metric import event_log, faults
+from fedjax_metric import experiment as experiment_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # No partition plot: matplotlib would add a second to every run.
@@ -40,7 +39,7 @@ RUNLOCAL = [
 
 def load_config(name):
   """The in-process twin of RUNLOCAL (same config.json)."""
-  config = test_train.load_config(name)
+  config = test_experiment.load_config(name)
   config.plot_partition = False
   return config
 
@@ -131,7 +130,7 @@ def four_rounds():
 def straight(tmp_path_factory):
   """An uninterrupted, finished run of `four_rounds`."""
   workdir = str(tmp_path_factory.mktemp('straight'))
-  return workdir, train.run(four_rounds(), workdir)
+  return workdir, experiment_lib.run(four_rounds(), workdir)
 
 
 # Slow (several killed subprocesses): make test-all.
@@ -169,7 +168,7 @@ def test_signals_kill_and_a_truncated_checkpoint_resume_to_the_same_run(
   assert logged_rounds(workdir) == [1, 2, 3]  # ... but was logged.
 
   truncate_array_data(os.path.join(workdir, 'checkpoints', '2'))
-  summary = train.run(four_rounds(), workdir)
+  summary = experiment_lib.run(four_rounds(), workdir)
   out = capsys.readouterr().out
   assert 'round(s) 2 cannot be restored' in out
   assert 'Resuming from the newest readable one, round 1' in out
@@ -218,7 +217,7 @@ def test_a_signal_between_calls_of_two_rounds_resumes_to_the_same_run(
   config = four_rounds()
   config.executor, config.eval_every = 'sequential', 2
   straight_dir = str(tmp_path / 'straight')
-  assert train.run(config, straight_dir)['rounds_per_call'] == 2
+  assert experiment_lib.run(config, straight_dir)['rounds_per_call'] == 2
   for x, y in zip(
     jax_leaves(final_params(straight_dir)), jax_leaves(final_params(workdir))
   ):
@@ -341,19 +340,8 @@ def two_checkpoints(tmp_path_factory):
     f.write(json.dumps({'round': 1, 'wall_time': 1.0, 'test_accuracy': 0.5}))
     f.write('\n')
   open(os.path.join(workdir, 'participation.png'), 'w').close()
-  train.run(config, workdir, stop_after_round=2)
+  experiment_lib.run(config, workdir, stop_after_round=2)
   return config, workdir
-
-
-def test_a_failed_start_does_not_block_the_next_config(two_checkpoints):
-  _, workdir = two_checkpoints
-  with open(os.path.join(workdir, 'config.json')) as f:
-    assert json.load(f)['seed'] == 0
-  rows = read_metrics(workdir)
-  assert [r['round'] for r in rows] == [1, 2]
-  assert rows[0]['test_accuracy'] != 0.5  # The new run's, not the leftover.
-  assert not os.path.exists(os.path.join(workdir, 'participation.png'))
-  assert checkpoint_dirs(workdir) == ['1', '2']
 
 
 def test_a_checkpoint_missing_its_item_is_skipped(two_checkpoints, tmp_path):
@@ -383,7 +371,7 @@ def test_no_readable_checkpoint_is_a_clear_error_that_moves_nothing(
   with pytest.raises(
     faults.CheckpointError, match='round 2: .*round 1: .*Delete that directory'
   ):
-    train.run(config, workdir)
+    experiment_lib.run(config, workdir)
   assert checkpoint_dirs(workdir) == ['1', '2']
 
 
@@ -423,53 +411,6 @@ def test_unreadable_checkpoints_leave_no_reads_in_flight(
 # ---------------------------------------------------------------------------
 # Finished runs and other configs.
 # ---------------------------------------------------------------------------
-
-
-def test_a_finished_workdir_refuses_another_config_by_dotted_path(
-  straight, tmp_path
-):
-  workdir, summary = straight
-  for split in ('train', 't10k'):  # Present (empty: they are never read).
-    for kind in ('images-idx3', 'labels-idx1'):
-      (tmp_path / f'{split}-{kind}-ubyte').touch()
-  before = {
-    n: open(os.path.join(workdir, n), 'rb').read()
-    for n in ('config.json', 'summary.json', 'metrics.jsonl')
-  }
-
-  def refused(change, *patterns):
-    other = four_rounds()
-    change(other)
-    with pytest.raises(validation.ConfigError) as info:
-      train.run(other, workdir)
-    for pattern in patterns:
-      assert pattern in str(info.value), (pattern, str(info.value))
-    return str(info.value)
-
-  refused(lambda c: setattr(c, 'seed', 3), 'seed (0 -> 3)')
-  message = refused(
-    lambda c: setattr(c.local, 'learning_rate', 0.5),
-    'local.learning_rate (0.05 -> 0.5)',
-  )
-  assert 'local (' not in message
-  refused(
-    lambda c: (
-      setattr(c, 'algorithm', 'fedprox'),
-      setattr(c.dataset, 'name', 'mnist'),
-      setattr(c.dataset, 'data_dir', str(tmp_path)),
-    ),
-    'algorithm (fedavg -> fedprox)',
-    'dataset.name (digits -> mnist)',
-  )
-  refused(
-    lambda c: setattr(c, 'num_rounds', 1),
-    'finished after 4 rounds',
-    'num_rounds=1 asks for fewer',
-  )
-  for name, data in before.items():
-    assert open(os.path.join(workdir, name), 'rb').read() == data, name
-  # The same config still returns the finished summary.
-  assert train.run(four_rounds(), workdir) == summary
 
 
 def test_cli_refusal_is_one_line_without_a_nan_result(straight, jax_cache):
@@ -550,18 +491,6 @@ def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(
   assert code == 1 and 'Traceback' in err and 'check_available' in err
 
 
-def test_the_divergence_message_names_the_server_only_when_it_can_diverge():
-  config = load_config('fedavg')
-  plain = str(workdir_lib.diverged_error('w', None, config)('NaN', 3))
-  assert plain.startswith('NaN at round 3. Lower --config.local.learning_rate')
-  assert 'server' not in plain and 'may be rerun' in plain
-  config.server.optimizer = 'adam'
-  config.server.learning_rate = 0.01
-  with_server = str(workdir_lib.diverged_error('w', 2, config)('NaN', 3))
-  assert 'server.learning_rate (now 0.01, optimizer adam)' in with_server
-  assert 'last good checkpoint (round 2)' in with_server
-
-
 def _flip_metadata_digest(step_dir):
   path = os.path.join(step_dir, '_CHECKPOINT_METADATA')
   with open(path) as f:
@@ -583,9 +512,9 @@ def test_a_checkpoint_that_fails_its_checksum_falls_back(tmp_path, capsys):
   config.checkpoint_every = 1
   config.keep_checkpoints = 3
   straight = tmp_path / 'straight'
-  train.run(config, str(straight))
+  experiment_lib.run(config, str(straight))
   damaged = tmp_path / 'damaged'
-  train.run(config, str(damaged), stop_after_round=2)
+  experiment_lib.run(config, str(damaged), stop_after_round=2)
   # The digest is of the arrays as saved: an untouched checkpoint passes.
   step, _ = faults.restore_newest_readable(
     str(damaged / 'checkpoints'),
@@ -596,7 +525,7 @@ def test_a_checkpoint_that_fails_its_checksum_falls_back(tmp_path, capsys):
   )
   assert step == 2
   _flip_metadata_digest(str(damaged / 'checkpoints' / '2'))
-  train.run(config, str(damaged))
+  experiment_lib.run(config, str(damaged))
   out = capsys.readouterr().out
   assert 'round 2: ValueError: its arrays do not match the checksum' in out
   assert 'Resuming from the newest readable one, round 1' in out
@@ -613,28 +542,6 @@ def faults_template(config):
   experiment = assemble.build(config)
   server_state, client_table = assemble.initial_state(config, experiment)
   return {'server_state': server_state, 'client_table': client_table}
-
-
-def test_a_resume_at_the_very_end_keeps_only_keep_checkpoints(tmp_path):
-  """A run killed right after a save, before orbax pruned the oldest
-  checkpoint and before summary.json: the rerun has no round left to save,
-  and still leaves keep_checkpoints checkpoints."""
-  config = load_config('fedavg')
-  config.num_rounds = 3
-  config.checkpoint_every = 1
-  config.keep_checkpoints = 2
-  workdir = str(tmp_path / 'run')
-  train.run(config, workdir)
-  assert checkpoint_dirs(workdir) == ['2', '3']
-  # What the kill left: round 1's checkpoint not yet pruned, no summary.
-  shutil.copytree(
-    os.path.join(workdir, 'checkpoints', '2'),
-    os.path.join(workdir, 'checkpoints', '1'),
-  )
-  os.remove(os.path.join(workdir, 'summary.json'))
-  summary = train.run(config, workdir)
-  assert summary['rounds_completed'] == 3
-  assert checkpoint_dirs(workdir) == ['2', '3']
 
 
 def test_a_signal_while_the_stop_checkpoint_is_written_does_not_interrupt_it(
@@ -771,38 +678,6 @@ def test_a_truncated_checkpoint_is_reported_by_its_cause(tmp_path):
   assert 'Error reading' in said[0], said[0]
 
 
-def test_resuming_past_a_checkpoint_without_metadata_logs_no_orbax_warnings(
-  two_checkpoints, tmp_path, caplog
-):
-  """The fault trial's resume printed two absl warnings of orbax's
-  ("Metadata file does not exist: ...") beside the run's own report."""
-  config, _ = two_checkpoints
-  workdir, directory, template = copy_of_two_checkpoints(
-    two_checkpoints, tmp_path
-  )
-  os.remove(os.path.join(directory, '2', '_CHECKPOINT_METADATA'))
-  import contextlib  # pylint: disable=g-import-not-at-top
-
-  with contextlib.ExitStack() as cleanup:
-    checkpoints, restored_round, _ = workdir_lib.open_checkpoints(
-      config,
-      workdir,
-      (template['server_state'], template['client_table']),
-      True,
-      cleanup,
-    )
-    assert restored_round == 1
-    workdir_lib.previous_wall_time(
-      checkpoints, restored_round, os.path.join(workdir, 'metrics.jsonl')
-    )
-  warnings = [
-    r.getMessage()
-    for r in caplog.records
-    if r.name == 'absl' and r.levelno >= logging.WARNING
-  ]
-  assert not warnings, warnings
-
-
 # ---------------------------------------------------------------------------
 # What a good checkpoint is.
 # ---------------------------------------------------------------------------
@@ -836,7 +711,7 @@ def test_a_round_whose_evaluation_is_not_finite_is_not_saved(
   config.keep_checkpoints = 3
   workdir = str(tmp_path / 'run')
   with pytest.raises(FloatingPointError) as info:
-    train.run(config, workdir)
+    experiment_lib.run(config, workdir)
   message = str(info.value)
   assert 'test_loss is nan at round 2' in message, message
   assert 'last good checkpoint (round 1)' in message, message
@@ -858,7 +733,7 @@ def test_a_state_of_absurd_magnitude_is_not_saved(tmp_path):
   config.server.learning_rate = 1e38
   workdir = str(tmp_path / 'run')
   with pytest.raises(FloatingPointError) as info:
-    train.run(config, workdir)
+    experiment_lib.run(config, workdir)
   message = str(info.value)
   assert 'magnitude' in message and 'at round 1' in message, message
   assert 'no checkpoint was saved' in message, message
@@ -878,32 +753,3 @@ def test_a_state_of_absurd_magnitude_is_not_saved(tmp_path):
       chief=True,
       report=print,
     )
-
-
-# ---------------------------------------------------------------------------
-# The workdir is checked before anything expensive.
-# ---------------------------------------------------------------------------
-
-
-def no_setup(monkeypatch):
-  """Makes building the data and model fail the test."""
-  from fedjax_metric import assemble  # pylint: disable=g-import-not-at-top
-
-  def build(*args, **kwargs):
-    raise AssertionError('the data and model were built')
-
-  monkeypatch.setattr(assemble, 'build', build)
-
-
-def test_a_workdir_that_is_a_file_is_refused_before_any_setup(
-  tmp_path, monkeypatch, capsys
-):
-  no_setup(monkeypatch)
-  path = tmp_path / 'file'
-  path.write_text('not a directory')
-  for workdir in (path, path / 'below'):
-    with pytest.raises(NotADirectoryError, match='not a directory') as info:
-      train.run(load_config('fedavg'), str(workdir))
-    assert '\n' not in str(info.value) and 'Errno' not in str(info.value)
-  assert path.read_text() == 'not a directory'
-  assert not capsys.readouterr().out  # No header either.

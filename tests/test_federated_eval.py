@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import contract, models
+from fedjax_metric import assemble, contract, models
 from fedjax_metric.data import sources
 from fedjax_metric.evaluation import federated, protocols
 
@@ -123,7 +123,7 @@ def test_a_dataset_without_per_client_test_data_is_refused():
   model, _ = _model_and_variables()
   with pytest.raises(ValueError, match='federated_eval.clients=0'):
     protocols.make_evaluator(
-      config,
+      assemble.eval_settings(config),
       model=model,
       preprocess=None,
       train=sources.ArrayDataset(*_population(3)[:2], K),

@@ -1,4 +1,5 @@
-"""No import cycle among the modules of fedjax_metric/ and launch/.
+"""No import cycle among the modules of fedjax_metric/ and launch/; at most
+seven layers of rooms; no module below assemble takes the config.
 
 Every import counts, a function's lazy one too: a cycle hidden in a function
 still ties two modules together (each needs the other to be understood,
@@ -179,6 +180,64 @@ def test_lazy_relative_imports_are_edges(tmp_path):
   assert cycles(import_graph(found)) == [['pkg.a', 'pkg.b']]
 
 
+# The layout's floors (docs/concepts.md, "The structure in numbers"):
+# entry (launch/, api) -> experiment -> assemble / validation / workdir ->
+# executors -> engine / algorithms -> data, models, losses, contract.
+MAX_LAYERS_OF_ROOMS = 7
+
+
+def test_the_package_stands_on_at_most_seven_layers_of_rooms():
+  graph = import_graph(modules())
+  assert layers(rooms(graph)) <= MAX_LAYERS_OF_ROOMS
+
+
+# The modules that read a run's config: the entry points, the experiment
+# loop, assemble and its siblings (validation, workdir, restore) and the
+# config's own modules. Everything below them gets typed pieces.
+READS_CONFIG = {
+  'fedjax_metric.api',
+  'fedjax_metric.experiment',
+  'fedjax_metric.assemble',
+  'fedjax_metric.validation',
+  'fedjax_metric.workdir',
+  'fedjax_metric.restore',
+  'fedjax_metric.config_io',
+  'fedjax_metric.overrides',
+  'fedjax_metric.settings',
+  'fedjax_metric.paper_settings',
+}
+CONFIG_NAMES = ('config', 'cfg', 'flat_config')
+
+
+def config_parameters(found, allowed=()):
+  """``[(module, function)]``: functions outside ``allowed`` with a
+  parameter named like a config (`CONFIG_NAMES`)."""
+  out = []
+  for name, (path, _) in sorted(found.items()):
+    if name in allowed:
+      continue
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = node.args
+        params = a.posonlyargs + a.args + a.kwonlyargs
+        if any(p.arg in CONFIG_NAMES for p in params):
+          out.append((name, node.name))
+  return out
+
+
+def test_nothing_below_assemble_takes_a_config():
+  found = modules(packages=('fedjax_metric',))
+  assert not config_parameters(found, READS_CONFIG), (
+    'functions below assemble that take the config (give them typed '
+    'settings made in assemble.py instead)'
+  )
+  # The check itself: assemble's own functions are found without the
+  # allowance.
+  assert ('fedjax_metric.assemble', 'build') in config_parameters(found)
+
+
 if __name__ == '__main__':
   graph = import_graph(modules())
   print(
@@ -196,4 +255,14 @@ if __name__ == '__main__':
       f'{len(folded)} rooms (a subpackage, launch/ and each top-level '
       'module one room)'
     )
+  takers = config_parameters(modules(packages=('fedjax_metric',)))
+  by_module = {}
+  for module, function in takers:
+    by_module.setdefault(module, []).append(function)
+  print(
+    f'functions taking the config: {len(takers)} in {len(by_module)} modules'
+  )
+  for module, functions in by_module.items():
+    below = '' if module in READS_CONFIG else '  <- below assemble'
+    print(f'  {module}: {len(functions)}{below}')
   sys.exit(1 if found else 0)

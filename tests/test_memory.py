@@ -1,22 +1,23 @@
 """Memory: the client table is sized before it exists, and the chunked
 executor's chunk size comes from a per-device budget."""
 
+from algorithms.participation_helpers import server
 import fl_fixtures as fx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_train import load_config
+from test_experiment import load_config
 
 from fedjax_metric import (
   algorithms,
   assemble,
   engine,
   executors,
+  experiment,
   memory,
   models,
   optimizers,
-  train,
 )
 from fedjax_metric.algorithms import fedavg, moon
 from fedjax_metric.data import cohort as cohort_lib
@@ -51,7 +52,7 @@ def test_chunk_memory_model_predicts_a_larger_chunk():
   spec = fx.make_spec(alg)
   state, table = engine.init_state(alg, fx.init_variables(model, images), 6)
   example_shape = (5, 8)
-  fixed, per_slot = memory.chunk_memory_model(
+  fixed, per_slot = executors.chunk_memory_model(
     spec, data, state, table, example_shape
   )
   # Arguments alone (data, state) are a floor for the fixed part.
@@ -128,7 +129,7 @@ def test_train_refuses_a_table_over_budget_before_allocating(tmp_path):
   config.memory_budget_gb = 1e-6
   config.client_table.placement = 'device'
   with pytest.raises(memory.MemoryBudgetError, match='clients'):
-    train.run(config, str(tmp_path / 'moon'))
+    experiment.run(config, str(tmp_path / 'moon'))
   assert not (tmp_path / 'moon').exists()
 
 
@@ -147,7 +148,7 @@ def test_train_picks_the_chunk_size_from_the_budget(tmp_path):
   config.num_rounds = 1
   config.executor = 'chunked'
   config.chunk_size = 0
-  roomy = train.run(config, str(tmp_path / 'roomy'))
+  roomy = experiment.run(config, str(tmp_path / 'roomy'))
   assert roomy['executor'] == 'chunked'
   assert roomy['chunk_size'] == assemble.num_cohort_slots(
     config, jax.device_count()
@@ -160,7 +161,7 @@ def test_train_fails_clearly_when_one_client_cannot_fit(tmp_path):
   config.chunk_size = 0
   config.memory_budget_gb = 1e-6  # 1 KiB: not even the model fits.
   with pytest.raises(memory.MemoryBudgetError, match='batch_size'):
-    train.run(config, str(tmp_path / 'tight'))
+    experiment.run(config, str(tmp_path / 'tight'))
 
 
 def test_auto_falls_back_to_chunks_that_fit_for_fedquad():
@@ -190,7 +191,7 @@ def test_auto_falls_back_to_chunks_that_fit_for_fedquad():
   )
   assert cohort.example_idx.shape[2] == 16  # 4 groups of B = 4.
   state, table = engine.init_state(alg, variables, 8)
-  fixed, per_slot = memory.chunk_memory_model(
+  fixed, per_slot = executors.chunk_memory_model(
     spec, data, state, table, cohort.example_idx.shape[1:]
   )
   auto = executors.choose_executor('auto', backend='gpu', process_count=1)
@@ -211,3 +212,24 @@ def test_auto_falls_back_to_chunks_that_fit_for_fedquad():
     state, _, _ = round_fn(state, table, cohort)
     results.append(state.variables)
   assert fx.max_abs_diff(*results) < 1e-5
+
+
+def test_client_table_sizes_and_memory_check():
+  model = fx.linear()
+  images, _ = fx.make_data(8)
+  variables = fx.init_variables(model, images)
+  model_bytes = memory.tree_bytes(variables)
+  for name in ('mifa', 'fedvarp'):
+    alg = algorithms.REGISTRY[name](model, server_optimizer=server(1.0))
+    assert memory.client_table_bytes(alg, variables, 250) == 250 * model_bytes
+  alg = algorithms.REGISTRY['pmfl'](
+    model, server_optimizer=server(1.0), buffer_size=5
+  )
+  # Five buffered models, the previous local model, two int32 counters.
+  assert memory.client_table_bytes(alg, variables, 250) == 250 * (
+    6 * model_bytes + 8
+  )
+  with pytest.raises(memory.MemoryBudgetError, match='250 clients'):
+    memory.check_client_table_fits(
+      memory.client_table_bytes(alg, variables, 250), 250, model_bytes
+    )

@@ -1,51 +1,30 @@
-"""The supervised metric-learning family made faithful to its papers.
+"""The supervised metric-learning family made faithful to its papers: the
+parts outside the algorithms.
 
 Per-local-epoch decay counted in anchors (FedQuad / TripletFL steps are 4B /
-3B rows wide), FedRCL's Eq. 2 sum and the FedSCL forms, MOON's projection
-head on every backbone (and MOON's configs), FedQuad without its
-cross-entropy (Table V) and the embedding evaluation such a model needs.
-Every number is checked against a float64 NumPy re-derivation.
+3B rows wide), FedRCL's Eq. 2 sum and the FedSCL forms of the contrastive
+losses, MOON's projection head on every backbone, and the embedding
+evaluation that FedQuad without its cross-entropy (Table V) needs. Every
+number is checked against a float64 NumPy re-derivation. The algorithms'
+own checks (FedSCL's client loss, MOON with a head and its configs, FedQuad
+without l_ce) are in tests/algorithms/ (test_fedrcl.py, test_moon.py,
+test_fedquad.py).
 """
 
-import importlib.util
 import math
-import os
 
+from algorithms.metric_helpers import build, ref_code_scl, ref_eq2
 import fl_fixtures as fx
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import (
-  algorithms,
-  engine,
-  executors,
-  losses,
-  models,
-  optimizers,
-)
+from fedjax_metric import engine, executors, losses, models, optimizers
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import sources
 from fedjax_metric.evaluation import embedding_knn
 from fedjax_metric.models import split_variables
-
-SERVER = optimizers.make_server_optimizer('sgd')
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def build(name, model, **kwargs):
-  return algorithms.REGISTRY[name](model, server_optimizer=SERVER, **kwargs)
-
-
-def load_config(name, arg):
-  path = os.path.join(REPO, 'configs', f'{name}.py')
-  spec = importlib.util.spec_from_file_location(f'cfg_{name}', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
 
 # ---------------------------------------------------------------------------
 # Per-local-epoch learning-rate decay counts anchors, not rows.
@@ -133,50 +112,8 @@ def test_epoch_decay_switches_at_the_anchor_epoch_boundary(name, groups):
 
 
 # ---------------------------------------------------------------------------
-# FedRCL Eq. 2 and the FedSCL forms.
+# FedRCL Eq. 2 and the FedSCL forms of the loss.
 # ---------------------------------------------------------------------------
-
-
-def np_cos(f):
-  f = np.asarray(f, np.float64)
-  z = f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
-  return z @ z.T
-
-
-def ref_eq2(f, y, t, reduction, mask=None):
-  """FedRCL Eq. 2 (sum over positives) or Khosla's L_out (mean), loops."""
-  s, b = np_cos(f), len(f)
-  real = [True] * b if mask is None else list(mask)
-  out = np.zeros(b)
-  for i in range(b):
-    if not real[i]:
-      continue
-    denom = sum(math.exp(s[i, k] / t) for k in range(b) if k != i and real[k])
-    positives = [j for j in range(b) if j != i and real[j] and y[j] == y[i]]
-    terms = [-math.log(math.exp(s[i, j] / t) / denom) for j in positives]
-    if terms:
-      out[i] = sum(terms) / (len(terms) if reduction == 'mean' else 1)
-  return out
-
-
-def ref_code_scl(f, y, t, mask=None):
-  """The released CLLoss supervised pair: the least similar same-class
-  sample (self included) against the two most similar other-class ones."""
-  s, b = np_cos(f), len(f)
-  real = [True] * b if mask is None else list(mask)
-  out = np.zeros(b)
-  for i in range(b):
-    if not real[i]:
-      continue
-    same = [s[i, j] for j in range(b) if real[j] and y[j] == y[i]]
-    others = sorted(
-      (s[i, j] for j in range(b) if real[j] and y[j] != y[i]), reverse=True
-    )[:2]
-    if not others:
-      continue
-    pos = math.exp(min(same) / t)
-    out[i] = -math.log(pos / (pos + sum(math.exp(o / t) for o in others)))
-  return out
 
 
 def test_supcon_sum_is_fedrcl_eq2_and_mean_is_khosla():
@@ -229,72 +166,6 @@ def test_multilevel_supcon_forms(form):
   assert all(np.all(np.isfinite(g)) for g in grads)
 
 
-class TwoLevels(nn.Module):
-  """Softmax regression whose feature levels are halves of the input."""
-
-  num_classes: int = fx.NUM_CLASSES
-
-  @nn.compact
-  def __call__(self, images, *, train, mask=None):
-    del train, mask
-    x = images.reshape(images.shape[0], -1)
-    return {
-      'logits': nn.Dense(self.num_classes)(x),
-      'embedding': x,
-      'features': [x[:, :18], x[:, 18:]],
-    }
-
-
-def one_step_loss(alg, variables, images, labels, idx, mask):
-  params, model_state = split_variables(variables)
-  batch = engine.Batch(
-    fx.identity_preprocess()(jnp.asarray(images[idx]), None),
-    jnp.asarray(labels[idx]),
-    jnp.asarray(mask),
-    jnp.asarray(images[idx]),
-  )
-  ctx = fx.client_context(
-    engine.ServerState(variables, (), jnp.asarray(0), ()),
-    num_examples=len(idx),
-  )
-  with jax.default_matmul_precision('highest'):
-    loss, _ = alg.client_loss(params, model_state, batch, ctx)
-  return float(loss)
-
-
-def numpy_ce(variables, x, y, mask):
-  w = np.asarray(variables['params']['Dense_0']['kernel'], np.float64)
-  b = np.asarray(variables['params']['Dense_0']['bias'], np.float64)
-  z = x @ w + b
-  z = z - z.max(1, keepdims=True)
-  ce = np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y]
-  return ce[mask].mean()
-
-
-@pytest.mark.parametrize('form', ['code', 'paper'])
-def test_fedscl_client_loss_is_ce_plus_mean_over_levels(form):
-  images, labels = fx.make_data(10, seed=4)
-  model = models.make_model_fns(TwoLevels(), fx.INPUT_SHAPE)
-  variables = fx.init_variables(model, images)
-  idx, mask = np.arange(10), np.array([1] * 9 + [0], bool)
-  alg = build('fedscl', model, temperature=0.5, form=form)
-  x = images.reshape(10, -1).astype(np.float64) / 255.0
-  ref = (
-    ref_code_scl
-    if form == 'code'
-    else (lambda f, y, t, m: ref_eq2(f, y, t, 'sum', m))
-  )
-  term = (
-    ref(x[:, :18], labels, 0.5, mask) + ref(x[:, 18:], labels, 0.5, mask)
-  ) / 2
-  want = numpy_ce(variables, x, labels, mask) + term[mask].mean()
-  np.testing.assert_allclose(
-    one_step_loss(alg, variables, images, labels, idx, mask), want, rtol=1e-5
-  )
-  with pytest.raises(ValueError, match='form'):
-    build('fedscl', model, form='sum')
-
-
 # ---------------------------------------------------------------------------
 # MOON's projection head on every backbone.
 # ---------------------------------------------------------------------------
@@ -340,102 +211,9 @@ def test_projection_head_feeds_the_classifier(name):
   np.testing.assert_allclose(out['logits'], logits, rtol=1e-4, atol=1e-5)
 
 
-def test_moon_configs_put_a_head_on_every_backbone():
-  fq = load_config('moon', 'setting=fedquad,model=small_cnn,alpha=0.3')
-  assert fq.model.projection_dim == 256 and fq.model.name == 'small_cnn'
-  # FedQuad's protocol: "Adam ... 0.001 for all approaches".
-  assert (fq.local.optimizer, fq.local.learning_rate) == ('adam', 1e-3)
-  assert (fq.local.batch_size, fq.local.epochs, fq.num_rounds) == (128, 5, 20)
-  assert fq.partition.alpha == 0.3
-  fq_paper = load_config('moon', 'setting=fedquad')
-  assert fq_paper.model.name == 'fedquad_cnn'
-  assert fq_paper.model.projection_dim == 256
-  rcl = load_config('moon', 'setting=fedrcl,alpha=0.1')
-  assert (rcl.model.name, rcl.model.projection_dim) == ('resnet18', 256)
-  assert (rcl.local.optimizer, rcl.local.learning_rate) == ('sgd', 0.1)
-  assert (rcl.clients_per_round, rcl.num_clients) == (5, 100)
-  own = load_config('moon', '')
-  assert own.model.name == 'moon_cnn' and own.local.optimizer == 'sgd'
-  prox = load_config('fedprox', 'setting=fedrcl,alpha=0.1')
-  assert prox.algorithm == 'fedprox' and prox.server.weighting == 'uniform'
-  assert prox.eval_every == 1  # FedRCL's EMA needs per-round evaluations.
-  with pytest.raises(ValueError, match='setting'):
-    load_config('moon', 'setting=moon')
-
-
-def test_moon_trains_with_a_projection_head_model():
-  images, labels = fx.make_data(24, seed=5)
-  model = models.make_model_fns(
-    models.small_cnn.SmallCNN(
-      num_classes=fx.NUM_CLASSES, width=4, embedding_dim=8, projection_dim=6
-    ),
-    fx.INPUT_SHAPE,
-  )
-  alg = build('moon', model, mu=1.0)
-  variables = fx.init_variables(model, images)
-  params, model_state = split_variables(variables)
-  batch = engine.Batch(
-    fx.identity_preprocess()(jnp.asarray(images), None),
-    jnp.asarray(labels),
-    jnp.ones(24, bool),
-    jnp.asarray(images),
-  )
-  row = model.init(jax.random.key(7))
-  ctx = fx.client_context(
-    engine.ServerState(variables, (), jnp.asarray(2), ()),
-    client_row=row,
-    num_examples=24,
-  )
-  (loss, (_, metrics)), grads = jax.value_and_grad(
-    alg.client_loss, has_aux=True
-  )(params, model_state, batch, ctx)
-  # The global model is the one being trained: cos(z, z_glob) = 1.
-  out, _ = model.apply(params, model_state, batch.images, train=False)
-  prev, _ = model.apply(row['params'], {}, batch.images, train=False)
-  z, zp = (
-    np.asarray(out['embedding'], np.float64),
-    np.asarray(prev['embedding'], np.float64),
-  )
-  cos = (z * zp).sum(1) / np.linalg.norm(z, axis=1) / np.linalg.norm(zp, axis=1)
-  want = np.mean(np.log(np.exp(2.0) + np.exp(cos / 0.5)) - 2.0)
-  np.testing.assert_allclose(metrics['metric'], want, rtol=1e-4)
-  head_grad = grads['projection_head']['l2']['kernel']
-  assert np.all(np.isfinite(head_grad)) and np.any(head_grad != 0)
-
-
 # ---------------------------------------------------------------------------
-# FedQuad without l_ce (Table V) and its evaluation.
+# The evaluation of FedQuad without l_ce (Table V).
 # ---------------------------------------------------------------------------
-
-
-def test_fedquad_without_cross_entropy_is_beta_times_the_metric_term():
-  images, labels = fx.make_data(30, seed=6)
-  model = fx.linear()
-  variables = fx.init_variables(model, images)
-  alg = build('fedquad', model, beta=0.5, cross_entropy=False)
-  idx, mask = alg.client_batches(
-    np.arange(30),
-    labels,
-    np.random.default_rng(2),
-    num_steps=2,
-    batch_size=5,
-    local_epochs=1,
-    local_steps=2,
-  )
-  x = images[idx[0]].reshape(20, -1).astype(np.float64) / 255.0
-  a, p, n1, n2 = x[:5], x[5:10], x[10:15], x[15:]
-  d = lambda u, v: np.sqrt(((u - v) ** 2).sum(1))
-  quad = np.maximum(d(a, p) - d(a, n1) + 1.0, 0) + np.maximum(
-    d(a, p) - d(a, n2) + 0.5, 0
-  )
-  got = one_step_loss(alg, variables, images, labels, idx[0], mask[0])
-  np.testing.assert_allclose(got, 0.5 * quad[mask[0, 5:10]].mean(), rtol=1e-5)
-  with pytest.raises(ValueError, match='beta'):
-    build('fedquad', model, beta=0.0, cross_entropy=False)
-  config = load_config('fedquad', 'iid,no_ce')
-  assert config.algorithm_kwargs.cross_entropy is False
-  assert config.eval_protocol == 'embedding_knn'
-  assert load_config('fedquad', '').algorithm_kwargs.squared is False
 
 
 def test_embedding_knn_protocol_matches_a_numpy_knn():

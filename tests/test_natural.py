@@ -726,7 +726,7 @@ def test_a_run_partitions_femnist_by_writer_and_evaluates_per_writer(
   their own test examples."""
   import json as json_lib
 
-  from fedjax_metric import api, train
+  from fedjax_metric import api, experiment
 
   root, _, _ = leaf
   config = api.get_config('fedavg', 'runlocal')
@@ -740,7 +740,7 @@ def test_a_run_partitions_femnist_by_writer_and_evaluates_per_writer(
     config.federated_eval.clients = 3
     config.plot_partition = False
     config.progress = False
-  train.run(config, str(tmp_path / 'run'))
+  experiment.run(config, str(tmp_path / 'run'))
   with open(tmp_path / 'run' / 'partition.json') as f:
     written = json_lib.load(f)
   assert written['num_clients'] == len(WRITERS)
@@ -756,6 +756,6 @@ def test_a_run_partitions_femnist_by_writer_and_evaluates_per_writer(
     too_many.num_clients = len(WRITERS) + 1
     too_many.clients_per_round = 1
   with pytest.raises(ValueError, match='writers') as error:
-    train.run(too_many, str(tmp_path / 'too_many'))
+    experiment.run(too_many, str(tmp_path / 'too_many'))
   _one_line(error)
   assert not (tmp_path / 'too_many').exists()

@@ -57,7 +57,7 @@ def run_notebook(name, tmp_path):
 
 
 def read_run(workdir, algorithm):
-  """(config, metric rows, summary) of a run that `train.run` finished in
+  """(config, metric rows, summary) of a run that `experiment.run` finished in
   ``workdir``; checks that it ran ``algorithm``."""
   with open(workdir / 'config.json') as f:
     config = json.load(f)

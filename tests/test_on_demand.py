@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_metric import api, assemble, train, validation
+from fedjax_metric import api, assemble, validation
+from fedjax_metric import experiment as experiment_lib
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import on_demand, synthetic
 
@@ -100,15 +101,15 @@ def test_a_config_on_synthetic_trains_compiles_once_and_resumes(tmp_path):
   does."""
   config = synthetic_config(executor='vmap', rounds_per_call=1)
   compiled = []
-  summary = train.run(config, str(tmp_path / 'whole'))
+  summary = experiment_lib.run(config, str(tmp_path / 'whole'))
   assert summary['rounds_completed'] == 4
   experiment = assemble.build(config)
   assert experiment.model.module.__class__.__name__ == 'LogisticRegression'
   assert experiment.train is None
   with open(tmp_path / 'whole' / 'partition.json') as f:
     assert json.load(f)['num_clients'] == 50
-  train.run(config, str(tmp_path / 'split'), stop_after_round=2)
-  train.run(config, str(tmp_path / 'split'))
+  experiment_lib.run(config, str(tmp_path / 'split'), stop_after_round=2)
+  experiment_lib.run(config, str(tmp_path / 'split'))
   whole = api.load_run(str(tmp_path / 'whole')).variables
   split = api.load_run(str(tmp_path / 'split')).variables
   for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split)):
@@ -130,7 +131,7 @@ def test_the_round_program_compiles_once_with_per_call_examples(monkeypatch):
   config = synthetic_config(executor='vmap', rounds_per_call=2)
   import tempfile
 
-  train.run(config, tempfile.mkdtemp())
+  experiment_lib.run(config, tempfile.mkdtemp())
   assert made[0].jitted._cache_size() == 1
 
 
@@ -160,7 +161,7 @@ def test_configs_that_need_a_stored_training_set_are_refused(
   config = api.get_config(name, 'runlocal,dataset=synthetic')
   with pytest.raises(ValueError, match=message) as error:
     validation.validate(config)
-    train.run(config, str(tmp_path / name))
+    experiment_lib.run(config, str(tmp_path / name))
   assert '\n' not in str(error.value)
   assert not (tmp_path / name).exists()
 

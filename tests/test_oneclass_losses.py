@@ -1,13 +1,15 @@
-"""One-class losses and building blocks vs float64 NumPy loops from the papers.
+"""One-class losses vs float64 NumPy loops from the papers.
 
 FedMetric (Park, Hosseini and Yun 2021, Eq. 4-6 and Algorithm 1), Deep SVDD
 (Ruff et al. 2018), FedAwS (Yu et al. 2020) and FedUV (Hosseini et al.
-2021): losses, proxy centers, local center / radius and codewords.
+2021): the losses and FedAwS's spreadout regularizer. The algorithms'
+building blocks (proxy centers, local center / radius, codewords) are tested
+with the algorithms, in tests/algorithms/.
 """
 
 import itertools
-from types import SimpleNamespace
 
+from algorithms.oneclass_helpers import TOL, np_dist, np_norm
 import jax
 import jax.numpy as jnp
 import jitted
@@ -15,24 +17,14 @@ import numpy as np
 import pytest
 
 from fedjax_metric import losses as library_losses
-from fedjax_metric.algorithms import fedaws, fedmetric, feduv
+from fedjax_metric.algorithms import fedaws
 
 # Each call one jitted program (tests/jitted.py): eager dispatch was slower.
 losses = jitted.jitted_module(library_losses)
 
-TOL = dict(rtol=1e-5, atol=1e-5)
-
 
 def _highest():
   return jax.default_matmul_precision('highest')
-
-
-def np_norm(x):
-  return float(np.sqrt(sum(float(v) ** 2 for v in x)))
-
-
-def np_dist(x, y):
-  return np_norm(np.asarray(x, np.float64) - np.asarray(y, np.float64))
 
 
 def np_cos(x, y):
@@ -387,190 +379,3 @@ def test_spreadout_bad_options():
     losses.spreadout_regularizer(np.eye(2), margin=1.0, distance='l1')
   with pytest.raises(ValueError, match='reduction'):
     losses.spreadout_regularizer(np.eye(2), margin=1.0, reduction='max')
-
-
-# --------------------------------------------------------------- proxies
-
-
-@pytest.mark.parametrize(
-  'scale, radius', [(0.0, 0.7), (0.5, 0.3), (1.5, 2.0), (3.0, 0.0)]
-)
-def test_proxy_center_distance_and_margin(scale, radius):
-  center = jnp.array([0.3, -1.0, 2.0, 0.0, 0.5])
-  a, m = fedmetric.proxy_center(center, radius, scale, jax.random.key(1))
-  assert a.shape == center.shape
-  assert np_dist(a, center) == pytest.approx(scale * radius, abs=1e-5)
-  assert float(m) == pytest.approx(radius * (1 + scale), abs=1e-6)
-  if scale * radius == 0:
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(center))
-
-
-def test_proxy_center_deterministic_in_key_and_traceable():
-  c = jnp.zeros(4)
-  a1, _ = fedmetric.proxy_center(c, 1.0, 2.0, jax.random.key(3))
-  a2, _ = fedmetric.proxy_center(c, 1.0, 2.0, jax.random.key(3))
-  a3, _ = fedmetric.proxy_center(c, 1.0, 2.0, jax.random.key(4))
-  np.testing.assert_array_equal(np.asarray(a1), np.asarray(a2))
-  assert not np.allclose(np.asarray(a1), np.asarray(a3))
-  a4, m4 = jax.jit(fedmetric.proxy_center)(
-    c, jnp.float32(1.0), jnp.float32(2.0), jax.random.key(3)
-  )
-  np.testing.assert_allclose(np.asarray(a4), np.asarray(a1), **TOL)
-  assert float(m4) == pytest.approx(3.0)
-
-
-def test_proxy_center_negative_scale_or_radius():
-  with pytest.raises(ValueError, match='scale'):
-    fedmetric.proxy_center(jnp.zeros(3), 1.0, -0.1, jax.random.key(0))
-  with pytest.raises(ValueError, match='radius'):
-    fedmetric.proxy_center(jnp.zeros(3), -1.0, 1.0, jax.random.key(0))
-
-
-def test_proxy_center_direction_is_uniform_on_the_sphere():
-  """Mean direction ~ 0; in 3-D each coordinate of u is uniform on [-1, 1].
-
-  Archimedes' hat-box theorem: for u uniform on S^2, u_1 ~ U[-1, 1]. A
-  chi-square test on 10 equal bins (9 dof; 27.9 is the 0.1% point).
-  """
-  n = 4000
-  keys = jax.random.split(jax.random.key(11), n)
-  center = jnp.array([5.0, -3.0, 1.0])
-  a, _ = jax.vmap(lambda k: fedmetric.proxy_center(center, 2.0, 0.5, k))(keys)
-  u = (np.asarray(a, np.float64) - np.asarray(center)) / 1.0  # D = 1.
-  np.testing.assert_allclose(np.linalg.norm(u, axis=1), 1.0, atol=1e-5)
-  # Each coordinate has variance 1/3: the mean is within 4 standard errors.
-  assert np.all(np.abs(u.mean(axis=0)) < 4 * np.sqrt(1 / 3 / n))
-  for axis in range(3):
-    counts = np.histogram(u[:, axis], bins=10, range=(-1, 1))[0]
-    chi2 = sum((c - n / 10) ** 2 / (n / 10) for c in counts)
-    assert chi2 < 27.9, (axis, counts)
-
-
-def test_local_center_matches_numpy():
-  rng = np.random.default_rng(9)
-  e = rng.normal(size=(7, 3)).astype(np.float32)
-  e[5] = 100.0  # A masked outlier must not count.
-  mask = np.array([1, 1, 0, 1, 1, 0, 1], bool)
-  c = fedmetric.local_center(e, mask)
-  real = [i for i in range(7) if mask[i]]
-  want_c = [sum(float(e[i, k]) for i in real) / len(real) for k in range(3)]
-  np.testing.assert_allclose(np.asarray(c), want_c, **TOL)
-  full = fedmetric.local_center(e[:5])
-  np.testing.assert_allclose(
-    np.asarray(full), e[:5].astype(np.float64).mean(0), **TOL
-  )
-  none = jnp.zeros(3, bool)
-  np.testing.assert_array_equal(
-    np.asarray(fedmetric.local_center(jnp.ones((3, 2)), none)), 0.0
-  )
-
-
-class _Identity:
-  """A 'model' whose embedding is the flattened input (for scan_radius)."""
-
-  @staticmethod
-  def apply(params, model_state, images, train):
-    del params, train
-    return {'embedding': images.reshape(images.shape[0], -1)}, model_state
-
-
-def _scan_over(batches):
-  """A context's ``scan_batches`` over a fixed list of batches."""
-
-  def scan_batches(body, init):
-    carry = init
-    for batch in batches:
-      carry = body(carry, batch)
-    return carry
-
-  return scan_batches
-
-
-def test_scan_radius_is_the_largest_real_distance_over_the_round():
-  """R^k = max_i ||g(x_i) - C^k|| over every real example of the client's
-  round (Park et al. 2021, Algorithm 1), as training computes it: batch by
-  batch, padded examples (a far outlier here) left out; 0 with none."""
-  from fedjax_metric import engine  # pylint: disable=g-import-not-at-top
-  from fedjax_metric.algorithms import oneclass_common
-
-  rng = np.random.default_rng(3)
-  x = rng.normal(size=(3, 4, 2, 1)).astype(np.float32)  # 3 batches of 4
-  mask = np.array([[1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 1, 1]], bool)
-  x[0, 2] = 50.0  # padding: must not count
-  batches = [
-    engine.Batch(jnp.asarray(x[b]), None, jnp.asarray(mask[b]), None)
-    for b in range(3)
-  ]
-  center = np.array([0.3, -0.2], np.float32)
-  ctx = SimpleNamespace(scan_batches=_scan_over(batches))
-  radius = oneclass_common.scan_radius(
-    ctx, _Identity, {'params': {}}, jnp.asarray(center)
-  )
-  want = max(
-    np_dist(x[b, i].reshape(-1), center)
-    for b in range(3)
-    for i in range(4)
-    if mask[b, i]
-  )
-  assert float(radius) == pytest.approx(want, rel=1e-5)
-  empty = [b._replace(mask=jnp.zeros(4, bool)) for b in batches]
-  ctx = SimpleNamespace(scan_batches=_scan_over(empty))
-  assert (
-    float(oneclass_common.scan_radius(ctx, _Identity, {'params': {}}, center))
-    == 0.0
-  )
-
-
-def loop_min_hamming(v):
-  best = None
-  for a in range(len(v)):
-    for b in range(a + 1, len(v)):
-      d = sum(1 for x, y in zip(v[a], v[b]) if x != y)
-      best = d if best is None else min(best, d)
-  return best
-
-
-@pytest.mark.parametrize(
-  'num_classes, dim', [(10, 16), (10, 32), (16, 16), (3, 4)]
-)
-def test_hadamard_codewords_orthogonal(num_classes, dim):
-  v, dmin = feduv.codewords(num_classes, dim)
-  assert v.shape == (num_classes, dim) and v.dtype == np.float32
-  assert set(np.unique(v).tolist()) <= {-1.0, 1.0}
-  gram = [
-    [
-      sum(float(x) * float(y) for x, y in zip(v[a], v[b]))
-      for b in range(num_classes)
-    ]
-    for a in range(num_classes)
-  ]
-  np.testing.assert_array_equal(np.array(gram), dim * np.eye(num_classes))
-  assert dmin == loop_min_hamming(v) == dim // 2
-  if num_classes < dim:  # The all-ones row is skipped: balanced rows.
-    np.testing.assert_array_equal(v.sum(axis=1), 0.0)
-
-
-@pytest.mark.parametrize('num_classes, dim', [(10, 24), (20, 16), (5, 7)])
-def test_random_codewords_min_distance_by_loops(num_classes, dim):
-  v, dmin = feduv.codewords(num_classes, dim, seed=2)
-  assert v.shape == (num_classes, dim)
-  assert set(np.unique(v).tolist()) == {-1.0, 1.0}
-  assert dmin == loop_min_hamming(v) > 0
-  again, _ = feduv.codewords(num_classes, dim, seed=2)
-  other, _ = feduv.codewords(num_classes, dim, seed=3)
-  np.testing.assert_array_equal(v, again)
-  assert not np.array_equal(v, other)
-
-
-def test_codewords_kinds_and_errors():
-  v, dmin = feduv.codewords(4, 16, kind='random', seed=0)
-  assert dmin == loop_min_hamming(v)
-  assert feduv.codewords(1, 8)[1] == 8
-  with pytest.raises(ValueError, match='Hadamard'):
-    feduv.codewords(4, 12, kind='hadamard')
-  with pytest.raises(ValueError, match='distinct'):
-    feduv.codewords(5, 2)
-  with pytest.raises(ValueError, match='num_classes'):
-    feduv.codewords(0, 8)
-  with pytest.raises(ValueError, match='kind'):
-    feduv.codewords(2, 8, kind='bch')

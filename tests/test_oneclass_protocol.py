@@ -8,15 +8,15 @@ over classes); bad input must fail with a message that names the fix.
 
 import importlib
 
+from algorithms.oneclass_helpers import DIM, SHAPE, LinearEmbedding
 import fl_fixtures as fx
 import jax
 import ml_collections
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
-from test_oneclass_algorithms import DIM, SHAPE, LinearEmbedding
 
-from fedjax_metric import assemble, engine, models, train
+from fedjax_metric import assemble, engine, experiment, models
 from fedjax_metric.data import sources
 from fedjax_metric.evaluation import oneclass, protocols
 
@@ -192,17 +192,12 @@ def test_cosine_scores_read_the_server_extra(score, key):
   check_metrics(metrics, sklearn_aurocs(scores, test_set.labels))
 
 
-def one_class_config(algorithm):
-  return ml_collections.ConfigDict(
-    dict(
-      algorithm=algorithm,
-      eval_protocol='one_class',
-      eval_batch_size=7,
-      one_class_center_examples=0,
-      eval_train_examples=0,
-      representation_examples=0,
-      model=dict(name='linear'),
-    )
+def one_class_settings(algorithm):
+  return protocols.EvalSettings(
+    protocol='one_class',
+    algorithm=algorithm,
+    model_name='linear',
+    batch_size=7,
   )
 
 
@@ -223,7 +218,10 @@ def test_shared_center_score_and_validation_metrics():
     clients=clients,
   )
   evaluator = protocols.make_evaluator(
-    one_class_config('fedaws'), test=test_set, validation=validation, **common
+    one_class_settings('fedaws'),
+    test=test_set,
+    validation=validation,
+    **common,
   )
   with jax.default_matmul_precision('highest'):
     metrics = evaluator.every(state, ())
@@ -248,7 +246,9 @@ def test_shared_center_score_and_validation_metrics():
   assert metrics['auroc_mean'] != metrics['auroc_center_mean']
   # FedMetric's own score is the shared one.
   fedmetric = protocols.make_evaluator(
-    one_class_config('fedmetric'), test=test_set, **common
+    one_class_settings('fedmetric'),
+    test=test_set,
+    **common,
   ).every(state, ())
   assert fedmetric['auroc_center_mean'] == fedmetric['auroc_mean']
   assert not any(name.startswith('val_') for name in fedmetric)
@@ -327,20 +327,24 @@ def test_embedding_model_with_classification_is_a_clear_error():
   config = load_config('fedavg')
   config.model = ml_collections.ConfigDict(dict(name='lenet'))
   with pytest.raises(ValueError, match="no 'logits'.*one-class config"):
-    protocols.check_model_outputs(config, lenet())
+    protocols.check_model_outputs(assemble.eval_settings(config), lenet())
   config.eval_protocol = 'one_class'
   with pytest.raises(ValueError, match="'fedavg' trains on the cross-entropy"):
-    protocols.check_model_outputs(config, lenet())
+    protocols.check_model_outputs(assemble.eval_settings(config), lenet())
   # A model with logits is fine for fedavg under either protocol.
-  protocols.check_model_outputs(config, fx.all_outputs())
+  protocols.check_model_outputs(
+    assemble.eval_settings(config), fx.all_outputs()
+  )
 
 
 def test_one_class_algorithm_needs_the_one_class_protocol():
   config = load_config('fedmetric')
-  protocols.check_model_outputs(config, lenet())  # The config is right.
+  protocols.check_model_outputs(
+    assemble.eval_settings(config), lenet()
+  )  # The config is right.
   config.eval_protocol = 'classification'
   with pytest.raises(ValueError, match='eval_protocol=one_class'):
-    protocols.check_model_outputs(config, lenet())
+    protocols.check_model_outputs(assemble.eval_settings(config), lenet())
 
 
 def test_one_class_partition_errors(tmp_path):
@@ -359,10 +363,10 @@ def test_one_class_partition_errors(tmp_path):
   config.num_clients = 20
   parts = assemble.one_class_partition(config, labels)
   assert [len(p) for p in parts] == [3] * 10 + [2] * 10
-  # Through train.run: the error comes before any training.
+  # Through experiment.run: the error comes before any training.
   config.num_clients = 11
   with pytest.raises(ValueError, match='clients_per_class'):
-    train.run(config, str(tmp_path))
+    experiment.run(config, str(tmp_path))
 
 
 def test_negative_scale_in_a_config_is_a_clear_error():

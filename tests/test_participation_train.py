@@ -1,4 +1,4 @@
-"""Participation patterns and their algorithms through train.run, end to end.
+"""Participation patterns and their algorithms through experiment.run, end to end.
 
 A recording algorithm (FedAvg whose server extra notes each round's
 participants and whether the global model moved) shows that the cohorts are
@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import fedavg as fedavg_config
-from fedjax_metric import algorithms, assemble, executors, train
+from fedjax_metric import algorithms, assemble, executors, experiment
 from fedjax_metric.algorithms import fedau, fedavg, spec
 from fedjax_metric.data import augment, sources
 
@@ -113,7 +113,7 @@ def test_bernoulli_run_cohorts_are_the_mask(executor, tmp_path, monkeypatch):
 
   monkeypatch.setattr(executors, 'make_rounds_fn', recording_make_rounds_fn)
   config = bernoulli_config(executor)
-  summary = train.run(config, str(tmp_path))
+  summary = experiment.run(config, str(tmp_path))
 
   with open(tmp_path / 'participation.json') as f:
     written = json.load(f)
@@ -168,8 +168,8 @@ def test_train_subset_is_fixed_and_sized(tmp_path):
   config.num_rounds = 1
   config.eval_train_examples = 100
   config.progress = False
-  first = train.run(config, str(tmp_path / 'a'))
-  second = train.run(config, str(tmp_path / 'b'))
+  first = experiment.run(config, str(tmp_path / 'a'))
+  second = experiment.run(config, str(tmp_path / 'b'))
   # 100 examples: accuracy is a multiple of 1 / 100, and the same subset.
   assert first['train_accuracy'] * 100 == pytest.approx(
     round(first['train_accuracy'] * 100), abs=1e-6
@@ -177,7 +177,7 @@ def test_train_subset_is_fixed_and_sized(tmp_path):
   assert first['train_accuracy'] == second['train_accuracy']
   config.eval_train_examples = -1
   with pytest.raises(ValueError, match='eval_train_examples'):
-    train.run(config, str(tmp_path / 'c'))
+    experiment.run(config, str(tmp_path / 'c'))
 
 
 def test_build_algorithm_passes_run_facts(monkeypatch):
@@ -220,8 +220,8 @@ def test_build_algorithm_passes_run_facts(monkeypatch):
 
 
 def test_known_prob_run_uses_the_true_probabilities(tmp_path):
-  """fedau with known_prob needs p_n: train.run hands them over (uniform
-  sampler: K / N). PMFL's config runs end to end in tests/test_train.py
+  """fedau with known_prob needs p_n: experiment.run hands them over (uniform
+  sampler: K / N). PMFL's config runs end to end in tests/test_experiment.py
   (test_every_config_runs_locally)."""
   config = fedavg_config.get_config('runlocal')
   config.unlock()
@@ -230,6 +230,6 @@ def test_known_prob_run_uses_the_true_probabilities(tmp_path):
   config.server.weighting = 'uniform'  # FedAU's weights are its own
   config.num_rounds = 1
   config.progress = False
-  summary = train.run(config, str(tmp_path / 'known'))
+  summary = experiment.run(config, str(tmp_path / 'known'))
   assert summary['rounds_completed'] == 1
   assert np.isfinite(summary['test_loss'])

@@ -180,12 +180,6 @@ def _config(**partition):
   return config
 
 
-def test_defaults_leave_existing_configs_unchanged():
-  p = common.base_config().partition
-  assert p.method == 'dirichlet' and p.variant == 'niid_bench'
-  assert p.size_distribution == 'dirichlet' and p.power_law_exponent == 1.0
-
-
 @pytest.mark.parametrize('dist', ['dirichlet', 'power_law'])
 def test_make_partition_uses_the_config(dist):
   config = _config(
@@ -206,7 +200,7 @@ def test_make_partition_uses_the_config(dist):
     min_size=30,
   )
   assert [p.tolist() for p in got] == [p.tolist() for p in want]
-  assert assemble.partition_label(config.partition).startswith('quantity')
+  assert P.label(config.partition).startswith('quantity')
 
 
 def test_validation_refuses_bad_quantity_fields():

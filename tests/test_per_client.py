@@ -9,9 +9,9 @@ import fl_fixtures as fx
 import jax
 import numpy as np
 import pytest
-from test_train import load_config
+from test_experiment import load_config
 
-from fedjax_metric import algorithms, engine, executors, optimizers, train
+from fedjax_metric import algorithms, engine, executors, experiment, optimizers
 
 SERVER = optimizers.make_server_optimizer('sgd')
 ROUNDS = [[0, 1, 3], [1, 2], []]  # a padding slot, then nobody
@@ -114,9 +114,9 @@ def test_a_run_writes_per_client_csv_and_a_resume_keeps_it_whole(tmp_path):
   config.num_rounds = 3
   config.logging.per_client = True
   workdir = str(tmp_path)
-  train.run(config, workdir, stop_after_round=1)
+  experiment.run(config, workdir, stop_after_round=1)
   assert [r['round'] for r in read_rows(workdir)] == ['1'] * 4
-  train.run(config, workdir)
+  experiment.run(config, workdir)
   rows = read_rows(workdir)
   assert list(rows[0]) == [
     'round',

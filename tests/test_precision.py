@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import executors, models, train
+from fedjax_metric import executors, experiment, models
 
 
 def small_cnn(compute_dtype=None):
@@ -65,13 +65,13 @@ def test_a_bf16_run_trains(tmp_path):
   config.unlock()
   config.precision = 'bf16'
   config.progress = config.plot_partition = False
-  summary = train.run(config, str(tmp_path / 'bf16'))
+  summary = experiment.run(config, str(tmp_path / 'bf16'))
   assert summary['rounds_completed'] == 2
   assert np.isfinite(summary['train_loss'])
   # The same run in float32 starts from the same model and data: bf16
   # compute changes its loss, but only by bf16's rounding.
   config.precision = 'highest'
-  reference = train.run(config, str(tmp_path / 'f32'))
+  reference = experiment.run(config, str(tmp_path / 'f32'))
   assert summary['train_loss'] != reference['train_loss']
   np.testing.assert_allclose(
     summary['train_loss'], reference['train_loss'], rtol=5e-2

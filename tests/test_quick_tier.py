@@ -85,3 +85,61 @@ def test_pytest_quick_deselects_cases_and_keeps_every_module():
   assert set(quick) <= set(everything)
   modules = lambda ids: {i.split('::')[0] for i in ids}
   assert modules(quick) == modules(everything)
+
+
+def test_excluded_functions_leave_the_quick_tier_whole():
+  items = _items()
+  kept = conftest.quick_sample(
+    items, 3, excluded={'tests/test_a.py::test_many'}
+  )
+  names = [i.nodeid for i in kept]
+  assert not any('::test_many[' in n for n in names)
+  assert 'tests/test_a.py::test_plain' in names
+
+
+def test_the_budget_drops_the_most_expensive_and_keeps_each_modules_cheapest():
+  from benchmarks import quick_tier  # pylint: disable=g-import-not-at-top
+
+  costs = {
+    'tests/a.py::big': 50.0,
+    'tests/a.py::small': 1.0,
+    'tests/b.py::only': 40.0,  # A module's only function stays.
+    'tests/c.py::mid': 10.0,
+    'tests/c.py::cheap': 2.0,
+  }
+  assert quick_tier.choose_excluded(costs, budget=60) == {'tests/a.py::big'}
+  assert quick_tier.choose_excluded(costs, budget=10) == {
+    'tests/a.py::big',
+    'tests/c.py::mid',
+  }
+  assert quick_tier.choose_excluded(costs, budget=1000) == set()
+  log = [
+    '   3.50s call     tests/a.py::big[x]',
+    '   1.50s call     tests/a.py::big[y]',
+    '   0.25s setup    tests/a.py::small',
+    'noise',
+  ]
+  assert quick_tier.function_costs(log) == {
+    'tests/a.py::big': 5.0,
+    'tests/a.py::small': 0.25,
+  }
+
+
+def test_every_excluded_function_exists():
+  """A stale entry (a test renamed or moved) would quietly put its
+  function back in the quick tier: each one must name a test function
+  defined in its file."""
+  import ast  # pylint: disable=g-import-not-at-top
+
+  excluded = conftest.quick_excluded()
+  assert excluded, 'tests/quick_tier_excluded.txt is empty or missing'
+  defined = {}
+  for name in excluded:
+    path, _, function = name.partition('::')
+    if path not in defined:
+      with open(os.path.join(REPO, path)) as f:
+        tree = ast.parse(f.read())
+      defined[path] = {
+        n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+      }
+    assert function.split('::')[-1] in defined[path], name

@@ -107,11 +107,11 @@ def test_executors_and_rounds_per_call_agree_with_padding_slots(name, options):
   * The state moves (it trained); the vmap program compiles once for all
     three cohorts.
   * With its defaults, the chunked executor runs the three rounds as one
-    program (`rounds.multi_round`, a scan over rounds of chunked rounds),
+    program (`engine.multi_round`, a scan over rounds of chunked rounds),
     which gives the state and per-round losses of three one-round vmap
     calls, client tables and server extras included, from one compiled
     program. (One program covers both: a chunked round inside the scan is
-    the chunked executor's one-round program, `rounds.single_program_round`;
+    the chunked executor's one-round program, `engine.single_program_round`;
     a separate one-round chunked run compiled a third copy of the round.)
 
   Run twice per algorithm: with its defaults under example-count weighting

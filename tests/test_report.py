@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import configs.fedavg
-from fedjax_metric import train
+from fedjax_metric import experiment
 from launch import report
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -20,7 +20,7 @@ def workdir(tmp_path_factory):
   config.unlock()
   config.progress = False
   path = str(tmp_path_factory.mktemp('runs') / 'fedavg_tiny')
-  train.run(config, path)
+  experiment.run(config, path)
   return path
 
 

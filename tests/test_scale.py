@@ -1,4 +1,4 @@
-"""The population-scale study (fedjax_metric/scale.py) and its notebook.
+"""The population-scale study (launch/scale.py) and its notebook.
 
 The command runs its whole grid on tiny shapes (``--dry_run``), each point
 a real run in its own process; a second call skips the finished points.
@@ -15,7 +15,7 @@ from absl import flags
 import pytest
 from test_scaling import notebook_code_cells, run_cells
 
-from fedjax_metric import scale
+from launch import scale
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ def test_the_dry_run_study_runs_resumes_and_writes_its_outputs(tmp_path):
   command = [
     sys.executable,
     '-m',
-    'fedjax_metric.scale',
+    'launch.scale',
     f'--out={out}',
     '--dry_run',
     '--populations=100,1000000',

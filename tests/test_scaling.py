@@ -2,7 +2,7 @@
 memory): its pure pieces and a tiny grid point. `run_cells` runs a
 notebook's code cells in a Jupyter kernel (nbclient,
 tests/notebook_runner.py); notebooks/scaling.ipynb, the population study of
-fedjax_metric/scale.py, is tested in test_scale.py."""
+launch/scale.py, is tested in test_scale.py."""
 
 import dataclasses
 import json

@@ -8,7 +8,7 @@ tests/test_downstream_eval.py, so here they are checked for their inputs
 (which examples, which labels) and ranges. The end-to-end tests train one
 round, save a checkpoint, re-evaluate it with launch.evaluate and load the
 exported model back outside the simulator: its outputs must reproduce the
-metrics train.run computed itself (test accuracy from NumPy argmax of the
+metrics experiment.run computed itself (test accuracy from NumPy argmax of the
 exported logits; kNN accuracy of the exported encoder's features).
 """
 
@@ -30,8 +30,8 @@ from fedjax_metric import (
   paper_settings,
   validation,
 )
+from fedjax_metric import experiment as experiment_lib
 from fedjax_metric import settings as common
-from fedjax_metric import train as train_lib
 from fedjax_metric.data import sources
 from fedjax_metric.evaluation import downstream, protocols, semi_supervised
 from fedjax_metric.evaluation import ssl as ssl_eval
@@ -159,7 +159,7 @@ def test_a_target_dataset_moves_every_ssl_metric_to_its_splits(monkeypatch):
 
   monkeypatch.setattr(downstream, 'knn_accuracy', fake_knn)
   evaluator = protocols.make_evaluator(
-    config,
+    assemble.eval_settings(config),
     model=model,
     preprocess=None,
     train=train,
@@ -260,7 +260,7 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
   # Fine-tuning is tested above; here it would only add compile time.
   config.ssl_eval.finetune_fractions = ()
   workdir = str(tmp_path / 'run')
-  summary = train_lib.run(config, workdir)
+  summary = experiment_lib.run(config, workdir)
   metrics = evaluate_lib.evaluate(
     workdir, overrides=['ssl_eval.linear_epochs=1']
   )
@@ -330,7 +330,7 @@ def test_export_of_a_classifier_gives_the_runs_test_accuracy(tmp_path):
     config.progress = False
     config.plot_partition = False
   workdir = str(tmp_path / 'run')
-  summary = train_lib.run(config, workdir)
+  summary = experiment_lib.run(config, workdir)
   metrics = evaluate_lib.evaluate(workdir, round_=1, run_evaluation=False)
   assert not os.path.exists(os.path.join(workdir, 'eval_1.json'))
   test_split = sources.load('digits', 'test')

@@ -29,51 +29,6 @@ FEDAVG = os.path.join(REPO, 'configs', 'fedavg.py') + ':runlocal'
 # ---------------------------------------------------------------------------
 
 
-def test_parse_assignments_and_grid_order():
-  grid = sweep.parse_assignments(
-    'partition.alpha=0.1,0.3; seed=0,1,2;model.widths=(8,16,32),(4,8,16)'
-  )
-  assert grid == [
-    ('partition.alpha', ['0.1', '0.3']),
-    ('seed', ['0', '1', '2']),
-    ('model.widths', ['(8,16,32)', '(4,8,16)']),
-  ]
-  points = sweep.grid_points(grid[:2])
-  assert len(points) == 6
-  # The last key varies fastest.
-  assert points[:3] == [
-    {'partition.alpha': '0.1', 'seed': s} for s in ('0', '1', '2')
-  ]
-  assert sweep.parse_assignments('') == []
-  for bad in ('seed', 'seed=', '=1', 'seed=1;seed=2'):
-    with pytest.raises(ValueError):
-      sweep.parse_assignments(bad)
-
-
-def test_apply_overrides_types_and_unknown_keys():
-  config = sweep.resolve(
-    FEDAVG,
-    {
-      'seed': '3',
-      'local.learning_rate': '0.5',
-      'progress': 'false',
-      'dataset.augmentation': 'flip',
-      'partition.alpha': '1',
-    },
-  )
-  assert config.seed == 3 and isinstance(config.seed, int)
-  assert config.local.learning_rate == 0.5
-  assert config.progress is False
-  assert config.dataset.augmentation == 'flip'
-  assert config.partition.alpha == 1.0 and isinstance(
-    config.partition.alpha, float
-  )
-  with pytest.raises(KeyError, match='num_round'):
-    sweep.resolve(FEDAVG, {'num_round': '3'})
-  with pytest.raises(ValueError):
-    sweep.resolve(FEDAVG, {'progress': 'maybe'})
-
-
 def test_points_get_distinct_workdirs(tmp_path):
   points = sweep.make_points(
     str(tmp_path),
@@ -111,7 +66,7 @@ def test_long_override_lists_give_valid_distinct_workdir_names(tmp_path):
 
 
 def _finish_fake(point, rounds=None, drop=(), **config_changes):
-  """Writes what train.run leaves in a workdir, without training."""
+  """Writes what experiment.run leaves in a workdir, without training."""
   config = sweep.config_dict(sweep.resolve(point.spec, point.overrides))
   config.update(config_changes)
   for key in drop:  # A field the library did not have when the run ran.

@@ -5,14 +5,9 @@ import os
 
 import ml_collections
 import pytest
-from test_faults import (
-  _config_names,
-  _set,
-  _supervised_config_names,
-  load_config,
-)
+from test_faults import _set, load_config
 
-from fedjax_metric import assemble, train, validation
+from fedjax_metric import assemble, experiment, validation
 from fedjax_metric.data import sources
 
 
@@ -23,7 +18,7 @@ def test_failed_starts_write_nothing(tmp_path):
     config = load_config('fedavg')
     change(config)
     with pytest.raises(error, match=match):
-      train.run(config, workdir, stop_after_round=1)
+      experiment.run(config, workdir, stop_after_round=1)
 
   attempt(
     lambda c: (
@@ -170,58 +165,6 @@ def test_a_field_without_a_rule_is_not_range_checked():
     validation.validate(config)
 
 
-@pytest.mark.parametrize('name', _config_names())
-def test_every_config_rejects_an_unknown_argument_naming_the_known(name):
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  module = importlib.import_module(f'configs.{name}')
-  with pytest.raises(ValueError, match="Unknown config argument 'no_such'"):
-    module.get_config('runlocal,no_such=1')
-
-
-@pytest.mark.parametrize('name', _supervised_config_names())
-def test_every_config_takes_central_model_and_dataset(name):
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  module = importlib.import_module(f'configs.{name}')
-  config = module.get_config('runlocal,central,model=small_cnn')
-  assert (config.num_clients, config.clients_per_round) == (1, 1)
-  assert config.partition.method == 'iid'
-  assert config.model.name == 'small_cnn'
-  validation.validate(config)
-  explicit = module.get_config('runlocal,dataset=fashion_mnist')
-  assert explicit.dataset.name == 'fashion_mnist'
-  assert module.get_config('runlocal').dataset.name == 'digits'
-
-
-def test_a_failed_start_on_a_used_workdir_adds_no_file(tmp_path):
-  """A refused config adds no file to a finished workdir (no TensorBoard event
-  file, no lock left behind); a start that fails while building (an algorithm
-  option out of range) on a workdir left by a failed attempt adds none."""
-  workdir = tmp_path / 'run'
-  config = load_config('fedavg')
-  config.num_rounds = 1
-  train.run(config, str(workdir))
-  before = sorted(str(p) for p in workdir.rglob('*'))
-  changed = load_config('fedavg')
-  changed.num_rounds = 1
-  changed.local.learning_rate = 0.5
-  with pytest.raises(validation.ConfigError, match='local.learning_rate'):
-    train.run(changed, str(workdir))
-  assert sorted(str(p) for p in workdir.rglob('*')) == before
-  # A workdir where an earlier attempt failed before any checkpoint.
-  attempt = tmp_path / 'attempt'
-  attempt.mkdir()
-  (attempt / 'config.json').write_text(config.to_json_best_effort())
-  bad = load_config('fedavg')
-  bad.num_rounds = 1
-  bad.algorithm = 'fedprox'
-  bad.algorithm_kwargs = ml_collections.ConfigDict({'mu': -1.0})
-  with pytest.raises(ValueError, match='mu'):
-    train.run(bad, str(attempt))
-  assert sorted(os.listdir(attempt)) == ['config.json']
-
-
 def test_the_start_line_notes_a_gpu_jax_does_not_use():
   gpu = lambda path: path == '/dev/nvidiactl'
   none = lambda path: False
@@ -233,39 +176,3 @@ def test_the_start_line_notes_a_gpu_jax_does_not_use():
   assert assemble.unused_gpu_note('gpu', exists=gpu, environ={}) == ''
   chosen = {'JAX_PLATFORMS': 'cpu'}
   assert assemble.unused_gpu_note('cpu', exists=gpu, environ=chosen) == ''
-
-
-@pytest.mark.parametrize(
-  'block, typo, expected',
-  [
-    ('', 'num_round', 'num_rounds'),
-    ('local', 'learnin_rate', 'learning_rate'),
-    ('dataset', 'nmae', 'name'),
-  ],
-)
-def test_a_mistyped_field_set_from_python_is_one_short_line(
-  block, typo, expected
-):
-  """ml_collections' message for a new key on a locked config dumps the
-  whole config (2,400 characters for ``config.num_round = 5``), with the
-  suggestion at its end."""
-  import fedjax_metric as fm  # pylint: disable=g-import-not-at-top
-
-  config = fm.get_config('fedavg', 'runlocal')
-  node = config[block] if block else config
-  for assign in (
-    lambda: setattr(node, typo, 5),
-    lambda: node.__setitem__(typo, 5),
-  ):
-    with pytest.raises((AttributeError, KeyError)) as info:
-      assign()
-    message = str(info.value)
-    assert len(message) < 200 and '\n' not in message, message
-    name = f'config.{block}.{typo}' if block else f'config.{typo}'
-    assert name in message, message
-    assert f"did you mean '{expected}'?" in message, message
-  # Reading a mistyped field keeps its error; the config is still usable.
-  with pytest.raises(AttributeError, match=expected):
-    getattr(node, typo)
-  node[expected] = node[expected]
-  assert config.is_locked

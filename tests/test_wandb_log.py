@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from fedjax_metric import metrics_log, settings, validation, wandb_log
+from fedjax_metric import assemble, metrics_log, settings, validation, wandb_log
 
 
 class FakeRun:
@@ -52,7 +52,9 @@ def test_a_run_logs_its_config_and_rows_and_resumes_the_same_run(
   fake_wandb, tmp_path
 ):
   config = config_with('fl-study')
-  log = metrics_log.MetricsLog(str(tmp_path), 0, 'test_accuracy', config, True)
+  log = metrics_log.MetricsLog(
+    str(tmp_path), 0, 'test_accuracy', assemble.log_settings(config), True
+  )
   row = log.append({'round': 2, 'test_accuracy': 0.5, 'train_loss': 1.25})
   log.close()
   log.close()  # safe twice
@@ -69,7 +71,7 @@ def test_a_run_logs_its_config_and_rows_and_resumes_the_same_run(
   assert finished == ('finish',)
   # A resumed session continues the same W&B run.
   resumed = metrics_log.MetricsLog(
-    str(tmp_path), 2, 'test_accuracy', config, True
+    str(tmp_path), 2, 'test_accuracy', assemble.log_settings(config), True
   )
   resumed.close()
   assert fake_wandb[3][1]['id'] == init['id'] == wandb_log.run_id(tmp_path)
@@ -84,7 +86,11 @@ def test_without_the_package_a_wandb_run_is_refused_and_others_run(
     validation.validate(config_with('fl-study'))
   validation.validate(config_with(''))
   log = metrics_log.MetricsLog(
-    str(tmp_path), 0, 'test_accuracy', config_with(''), True
+    str(tmp_path),
+    0,
+    'test_accuracy',
+    assemble.log_settings(config_with('')),
+    True,
   )
   log.append({'round': 1, 'test_accuracy': 0.5})
   log.close()
@@ -96,7 +102,11 @@ def test_the_real_package_in_offline_mode(monkeypatch, tmp_path):
   monkeypatch.setenv('WANDB_MODE', 'offline')
   monkeypatch.setenv('WANDB_SILENT', 'true')
   log = metrics_log.MetricsLog(
-    str(tmp_path), 0, 'test_accuracy', config_with('fl-study'), True
+    str(tmp_path),
+    0,
+    'test_accuracy',
+    assemble.log_settings(config_with('fl-study')),
+    True,
   )
   log.append({'round': 1, 'test_accuracy': 0.5, 'train_loss': 1.0})
   log.close()

@@ -9,9 +9,9 @@ import threading
 import time
 
 import pytest
-from test_train import ROOT, load_config, read_metrics
+from test_experiment import ROOT, load_config, read_metrics
 
-from fedjax_metric import train
+from fedjax_metric import experiment
 from fedjax_metric.workdir_lock import LOCK_NAME, WorkdirInUseError, WorkdirLock
 
 
@@ -73,11 +73,11 @@ def test_train_run_refuses_a_held_workdir_and_writes_nothing(
 ):
   write_lock(tmp_path, live_pid)
   with pytest.raises(WorkdirInUseError, match=f'PID {live_pid}'):
-    train.run(load_config('fedavg'), str(tmp_path))
+    experiment.run(load_config('fedavg'), str(tmp_path))
   assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]
   # Once the holder is gone the same workdir runs, and keeps no lock.
   write_lock(tmp_path, dead_pid())
-  train.run(load_config('fedavg'), str(tmp_path))
+  experiment.run(load_config('fedavg'), str(tmp_path))
   assert not (tmp_path / LOCK_NAME).exists()
   assert [r['round'] for r in read_metrics(tmp_path)] == [1, 2]
 
@@ -170,6 +170,6 @@ def test_a_held_workdir_is_refused_before_any_setup(
   monkeypatch.setattr(assemble, 'build', build)
   write_lock(tmp_path, live_pid)
   with pytest.raises(WorkdirInUseError, match=f'PID {live_pid}'):
-    train.run(load_config('fedavg'), str(tmp_path))
+    experiment.run(load_config('fedavg'), str(tmp_path))
   assert not capsys.readouterr().out
   assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]

@@ -190,7 +190,7 @@ def build(
     if run.participation_probabilities is None:
       raise ValueError(
         "aggregation='known_prob' needs the run's participation "
-        'probabilities (train.run passes them; when calling fedau.SPEC '
+        'probabilities (experiment.run passes them; when calling fedau.SPEC '
         'directly, pass run=RunFacts(participation_probabilities=p)).'
       )
     inverse_p = intervals.inverse_probabilities(run.participation_probabilities)

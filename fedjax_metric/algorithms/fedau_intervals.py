@@ -185,7 +185,7 @@ def inverse_probabilities(probabilities):
   if p.ndim != 1 or p.size == 0 or not np.all((p > 0) & (p <= 1)):
     raise ValueError(
       'participation_probabilities must be a non-empty [N] '
-      "array in (0, 1]; train.run passes the run's true p_n "
+      "array in (0, 1]; experiment.run passes the run's true p_n "
       "to aggregation='known_prob'."
     )
   return 1.0 / jnp.asarray(p, jnp.float32)

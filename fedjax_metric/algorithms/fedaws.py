@@ -51,7 +51,7 @@ class Options:
 
   Attributes:
     num_classes: C, rows of W; None reads the model's ``num_classes``
-      (train.py sets it from the dataset), which takes precedence.
+      (assemble.py sets it from the dataset), which takes precedence.
     positive_margin: margin of the cosine positive loss
       (max(0, margin - cos)^2; 0.9).
     positive_form: 'cosine' or 'euclidean' (see `fedaws_positive_loss`).

@@ -137,7 +137,7 @@ class Options:
 
   Attributes:
     num_classes: C codewords; None reads the model's ``num_classes``
-      (train.py sets it from the dataset), which takes precedence.
+      (assemble.py sets it from the dataset), which takes precedence.
     codeword_kind: 'auto', 'hadamard' or 'random' (see `codewords`).
     codeword_seed: seed of a random code.
     squared: p = 2, the squared hinge of Eq. 3 of Park et al. (False: p = 1,

@@ -64,7 +64,7 @@ def embedding_dim(model) -> int:
 
 
 def num_model_classes(model, default: int) -> int:
-  """The model's ``num_classes`` field (set from the dataset by train.py)."""
+  """The model's ``num_classes`` field (set from the dataset by assemble.py)."""
   value = getattr(model.module, 'num_classes', 0) or 0
   return int(value) if value > 0 else int(default)
 

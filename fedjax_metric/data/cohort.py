@@ -29,6 +29,14 @@ import numpy as np
 SAMPLERS = ('per_client', 'vectorized')
 
 
+class DeviceData(NamedTuple):
+  """The training set on the device, which a `Cohort`'s ``example_idx``
+  indexes (re-exported as engine.DeviceData)."""
+
+  images: Any  # uint8 [num_examples, H, W, C]
+  labels: Any  # int32 [num_examples]
+
+
 class Cohort(NamedTuple):
   """One round's fixed-shape work description.
 

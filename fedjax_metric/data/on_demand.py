@@ -18,8 +18,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from fedjax_metric import contract
-from fedjax_metric.data.cohort import Cohort
+from fedjax_metric.data.cohort import Cohort, DeviceData
 
 
 class GeneratedClients(Sequence):
@@ -76,7 +75,7 @@ class CallData(NamedTuple):
   """A call's cohorts, re-pointed at the examples made for them."""
 
   cohorts: list
-  data: contract.DeviceData
+  data: DeviceData
 
 
 def call_data(cohorts: Sequence[Cohort], clients: GeneratedClients):
@@ -110,4 +109,4 @@ def call_data(cohorts: Sequence[Cohort], clients: GeneratedClients):
     )
     for r, c in enumerate(cohorts)
   ]
-  return CallData(moved, contract.DeviceData(x, y))
+  return CallData(moved, DeviceData(x, y))

@@ -553,3 +553,17 @@ def summarize(partition, labels):
     'max_size': int(sizes.max()),
     'mean_classes_per_client': float(np.mean(num_classes)),
   }
+
+
+def label(p) -> str:
+  """A partition config block (``config.partition``) in a few words, for
+  plot titles: 'dirichlet niid_bench, alpha=0.1'."""
+  if p.method == 'dirichlet':
+    return f'dirichlet {p.variant}, alpha={p.alpha}'
+  if p.method == 'shards':
+    return f'shards, {p.classes_per_client} classes per client'
+  if p.method == 'quantity':
+    if p.size_distribution == 'power_law':
+      return f'quantity, power law exponent={p.power_law_exponent}'
+    return f'quantity, dirichlet alpha={p.alpha}'
+  return p.method

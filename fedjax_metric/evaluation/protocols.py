@@ -35,6 +35,42 @@ from fedjax_metric.evaluation import ssl as ssl_eval
 PROTOCOLS = ('classification', 'one_class', 'ssl', 'embedding_knn')
 
 
+class EvalSettings(NamedTuple):
+  """What decides a run's evaluation (built from the config by
+  `assemble.eval_settings`; this module never reads the config).
+
+  Attributes:
+    protocol: one of `PROTOCOLS`.
+    algorithm: the algorithm's registered name (the one-class algorithms
+      are scored their own way, `ONE_CLASS_SCORES`).
+    model_name, dataset_name: named in error messages.
+    batch_size: examples per jitted forward pass.
+    seed: seeds the subsets drawn for evaluation.
+    train_examples: n > 0 also evaluates the global model on n training
+      examples (training accuracy, as FedAU and PMFL report).
+    representation_examples: test examples whose embeddings give the
+      representation statistics (0: none).
+    one_class_center_examples: training examples per class behind a class
+      center of the 'one_class' protocol (0: all).
+    federated_clients, federated_every: the federated evaluation's clients
+      per evaluation and its interval in evaluations (0 clients: off).
+    ssl: the 'ssl' protocol's settings (`ssl.SslEvalSettings`).
+  """
+
+  protocol: str
+  algorithm: str = ''
+  model_name: str = '?'
+  dataset_name: str = '?'
+  batch_size: int = 1000
+  seed: int = 0
+  train_examples: int = 0
+  representation_examples: int = 0
+  one_class_center_examples: int = 0
+  federated_clients: int = 0
+  federated_every: int = 0
+  ssl: Any = None
+
+
 class Evaluator(NamedTuple):
   """Attributes:
   every: ``(server_state, client_table) -> {name: float}``, at every
@@ -89,7 +125,7 @@ def _model_outputs(model):
   return set(jax.eval_shape(forward, jax.random.key(0)))
 
 
-def check_model_outputs(config, model):
+def check_model_outputs(settings: EvalSettings, model):
   """Clear errors for a model / algorithm / protocol mismatch, before training.
 
   An embedding network without a classifier ('lenet', 'resnet32': no
@@ -100,18 +136,18 @@ def check_model_outputs(config, model):
   Raises:
     ValueError: naming the config fields to change.
   """
-  one_class = config.algorithm in ONE_CLASS_SCORES
-  protocol = config.eval_protocol
+  algorithm, protocol = settings.algorithm, settings.protocol
+  one_class = algorithm in ONE_CLASS_SCORES
   if one_class and protocol != 'one_class':
     raise ValueError(
-      f'{config.algorithm} trains one class per client and is scored by '
+      f'{algorithm} trains one class per client and is scored by '
       f'per-class AUROC: set --config.eval_protocol=one_class (got '
-      f'{protocol!r}); configs/{config.algorithm}.py does.'
+      f'{protocol!r}); configs/{algorithm}.py does.'
     )
   outputs = _model_outputs(model)
   if outputs is None or 'logits' in outputs:
     return
-  name = config.model.get('name', '?')
+  name = settings.model_name
   if protocol == 'classification':
     raise ValueError(
       f'Model {name!r} is an embedding network without a classifier (its '
@@ -123,13 +159,13 @@ def check_model_outputs(config, model):
   if protocol == 'one_class' and not one_class:
     raise ValueError(
       f"Model {name!r} has no 'logits' output, but algorithm "
-      f'{config.algorithm!r} trains on the cross-entropy of logits. Use '
+      f'{algorithm!r} trains on the cross-entropy of logits. Use '
       f'one of the one-class algorithms {sorted(ONE_CLASS_SCORES)} or a '
       'model with a classifier.'
     )
 
 
-def _one_class_evaluator(config, model, preprocess, train, test, clients):
+def _one_class_evaluator(settings, model, preprocess, train, test, clients):
   """Per-class one-vs-rest AUROC (evaluation/oneclass.py), every evaluation.
 
   ``auroc_mean`` scores each method its own way (`ONE_CLASS_SCORES`);
@@ -139,7 +175,7 @@ def _one_class_evaluator(config, model, preprocess, train, test, clients):
   held fixed. Deep SVDD has no global model: its own rule is the shared one
   applied to each client's model.
   """
-  score = ONE_CLASS_SCORES.get(config.algorithm, 'center')
+  score = ONE_CLASS_SCORES.get(settings.algorithm, 'center')
 
   def make(score):
     return oneclass.make_one_class_evaluator(
@@ -149,8 +185,8 @@ def _one_class_evaluator(config, model, preprocess, train, test, clients):
       test,
       clients,
       score=score,
-      batch_size=config.eval_batch_size,
-      center_examples=config.one_class_center_examples,
+      batch_size=settings.batch_size,
+      center_examples=settings.one_class_center_examples,
     )
 
   own = make(score)
@@ -177,29 +213,29 @@ def _one_class_evaluator(config, model, preprocess, train, test, clients):
   )
 
 
-def _train_accuracy_fn(config, model, preprocess, train, clients=None):
+def _train_accuracy_fn(settings, model, preprocess, train, clients=None):
   """``variables -> {'train_accuracy', 'train_eval_loss'}``, or ``{}``.
 
-  ``config.eval_train_examples`` = n > 0 evaluates the global model on n
+  ``settings.train_examples`` = n > 0 evaluates the global model on n
   training examples (all of them when n >= the training set's size; else a
-  fixed uniform subset drawn with config.seed), as FedAU and PMFL report
+  fixed uniform subset drawn with the settings' seed), as FedAU and PMFL report
   training accuracy beside test accuracy. 'train_eval_loss' is the global
   model's loss there, unlike 'train_loss' (the clients' local losses).
   For clients made on demand (``train`` None) the n examples are drawn
   uniformly over all training examples, with replacement, and made.
   """
-  n = config.eval_train_examples
+  n = settings.train_examples
   if n < 0:
     raise ValueError(f'eval_train_examples must be >= 0, got {n}.')
   if n == 0:
     return lambda variables: {}
   if train is None:
-    images, labels = _generated_train_sample(clients, n, config.seed)
+    images, labels = _generated_train_sample(clients, n, settings.seed)
   else:
     idx = np.arange(len(train.labels))
     if n < idx.size:
       idx = np.sort(
-        np.random.default_rng(config.seed).choice(idx, n, replace=False)
+        np.random.default_rng(settings.seed).choice(idx, n, replace=False)
       )
     images, labels = train.images[idx], train.labels[idx]
   evaluate = classification.make_evaluate_fn(
@@ -207,7 +243,7 @@ def _train_accuracy_fn(config, model, preprocess, train, clients=None):
     preprocess,
     images,
     labels,
-    batch_size=config.eval_batch_size,
+    batch_size=settings.batch_size,
   )
 
   def evaluate_train(variables):
@@ -240,12 +276,20 @@ def validation_name(name: str) -> str:
 
 
 def make_evaluator(
-  config, *, model, preprocess, train, test, clients, validation=None
+  settings: EvalSettings,
+  *,
+  model,
+  preprocess,
+  train,
+  test,
+  clients,
+  validation=None,
 ) -> Evaluator:
-  """The config's `Evaluator` (``config.eval_protocol``).
+  """The `Evaluator` of ``settings.protocol``.
 
   Args:
-    config: the run's config.
+    settings: `EvalSettings` (`assemble.eval_settings` makes them from a
+      config).
     model: `ModelFns`.
     preprocess: ``(uint8 images, key) -> float images``, no augmentation.
     train, test: `sources.ArrayDataset` splits.
@@ -256,7 +300,7 @@ def make_evaluator(
       of run evaluations stay on the test set.
   """
   evaluator = _make_test_evaluator(
-    config,
+    settings,
     model=model,
     preprocess=preprocess,
     train=train,
@@ -264,15 +308,12 @@ def make_evaluator(
     clients=clients,
   )
   evaluator = _with_federated_eval(
-    config, evaluator, model, preprocess, test, clients
+    settings, evaluator, model, preprocess, test, clients
   )
   if validation is None:
     return evaluator
-  quiet = config.copy_and_resolve_references()
-  with quiet.unlocked():
-    # Training accuracy and representation statistics once, not twice.
-    quiet.eval_train_examples = 0
-    quiet.representation_examples = 0
+  # Training accuracy and representation statistics once, not twice.
+  quiet = settings._replace(train_examples=0, representation_examples=0)
   on_validation = _make_test_evaluator(
     quiet,
     model=model,
@@ -311,16 +352,16 @@ def federated_source(clients, test):
   return pool, client_examples
 
 
-def _with_federated_eval(config, evaluator, model, preprocess, test, clients):
+def _with_federated_eval(settings, evaluator, model, preprocess, test, clients):
   """``evaluator`` with the federated evaluation's metrics added to every
-  evaluation at its rounds (``config.federated_eval``; 0 clients: off)."""
-  fed = config.get('federated_eval')
-  if not fed or not fed.clients:
+  evaluation at its rounds (``settings.federated_clients``; 0: off)."""
+  if not settings.federated_clients:
     return evaluator
   source = federated_source(clients, test)
   if source is None:
     raise ValueError(
-      f'federated_eval needs held-out data per client: {config.dataset.name!r} '
+      'federated_eval needs held-out data per client: '
+      f'{settings.dataset_name!r} '
       'has no per-client test split (synthetic and the naturally partitioned '
       'datasets femnist, emnist_fedjax have). Set '
       '--config.federated_eval.clients=0.'
@@ -331,10 +372,10 @@ def _with_federated_eval(config, evaluator, model, preprocess, test, clients):
     preprocess=preprocess,
     pool=pool,
     client_examples=client_examples,
-    num_clients=fed.clients,
-    every=fed.every,
-    seed=config.seed,
-    batch_size=config.eval_batch_size,
+    num_clients=settings.federated_clients,
+    every=settings.federated_every,
+    seed=settings.seed,
+    batch_size=settings.batch_size,
   )
 
   def every(state, table):
@@ -344,23 +385,23 @@ def _with_federated_eval(config, evaluator, model, preprocess, test, clients):
 
 
 def _make_test_evaluator(
-  config, *, model, preprocess, train, test, clients
+  settings, *, model, preprocess, train, test, clients
 ) -> Evaluator:
   """`make_evaluator` without a validation split."""
-  protocol = config.eval_protocol
-  check_model_outputs(config, model)
+  protocol = settings.protocol
+  check_model_outputs(settings, model)
   if protocol == 'classification':
     evaluate = classification.make_evaluate_fn(
       model,
       preprocess,
       test.images,
       test.labels,
-      batch_size=config.eval_batch_size,
-      representation_examples=config.representation_examples,
+      batch_size=settings.batch_size,
+      representation_examples=settings.representation_examples,
       num_classes=test.num_classes,
     )
     evaluate_train = _train_accuracy_fn(
-      config, model, preprocess, train, clients
+      settings, model, preprocess, train, clients
     )
 
     def every(state, table):
@@ -375,8 +416,8 @@ def _make_test_evaluator(
       train,
       test,
       clients,
-      batch_size=config.eval_batch_size,
-      representation_examples=config.representation_examples,
+      batch_size=settings.batch_size,
+      representation_examples=settings.representation_examples,
     )
     return Evaluator(
       lambda state, table: every(state.variables),
@@ -384,18 +425,21 @@ def _make_test_evaluator(
       'test_knn_accuracy',
     )
   if protocol == 'one_class':
-    return _one_class_evaluator(config, model, preprocess, train, test, clients)
+    return _one_class_evaluator(
+      settings, model, preprocess, train, test, clients
+    )
   if protocol == 'ssl':
     # The unsupervised methods train on [0, 1] views without mean / std
     # normalisation, so their encoder is evaluated on [0, 1] images too
     # (evaluation/ssl.py), not with ``preprocess``.
-    target = config.ssl_eval.target_dataset
+    ssl_settings = settings.ssl or ssl_eval.SslEvalSettings()
+    target = ssl_settings.target_dataset
     if target:
       # Out of distribution (SSD's Tables 2-5): every SSL metric on another
       # dataset's splits, its whole training split as the labelled pool.
       train, test = (
         ssl_eval.to_image_shape(
-          sources.load(target, split, config.ssl_eval.target_data_dir or None),
+          sources.load(target, split, ssl_settings.target_data_dir or None),
           train.images.shape[1:],
         )
         for split in ('train', 'test')
@@ -406,9 +450,9 @@ def _make_test_evaluator(
       train,
       test,
       clients,
-      config.ssl_eval,
-      batch_size=config.eval_batch_size,
-      seed=config.seed,
+      ssl_settings,
+      batch_size=settings.batch_size,
+      seed=settings.seed,
     )
     return Evaluator(
       lambda state, table: every(state.variables),

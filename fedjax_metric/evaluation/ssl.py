@@ -26,12 +26,13 @@ server.py, utils/evaluate.py, linear_eval.py, semi_eval.py):
 Features are the encoder output ``outputs['embedding']`` in eval mode on
 images scaled to [0, 1] with no mean / std normalisation, as the models are
 trained (the released code's ToTensor only). Epochs, subset sizes and
-fractions come from the config's ``ssl_eval`` block (fedjax_metric/settings.py),
-so CPU runs can shorten them; a run states what it used in its summary.
+fractions come from `SslEvalSettings` (the config's ``ssl_eval`` block,
+fedjax_metric/settings.py), so CPU runs can shorten them; a run states what
+it used in its summary.
 """
 
 import time
-from typing import Dict
+from typing import Dict, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +104,46 @@ def to_image_shape(dataset, shape):
   return dataset._replace(images=pixels)
 
 
+class SslEvalSettings(NamedTuple):
+  """The 'ssl' protocol's settings; the defaults are the SSD authors'.
+
+  Attributes:
+    knn_k, knn_temperature: the weighted kNN monitor's k and temperature.
+    knn_bank_examples, knn_test_examples: kNN bank / query subset sizes
+      (0: every example).
+    linear_epochs, linear_learning_rate, linear_batch_size: the linear
+      probe (Adam).
+    finetune_fractions: labelled fractions of the semi-supervised
+      fine-tuning (stratified subsets).
+    finetune_epochs, finetune_batch_size, finetune_encoder_lr,
+    finetune_head_lr, finetune_evals, finetune_seed: its training.
+    quality_examples: test examples behind uniformity and effective rank
+      (0: all).
+    erank_matrix: 'features' (SSD App. A.2) or 'covariance'.
+    target_dataset, target_data_dir: out-of-distribution evaluation on
+      another dataset's splits ('': the run's own dataset).
+  """
+
+  knn_k: int = 200
+  knn_temperature: float = 0.1
+  knn_bank_examples: int = 0
+  knn_test_examples: int = 0
+  linear_epochs: int = 200
+  linear_learning_rate: float = 3e-3
+  linear_batch_size: int = 512
+  finetune_fractions: Tuple[float, ...] = (0.01, 0.1)
+  finetune_epochs: int = 200
+  finetune_batch_size: int = 128
+  finetune_encoder_lr: float = 1e-3
+  finetune_head_lr: float = 0.3
+  finetune_evals: int = 4
+  finetune_seed: int = 17
+  quality_examples: int = 0
+  erank_matrix: str = 'features'
+  target_dataset: str = ''
+  target_data_dir: str = ''
+
+
 def fraction_name(fraction):
   """0.01 -> '1pct', 0.1 -> '10pct', 0.005 -> '0.5pct'."""
   pct = 100.0 * fraction
@@ -121,12 +162,7 @@ def make_ssl_evaluator(
     clients: per-client index arrays into ``train``; their union is the kNN
       bank, the linear probe's training set and the pool of the labelled
       fine-tuning subsets.
-    eval_config: the config's ``ssl_eval`` block (fields: knn_k,
-      knn_temperature, knn_bank_examples, knn_test_examples, linear_epochs,
-      linear_learning_rate, linear_batch_size, finetune_fractions,
-      finetune_epochs, finetune_batch_size, finetune_encoder_lr,
-      finetune_head_lr, finetune_evals, finetune_seed, quality_examples,
-      erank_matrix).
+    eval_config: `SslEvalSettings` (or any object with its fields).
     batch_size: examples per jitted forward.
     seed: seeds the kNN subsets (when they are subsets).
 

@@ -8,7 +8,7 @@ defined exactly as on the command line and nothing else happens. Then
 each argument list is parsed by the module's own flags parser, and:
 
 * ``launch.main``: the config (file, ``:arg`` and ``--config.*``
-  overrides) must pass `validation.validate`, as `train.run` checks it;
+  overrides) must pass `validation.validate`, as `experiment.run` checks it;
 * ``launch.sweep run``: every point's config (each ``--config`` with the
   ``--set`` and ``--grid`` overrides) must pass `validation.validate`;
 * ``benchmarks.rounds_bench``: every ``--cases`` name must be a case.

@@ -1,8 +1,7 @@
-"""FedPPO (Zhao et al., IEEE TCCN 2025): its selection, rewards, returns and
-PPO loss against NumPy re-derivations of the released code's rules
-(github.com/zzy211/fedppo: ppo_server/ppo.py, ppo_remove_main.py), and its
-server round: which updates count, what it remembers, when the agent
-learns."""
+"""FedPPO (Zhao et al., IEEE TCCN 2025): its server round, which updates
+count, what it remembers, when the agent learns, and checkpointing, against
+the released code's rules (github.com/zzy211/fedppo: ppo_server/ppo.py,
+ppo_remove_main.py)."""
 
 import math
 
@@ -13,165 +12,11 @@ import numpy as np
 import pytest
 
 from fedjax_metric import algorithms, contract, engine, executors, optimizers
-from fedjax_metric.algorithms import fedppo_agent, fedppo_server
 from fedjax_metric.models import split_variables
 
+from .fedppo_helpers import _np_mlp, _np_softmax
+
 SERVER = optimizers.make_server_optimizer('sgd')
-
-
-def _np_softmax(x):
-  e = np.exp(x - x.max())
-  return e / e.sum()
-
-
-def test_selection_draws_distinct_clients_as_the_codes_rejection_sampling():
-  """The code draws from one categorical until it has k distinct clients;
-  the Gumbel-top-k draw must include each client as often (20,000 draws
-  each, NumPy against JAX), pick exactly k, and never an unavailable one."""
-  logits = np.array([2.0, 0.5, -1.0, 1.0, 0.0, 3.0], np.float32)
-  available = np.array([True, True, True, True, True, False])
-  k, draws = 3, 20_000
-  p = _np_softmax(logits[available])
-  ids = np.flatnonzero(available)
-  rng = np.random.default_rng(0)
-  counts = np.zeros(len(logits))
-  for _ in range(draws):
-    chosen = set()
-    while len(chosen) < k:
-      chosen.add(int(ids[rng.choice(len(ids), p=p)]))
-    counts[list(chosen)] += 1
-  log_probs = jnp.asarray(logits) - jax.nn.logsumexp(logits[available])
-  keys = jax.random.split(jax.random.key(1), draws)
-  picked = np.asarray(
-    jax.vmap(fedppo_server.sample_without_replacement, (None, None, None, 0))(
-      log_probs, jnp.asarray(available), k, keys
-    )
-  )
-  assert (picked.sum(axis=1) == k).all()
-  assert not picked[:, ~available].any()
-  np.testing.assert_allclose(picked.mean(axis=0), counts / draws, atol=0.02)
-
-
-def test_policy_is_a_softmax_over_the_available_clients_only():
-  agent = fedppo_agent.init_agent(jax.random.key(0), 4)
-  observation = jnp.array([0.3, 0.1, 0.0, 0.9, 0.5])
-  available = jnp.array([True, False, True, True])
-  log_probs = fedppo_agent.policy_log_probs(
-    agent['actor'], observation, available
-  )
-  h = np.asarray(observation, np.float64)
-  for layer in agent['actor'][:-1]:
-    h = np.tanh(h @ np.asarray(layer['w']) + np.asarray(layer['b']))
-  logits = h @ np.asarray(agent['actor'][-1]['w']) + np.asarray(
-    agent['actor'][-1]['b']
-  )
-  expected = np.log(_np_softmax(logits[[0, 2, 3]]))
-  np.testing.assert_allclose(
-    np.asarray(log_probs)[[0, 2, 3]], expected, rtol=1e-5
-  )
-  assert float(log_probs[1]) < -1e8
-  # Nobody available (a round nobody joins): still finite.
-  nobody = fedppo_agent.policy_log_probs(
-    agent['actor'], observation, jnp.zeros(4, bool)
-  )
-  assert np.isfinite(np.asarray(nobody)).all()
-
-
-def test_rewards_by_hand():
-  """r_i = acc_i + acc_g * dl_i / sum_j dl_j, dl_i = max(l_prev - l, 1e-5);
-  a first selection (l_prev = 0) and a loss that rose both give 1e-5."""
-  r = fedppo_server.rewards(
-    accuracy=jnp.array([0.5, 0.8, 0.2, 0.9]),
-    global_accuracy=jnp.float32(0.6),
-    loss=jnp.array([1.0, 2.0, 1.0, 3.0]),
-    previous_loss=jnp.array([1.5, 0.0, 0.5, 2.0]),
-    selected=jnp.array([True, True, False, True]),
-  )
-  total = 0.5 + 1e-5 + 1e-5
-  expected = [
-    0.5 + 0.6 * 0.5 / total,
-    0.8 + 0.6 * 1e-5 / total,
-    0.0,
-    0.9 + 0.6 * 1e-5 / total,
-  ]
-  np.testing.assert_allclose(np.asarray(r), expected, rtol=1e-6)
-
-
-def test_returns_follow_the_codes_monte_carlo_loop():
-  """ppo.py update(): R = r + gamma R walked backwards over the flat list of
-  transitions (no terminal state), then (R - mean) / (std + 1e-7) with
-  torch's unbiased std; entries never taken are not transitions."""
-  rng = np.random.default_rng(3)
-  reward = rng.uniform(0, 2, 12).astype(np.float32)
-  taken = rng.uniform(size=12) < 0.6
-  flat = reward[taken]
-  expected, running = [], 0.0
-  for r in flat[::-1]:
-    running = r + 0.7 * running
-    expected.insert(0, running)
-  expected = np.array(expected)
-  expected = (expected - expected.mean()) / (expected.std(ddof=1) + 1e-7)
-  returns = fedppo_agent.discounted_returns(
-    jnp.asarray(reward), jnp.asarray(taken)
-  )
-  normalised = fedppo_agent.normalise(returns, jnp.asarray(taken))
-  np.testing.assert_allclose(
-    np.asarray(normalised)[taken], expected, rtol=1e-5, atol=1e-6
-  )
-
-
-def _np_mlp(layers, x):
-  for layer in layers[:-1]:
-    x = np.tanh(x @ np.asarray(layer['w'], np.float64) + np.asarray(layer['b']))
-  return x @ np.asarray(layers[-1]['w'], np.float64) + np.asarray(
-    layers[-1]['b']
-  )
-
-
-def test_ppo_loss_is_the_clipped_surrogate_plus_value_minus_entropy():
-  """mean(-min(rho A, clip(rho, 0.8, 1.2) A)) + 0.5 mean((V - R)^2) - 0.01
-  mean(H), over the taken transitions, with the policy restricted to each
-  round's available clients; re-derived in float64 NumPy."""
-  n, u = 4, 2
-  rng = np.random.default_rng(5)
-  agent = fedppo_agent.init_agent(jax.random.key(2), n)
-  buffer = {
-    'state': rng.uniform(size=(u, n + 1)).astype(np.float32),
-    'available': np.array([[True, True, False, True], [True] * 4]),
-    'taken': np.array([[True, False, False, True], [False, True, True, True]]),
-  }
-  # Old log-probabilities near the current ones, so some ratios clip.
-  old = np.zeros((u, n))
-  for i in range(u):
-    logits = _np_mlp(agent['actor'], buffer['state'][i])
-    logits[~buffer['available'][i]] = -1e9
-    old[i] = np.log(np.maximum(_np_softmax(logits), 1e-30)) + rng.normal(
-      0, 0.3, n
-    )
-  buffer['log_prob'] = old.astype(np.float32)
-  returns = rng.normal(size=(u, n)).astype(np.float32)
-  advantages = rng.normal(size=(u, n)).astype(np.float32)
-
-  terms = []
-  for i in range(u):
-    logits = _np_mlp(agent['actor'], buffer['state'][i])
-    avail = buffer['available'][i]
-    p = np.zeros(n)
-    p[avail] = _np_softmax(logits[avail])
-    entropy = -np.sum(p[avail] * np.log(p[avail]))
-    v = _np_mlp(agent['critic'], buffer['state'][i])[0]
-    for j in np.flatnonzero(buffer['taken'][i]):
-      ratio = p[j] / np.exp(old[i, j])
-      a = advantages[i, j]
-      surrogate = -min(ratio * a, np.clip(ratio, 0.8, 1.2) * a)
-      terms.append(surrogate + 0.5 * (v - returns[i, j]) ** 2 - 0.01 * entropy)
-  loss = fedppo_agent.ppo_loss(
-    agent,
-    jax.tree.map(jnp.asarray, buffer),
-    jnp.asarray(returns),
-    jnp.asarray(advantages),
-  )
-  np.testing.assert_allclose(float(loss), np.mean(terms), rtol=1e-5)
 
 
 def _federation(**options):
@@ -323,7 +168,7 @@ def test_the_agent_checkpoints_and_resumes_bit_for_bit(tmp_path):
 
   import orbax.checkpoint as ocp
 
-  from fedjax_metric import train
+  from fedjax_metric import experiment
 
   config = importlib.import_module('configs.fedppo').get_config('runlocal')
   config.unlock()
@@ -339,9 +184,11 @@ def test_the_agent_checkpoints_and_resumes_bit_for_bit(tmp_path):
       return m.restore(m.latest_step())['server_state']
 
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-  train.run(config, straight)
-  assert train.run(config, resumed, stop_after_round=3)['rounds_completed'] == 3
-  train.run(config, resumed)
+  experiment.run(config, straight)
+  assert (
+    experiment.run(config, resumed, stop_after_round=3)['rounds_completed'] == 3
+  )
+  experiment.run(config, resumed)
   a, b = final_state(straight), final_state(resumed)
   leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(leaves_a) == len(leaves_b)

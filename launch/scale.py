@@ -2,12 +2,12 @@ r"""The population-scale study: seconds per round, the client table's share
 and peak memory, against the population N and the clients per round C.
 
   fedjax-metric scale --out=runs/scale                  # the default study
-  python -m fedjax_metric.scale --out=runs/scale \
+  python -m fedjax_metric.launch.scale --out=runs/scale \
       --populations=1000,1000000 --cohorts=1000 --algorithms=scaffold \
       --placements=disk --rounds=12
   fedjax-metric scale --out=/tmp/s --dry_run            # tiny shapes, seconds
 
-Every point is a real run (`train.run`) of Synthetic(1, 1) (data/synthetic.py:
+Every point is a real run (`experiment.run`) of Synthetic(1, 1) (data/synthetic.py:
 each client's examples are made from (seed, client id) when it is sampled,
 so a population costs no storage) with logistic regression or a small MLP,
 in its own child process so that its peak RSS is its own. FedAU runs under
@@ -91,9 +91,9 @@ class Point(NamedTuple):
 def point_config(point: Point):
   """The run's config: the packaged config of the algorithm on Synthetic(1,
   1), N clients, C per round, the point's model, work and placement."""
-  from fedjax_metric import api  # pylint: disable=g-import-not-at-top
+  from fedjax_metric import config_io  # pylint: disable=g-import-not-at-top
 
-  config = api.get_config(point.algorithm)
+  config = config_io.load_config(point.algorithm)
   with config.unlocked():
     config.seed = point.seed
     config.dataset.name = 'synthetic'
@@ -132,10 +132,10 @@ def run_point(point: Point, workdir: str) -> Dict:
   seconds), ``peak_rss_gb``, ``table_bytes``, ``placement_used``,
   ``test_accuracy`` and ``wall_seconds``.
   """
-  from fedjax_metric import metrics_log, train  # pylint: disable=g-import-not-at-top
+  from fedjax_metric import experiment, metrics_log  # pylint: disable=g-import-not-at-top
 
   start = time.time()
-  summary = train.run(point_config(point), workdir)
+  summary = experiment.run(point_config(point), workdir)
   rows = metrics_log.read_metrics(os.path.join(workdir, 'metrics.jsonl'))
   timed = rows[1:] or rows  # The first interval holds the compilation.
   rounds = (
@@ -186,7 +186,7 @@ def _run_child(point: Point, workdir: str, timeout: float) -> Dict:
   command = [
     sys.executable,
     '-m',
-    'fedjax_metric.scale',
+    'fedjax_metric.launch.scale',
     f'--point={point.key()}',
     f'--workdir={workdir}',
   ]

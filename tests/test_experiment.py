@@ -13,8 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from fedjax_metric import assemble, executors, train, validation
-from fedjax_metric import workdir as workdir_lib
+from fedjax_metric import assemble, executors, experiment
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import sources
 
@@ -66,7 +65,7 @@ def test_every_config_runs_locally(name, tmp_path):
   # their run time with the suite's XLA optimisations off).
   config.eval_every = 2
   headline = HEADLINE[config.eval_protocol]
-  summary = train.run(config, str(tmp_path))
+  summary = experiment.run(config, str(tmp_path))
   assert summary['rounds_completed'] == 2
   assert 0.0 <= summary[headline] <= 1.0
   for f in (
@@ -92,7 +91,7 @@ def test_vectorized_cohort_sampler_trains_fedquad(tmp_path):
   # companions through a whole run; the draws differ from the per-client ones.
   config = load_config('fedquad')
   config.cohort_sampler = 'vectorized'
-  summary = train.run(config, str(tmp_path))
+  summary = experiment.run(config, str(tmp_path))
   assert summary['rounds_completed'] == 2
   assert 0.1 < summary['test_accuracy'] <= 1.0  # Chance is 0.10.
   rows = read_metrics(tmp_path)
@@ -126,11 +125,11 @@ def test_wall_time_of_a_row_includes_its_evaluation(tmp_path, monkeypatch):
 
     return evaluator._replace(every=every)
 
-  monkeypatch.setattr(train, 'time', Clock)
+  monkeypatch.setattr(experiment, 'time', Clock)
   monkeypatch.setattr(protocols, 'make_evaluator', slow_evaluator)
   config = load_config('fedavg')
   config.checkpoint_every = 100
-  train.run(config, str(tmp_path))
+  experiment.run(config, str(tmp_path))
   rows = read_metrics(tmp_path)
   assert [r['wall_time'] for r in rows] == [100.0, 200.0]
   assert [r['eval_seconds'] for r in rows] == [100.0, 100.0]
@@ -141,7 +140,7 @@ def test_fedavg_learns_digits(tmp_path):
   config.num_rounds = 4
   config.local.learning_rate = 0.1  # 0.05 needs 6 rounds for 0.75
   config.checkpoint_every = 100
-  summary = train.run(config, str(tmp_path))
+  summary = experiment.run(config, str(tmp_path))
   assert summary['test_accuracy'] > 0.75  # Chance is 0.10.
 
 
@@ -153,11 +152,11 @@ def test_resume_equals_uninterrupted_run(tmp_path):
   config.local.momentum = 0.9
   straight = str(tmp_path / 'straight')
   resumed = str(tmp_path / 'resumed')
-  train.run(config, straight)
-  first = train.run(config, resumed, stop_after_round=3)
+  experiment.run(config, straight)
+  first = experiment.run(config, resumed, stop_after_round=3)
   assert first['rounds_completed'] == 3
   assert not os.path.exists(os.path.join(resumed, 'summary.json'))
-  train.run(config, resumed)  # Restores round 3's checkpoint, finishes.
+  experiment.run(config, resumed)  # Restores round 3's checkpoint, finishes.
   a, b = final_params(straight), final_params(resumed)
   for x, y in zip(jax_leaves(a), jax_leaves(b)):
     np.testing.assert_array_equal(x, y)
@@ -189,11 +188,11 @@ def test_extending_num_rounds_equals_a_fresh_longer_run(tmp_path, pattern):
   config = load_config('fedavg')
   config.participation.pattern = pattern
   config.num_rounds = 4
-  train.run(config, str(tmp_path / 'fresh'))
+  experiment.run(config, str(tmp_path / 'fresh'))
   short = config.copy_and_resolve_references()
   short.num_rounds = 2
-  train.run(short, str(tmp_path / 'extended'))
-  train.run(config, str(tmp_path / 'extended'))
+  experiment.run(short, str(tmp_path / 'extended'))
+  experiment.run(config, str(tmp_path / 'extended'))
   a = final_params(tmp_path / 'fresh')
   b = final_params(tmp_path / 'extended')
   for x, y in zip(jax_leaves(a), jax_leaves(b)):
@@ -204,37 +203,6 @@ def test_extending_num_rounds_equals_a_fresh_longer_run(tmp_path, pattern):
     3,
     4,
   ]
-
-
-@pytest.mark.parametrize(
-  'change, field',
-  [
-    (dict(schedule='cosine'), 'local.schedule=cosine'),
-    (dict(schedule='warmup_cosine', warmup_rounds=1), 'warmup_cosine'),
-  ],
-)
-def test_extending_a_run_that_read_num_rounds_is_refused(
-  tmp_path, change, field
-):
-  """The fault trial's case: a 4-round cosine run extended to 6 gave another
-  model than a fresh 6-round run and a config.json claiming one."""
-  config = load_config('fedavg')
-  config.num_rounds = 4
-  for key, value in change.items():
-    config.local[key] = value
-  train.run(config, str(tmp_path))
-  config.num_rounds = 6
-  with pytest.raises(validation.ConfigError, match=field) as info:
-    train.run(config, str(tmp_path))
-  assert 'num_rounds=4' in str(info.value)
-  with open(tmp_path / 'config.json') as f:
-    assert json.load(f)['num_rounds'] == 4  # Still the run it holds.
-
-
-def test_extending_pmfl_is_refused():
-  flat = {'algorithm': 'pmfl', 'local.schedule': 'constant'}
-  assert 'psi' in workdir_lib.rounds_dependence(flat)
-  assert workdir_lib.rounds_dependence({'algorithm': 'fedau'}) is None
 
 
 @pytest.mark.parametrize('pattern', ['uniform', 'bernoulli'])
@@ -258,9 +226,9 @@ def test_rounds_in_one_program_equal_round_by_round_runs(tmp_path, pattern):
     config.rounds_per_call = rounds_per_call
     workdir = str(tmp_path / name)
     if stop:
-      first = train.run(config, workdir, stop_after_round=stop)
+      first = experiment.run(config, workdir, stop_after_round=stop)
       assert first['rounds_completed'] == stop
-    summary = train.run(config, workdir)
+    summary = experiment.run(config, workdir)
     assert summary['rounds_per_call'] == (rounds_per_call or 3)
     runs[name] = (final_params(workdir), read_metrics(workdir))
   for name in ('round_by_round', 'resumed'):
@@ -276,7 +244,7 @@ def test_rounds_in_one_program_equal_round_by_round_runs(tmp_path, pattern):
 def test_validation_split_is_held_out_of_the_clients_and_logged(tmp_path):
   config = load_config('fedavg')
   config.dataset.validation_fraction = 0.2
-  train.run(config, str(tmp_path))
+  experiment.run(config, str(tmp_path))
   with open(tmp_path / 'partition.json') as f:
     partitioned = json.load(f)['num_examples']
   full = len(sources.load('digits', 'train').labels)
@@ -319,36 +287,12 @@ def jax_leaves(tree):
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_finished_run_is_not_redone_or_lost(tmp_path):
-  config = load_config('fedavg')
-  summary = train.run(config, str(tmp_path))
-  stamp = os.path.getmtime(tmp_path / 'metrics.jsonl')
-  again = train.run(config, str(tmp_path))
-  assert again == summary
-  assert os.path.getmtime(tmp_path / 'metrics.jsonl') == stamp
-  # A config.json written before a field existed is not a different config.
-  with open(tmp_path / 'config.json') as f:
-    older = json.load(f)
-  del older['precision'], older['partition']['min_size']
-  with open(tmp_path / 'config.json', 'w') as f:
-    json.dump(older, f)
-  assert train.run(config, str(tmp_path)) == summary
-
-
-def test_different_config_in_same_workdir_is_refused(tmp_path):
-  config = load_config('fedavg')
-  train.run(config, str(tmp_path), stop_after_round=1)
-  config.local.learning_rate = 0.5
-  with pytest.raises(ValueError, match='different config.*learning_rate|local'):
-    train.run(config, str(tmp_path))
-
-
 def test_nan_loss_stops_with_advice_and_keeps_checkpoint(tmp_path):
   config = load_config('fedavg')
   config.num_rounds = 3
   config.local.learning_rate = 1e30
   with pytest.raises(FloatingPointError, match='learning_rate'):
-    train.run(config, str(tmp_path))
+    experiment.run(config, str(tmp_path))
   assert not os.path.exists(tmp_path / 'summary.json')
 
 
@@ -357,7 +301,7 @@ def test_missing_dataset_names_files_and_fix(tmp_path):
   config.dataset.name = 'mnist'
   config.dataset.data_dir = str(tmp_path / 'nowhere')
   with pytest.raises(sources.DatasetNotFoundError, match='train-images'):
-    train.run(config, str(tmp_path / 'run'))
+    experiment.run(config, str(tmp_path / 'run'))
 
 
 def test_impossible_partition_is_a_clear_error(tmp_path):
@@ -365,7 +309,7 @@ def test_impossible_partition_is_a_clear_error(tmp_path):
   config.num_clients = 5000
   config.clients_per_round = 4
   with pytest.raises(ValueError, match='5000'):
-    train.run(config, str(tmp_path))
+    experiment.run(config, str(tmp_path))
 
 
 def run_cli(*args, cwd=ROOT):
@@ -445,7 +389,7 @@ def test_a_mistaken_override_is_one_line(mistake, expected, tmp_path):
 
 @pytest.mark.skipif(
   jax.default_backend() != 'cpu',
-  reason="train.run shards over the default backend's devices and this "
+  reason="experiment.run shards over the default backend's devices and this "
   'test needs 4 (a one-GPU machine has 1); test_engine runs the sharded '
   'round on 4 explicit CPU devices everywhere.',
 )
@@ -457,7 +401,7 @@ def test_run_with_sharded_vmap_equals_host_executor(tmp_path):
     config.clients_per_round = 3
     config.executor = executor
     config.num_devices = 4
-    summary = train.run(config, str(tmp_path / executor))
+    summary = experiment.run(config, str(tmp_path / executor))
     assert summary['executor'] == executor
     # conv_impl='auto': batched matmuls where clients train together.
     assert summary['conv_impl'] == {'host': 'xla', 'vmap': 'patches'}[executor]
@@ -472,13 +416,13 @@ def test_model_fields_that_do_not_fit_are_a_clear_error(tmp_path):
   config.model.unlock()
   config.model.depth = 50
   with pytest.raises(ValueError, match='depth'):
-    train.run(config, str(tmp_path))
+    experiment.run(config, str(tmp_path))
 
 
 def test_representation_metrics_are_logged_when_enabled(tmp_path):
   config = load_config('fedavg')
   config.representation_examples = 200
-  train.run(config, str(tmp_path))
+  experiment.run(config, str(tmp_path))
   row = read_metrics(tmp_path)[-1]
   for name in (
     'effective_rank',
@@ -516,7 +460,7 @@ def test_the_loss_terms_and_throughput_are_logged(tmp_path):
   train_loss = beta * train_metric + train_ce; throughput too."""
   config = load_config('fedquad')
   beta = config.algorithm_kwargs.beta
-  train.run(config, str(tmp_path))
+  experiment.run(config, str(tmp_path))
   rows = read_metrics(tmp_path)
   assert len(rows) == 2
   rounds_per_row = config.eval_every
@@ -548,7 +492,7 @@ def test_a_batch_larger_than_any_client_is_said(tmp_path, capsys):
   # digits has 1,438 training examples: no client holds 1,500. (A larger
   # batch costs padded rows in every step: kept small here.)
   config.local.batch_size = 1500
-  train.run(config, str(tmp_path))
+  experiment.run(config, str(tmp_path))
   out = capsys.readouterr().out
   with open(tmp_path / 'partition.json') as f:
     largest = json.load(f)['max_size']
@@ -563,11 +507,11 @@ def test_a_run_killed_before_its_summary_completes_it_in_full(tmp_path):
   the summary a straight run writes (the last row's round, train_loss,
   eval_seconds ... from metrics.jsonl), not a shorter one."""
   config = load_config('fedavg')
-  train.run(config, str(tmp_path))
+  experiment.run(config, str(tmp_path))
   with open(tmp_path / 'summary.json') as f:
     straight = json.load(f)
   os.remove(tmp_path / 'summary.json')
-  resumed = train.run(config, str(tmp_path))
+  resumed = experiment.run(config, str(tmp_path))
   for key in ('round', 'train_loss', 'eval_seconds', 'test_accuracy'):
     assert resumed[key] == straight[key], key
   with open(tmp_path / 'summary.json') as f:

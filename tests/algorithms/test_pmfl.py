@@ -1,11 +1,9 @@
-"""FedAU, MIFA, FedVarp and PMFL inside real rounds, vs float64 NumPy loops.
+"""PMFL inside real rounds, vs float64 NumPy loops.
 
-Every reference below is written from the papers' update rules and the
-released FedAU code's bookkeeping (explicit interval lists, stored updates,
-Algorithm 2's Q / R / x with Eq. 8 as a float running mean), with local
-training re-derived by hand: softmax regression with full-batch SGD, and for
-PMFL's contrastive term a linear projection model whose gradient is taken
-by central finite differences of a loop-based l_con (Eq. 4).
+The server (Algorithm 2, Eqs. 9-11, with Eq. 8 as a float running mean) and
+the printed equations; the client (Algorithm 1, Eqs. 4-5) with its buffer,
+on a linear projection model whose gradient is taken by central finite
+differences of a loop-based l_con (Eq. 4); and the options it refuses.
 """
 
 import fl_fixtures as fx
@@ -15,290 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_metric import (
-  algorithms,
-  engine,
-  executors,
-  memory,
-  models,
-  optimizers,
-)
-from fedjax_metric.algorithms import fedau, fedau_intervals, pmfl
+from fedjax_metric import algorithms, engine, models
+from fedjax_metric.algorithms import pmfl
 from fedjax_metric.contract import RunFacts
 
-PARTS = [np.arange(0, 6), np.arange(6, 16), np.arange(16, 24)]
-NUM_CLIENTS = len(PARTS)
-# Round 2 has nobody; client 0 is closed by the cutoff K = 2 in round 2.
-ROUNDS = [[0, 2], [1], [], [0, 1, 2], [2], [0]]
-STEPS, LR = 2, 0.4
-
-
-def softmax_regression_grad(w, b, x, y):
-  z = x @ w + b
-  p = np.exp(z - z.max(-1, keepdims=True))
-  err = p / p.sum(-1, keepdims=True) - y
-  return x.T @ err / len(x), err.mean(0)
-
-
-def client_xy(images, labels, k):
-  x = images[PARTS[k]].reshape(len(PARTS[k]), -1).astype(np.float64) / 255
-  return x, np.eye(fx.NUM_CLASSES)[labels[PARTS[k]]]
-
-
-def local_delta(w, b, x, y, steps=STEPS, lr=LR):
-  """Full-batch SGD from (w, b): the returned (dw, db) = local - global."""
-  w_k, b_k = w.copy(), b.copy()
-  for _ in range(steps):
-    gw, gb = softmax_regression_grad(w_k, b_k, x, y)
-    w_k, b_k = w_k - lr * gw, b_k - lr * gb
-  return w_k - w, b_k - b
-
-
-def run_rounds(
-  alg,
-  rounds,
-  *,
-  lr=LR,
-  steps=STEPS,
-  model=None,
-  parts=PARTS,
-  images=None,
-  labels=None,
-):
-  """Runs ``rounds`` (lists of client ids) under the vmap executor."""
-  if images is None:
-    images, labels = fx.make_data(40)
-  model = model or fx.linear()
-  variables = fx.init_variables(model, images)
-  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
-  state, table = engine.init_state(alg, variables, len(parts))
-  round_fn = executors.make_round_fn(
-    fx.make_spec(alg, lr=lr), data, executor='vmap'
-  )
-  with jax.default_matmul_precision('highest'):
-    for r, ids in enumerate(rounds):
-      c = fx.cohort(
-        parts,
-        ids,
-        num_slots=len(parts),
-        batch_size=10,
-        epochs=steps,
-        num_steps=steps,
-        round_idx=r,
-      )
-      state, table, _ = round_fn(state, table, c)
-  assert round_fn.jitted._cache_size() == 1  # Cohort sizes differ: 1 compile.
-  return variables, state, table, images, labels
-
-
-def kernel_bias(variables):
-  p = variables['params']['Dense_0']
-  return np.asarray(p['kernel'], np.float64), np.asarray(p['bias'], np.float64)
-
-
-def server(eta):
-  return optimizers.make_server_optimizer('sgd', learning_rate=eta)
-
-
-# ---------------------------------------------------------------------------
-# FedAU and the other aggregations of its released code.
-# ---------------------------------------------------------------------------
-
-PROBS = np.array([0.5, 0.25, 0.8])
-
-
-def ref_fedau(images, labels, w, b, aggregation, *, eta, cutoff):
-  """The released code's loop (github.com/IBM/fedau, main.py) in NumPy."""
-  counters, intervals = [0] * NUM_CLIENTS, [[] for _ in range(NUM_CLIENTS)]
-  omegas = []
-  for ids in ROUNDS:
-    sum_w, sum_b, round_omega = 0.0, 0.0, {}
-    for n in range(NUM_CLIENTS):
-      if n in ids:
-        dw, db = local_delta(w, b, *client_xy(images, labels, n))
-        if aggregation == 'adaptive':
-          omega = np.mean(intervals[n]) if intervals[n] else 1.0
-        elif aggregation == 'known_prob':
-          omega = 1.0 / PROBS[n]
-        else:
-          omega = 1.0
-        round_omega[n] = omega
-        sum_w, sum_b = sum_w + omega * dw, sum_b + omega * db
-        intervals[n].append(counters[n] + 1)
-        counters[n] = 0
-      else:
-        counters[n] += 1
-        if cutoff is not None and counters[n] >= cutoff:
-          intervals[n].append(counters[n])
-          counters[n] = 0
-    omegas.append(round_omega)
-    if aggregation == 'average_participating':
-      if not ids:
-        continue
-      divisor = len(ids)
-    else:
-      divisor = NUM_CLIENTS
-    w, b = w + eta * sum_w / divisor, b + eta * sum_b / divisor
-  return w, b, counters, intervals, omegas
-
-
-@pytest.mark.parametrize('aggregation', fedau.AGGREGATIONS)
-def test_fedau_aggregations_match_numpy(aggregation):
-  eta, cutoff = 1.5, 2
-  alg = algorithms.REGISTRY['fedau'](
-    fx.linear(),
-    server_optimizer=server(eta),
-    aggregation=aggregation,
-    cutoff=cutoff,
-    run=RunFacts(participation_probabilities=PROBS),
-  )
-  variables, state, _, images, labels = run_rounds(alg, ROUNDS)
-  w, b, counters, intervals, omegas = ref_fedau(
-    images, labels, *kernel_bias(variables), aggregation, eta=eta, cutoff=cutoff
-  )
-  got = state.variables['params']['Dense_0']
-  np.testing.assert_allclose(got['kernel'], w, atol=2e-5)
-  np.testing.assert_allclose(got['bias'], b, atol=2e-5)
-  extra = state.extra
-  np.testing.assert_array_equal(extra['counter'], counters)
-  np.testing.assert_array_equal(
-    extra['interval_count'], [len(i) for i in intervals]
-  )
-  np.testing.assert_array_equal(
-    extra['interval_sum'], [sum(i) for i in intervals]
-  )
-  if aggregation == 'adaptive':
-    # The hand table of the weights that scaled the updates (K = 2), and the
-    # public host helper over the same participation mask.
-    assert omegas == [
-      {0: 1.0, 2: 1.0},
-      {1: 1.0},
-      {},
-      {0: 1.5, 1: 2.0, 2: 1.5},
-      {2: 4 / 3},
-      {0: 4 / 3},
-    ]
-    mask = np.zeros((len(ROUNDS), NUM_CLIENTS), bool)
-    for t, ids in enumerate(ROUNDS):
-      mask[t, ids] = True
-    table = fedau_intervals.interval_weights(mask, cutoff=cutoff)
-    for t, round_omega in enumerate(omegas):
-      for n in range(NUM_CLIENTS):
-        assert table[t, n] == pytest.approx(round_omega.get(n, 0.0))
-    assert int(state.round) == len(ROUNDS)
-
-
-def test_fedau_average_participating_is_uniform_fedavg():
-  images, labels = fx.make_data(40)
-  results = []
-  for make in (
-    lambda: algorithms.REGISTRY['fedau'](
-      fx.linear(),
-      server_optimizer=server(1.0),
-      aggregation='average_participating',
-    ),
-    lambda: algorithms.REGISTRY['fedavg'](
-      fx.linear(), server_optimizer=server(1.0), weighting='uniform'
-    ),
-  ):
-    _, state, _, _, _ = run_rounds(
-      make(), ROUNDS[:4], images=images, labels=labels
-    )
-    results.append(state.variables)
-  assert fx.max_abs_diff(*results) < 1e-6
-
-
-def test_fedau_validation():
-  with pytest.raises(ValueError, match='aggregation'):
-    fedau.SPEC(fx.linear(), server_optimizer=server(1.0), aggregation='mean')
-  with pytest.raises(ValueError, match='participation probabilities'):
-    fedau.SPEC(
-      fx.linear(), server_optimizer=server(1.0), aggregation='known_prob'
-    )
-  with pytest.raises(ValueError, match=r'\(0, 1\]'):
-    fedau.SPEC(
-      fx.linear(),
-      server_optimizer=server(1.0),
-      aggregation='known_prob',
-      run=RunFacts(participation_probabilities=[0.5, 0.0, 1.0]),
-    )
-  with pytest.raises(ValueError, match='cutoff'):
-    fedau.SPEC(fx.linear(), server_optimizer=server(1.0), cutoff=0)
-
-
-# ---------------------------------------------------------------------------
-# MIFA and FedVarp: one stored update per client in the client table.
-# ---------------------------------------------------------------------------
-
-
-def ref_stored_updates(images, labels, w, b, method, *, eta):
-  y = [(np.zeros_like(w), np.zeros_like(b)) for _ in range(NUM_CLIENTS)]
-  ybar = (np.zeros_like(w), np.zeros_like(b))
-  for ids in ROUNDS:
-    deltas = {n: local_delta(w, b, *client_xy(images, labels, n)) for n in ids}
-    if method == 'mifa':
-      for n in ids:
-        y[n] = deltas[n]
-      # Every round, also one nobody joins: the mean over all N clients.
-      w = w + eta * np.mean([u[0] for u in y], 0)
-      b = b + eta * np.mean([u[1] for u in y], 0)
-      continue
-    if not ids:
-      continue
-    v_w = np.mean([deltas[n][0] - y[n][0] for n in ids], 0) + ybar[0]
-    v_b = np.mean([deltas[n][1] - y[n][1] for n in ids], 0) + ybar[1]
-    w, b = w + eta * v_w, b + eta * v_b
-    for n in ids:
-      y[n] = deltas[n]
-    ybar = (np.mean([u[0] for u in y], 0), np.mean([u[1] for u in y], 0))
-  return w, b, y, ybar
-
-
-@pytest.mark.parametrize('method', ['mifa', 'fedvarp'])
-def test_stored_update_methods_match_numpy(method):
-  eta = 0.8
-  alg = algorithms.REGISTRY[method](fx.linear(), server_optimizer=server(eta))
-  variables, state, table, images, labels = run_rounds(alg, ROUNDS)
-  w, b, y, ybar = ref_stored_updates(
-    images, labels, *kernel_bias(variables), method, eta=eta
-  )
-  got = state.variables['params']['Dense_0']
-  np.testing.assert_allclose(got['kernel'], w, atol=2e-5)
-  np.testing.assert_allclose(got['bias'], b, atol=2e-5)
-  for n in range(NUM_CLIENTS):
-    np.testing.assert_allclose(
-      table['params']['Dense_0']['kernel'][n], y[n][0], atol=2e-5
-    )
-  if method == 'fedvarp':
-    np.testing.assert_allclose(
-      state.extra['ybar']['params']['Dense_0']['bias'], ybar[1], atol=2e-5
-    )
-
-
-def test_client_table_sizes_and_memory_check():
-  model = fx.linear()
-  images, _ = fx.make_data(8)
-  variables = fx.init_variables(model, images)
-  model_bytes = memory.tree_bytes(variables)
-  for name in ('mifa', 'fedvarp'):
-    alg = algorithms.REGISTRY[name](model, server_optimizer=server(1.0))
-    assert memory.client_table_bytes(alg, variables, 250) == 250 * model_bytes
-  alg = algorithms.REGISTRY['pmfl'](
-    model, server_optimizer=server(1.0), buffer_size=5
-  )
-  # Five buffered models, the previous local model, two int32 counters.
-  assert memory.client_table_bytes(alg, variables, 250) == 250 * (
-    6 * model_bytes + 8
-  )
-  with pytest.raises(memory.MemoryBudgetError, match='250 clients'):
-    memory.check_client_table_fits(
-      memory.client_table_bytes(alg, variables, 250), 250, model_bytes
-    )
-
-
-# ---------------------------------------------------------------------------
-# PMFL: the server (Algorithm 2, Eqs. 9-11).
-# ---------------------------------------------------------------------------
+from .participation_helpers import (
+  NUM_CLIENTS,
+  client_xy,
+  kernel_bias,
+  local_delta,
+  run_rounds,
+  server,
+)
 
 PMFL_ROUNDS = [[0], [0, 2], [], [1, 2], [0, 1, 2]]
 
@@ -471,26 +197,6 @@ def test_pmfl_server_step_against_the_printed_equations(compensate):
     assert np.abs(np.asarray(got) - literal).max() > 1e-2  # the sign differs
 
 
-def test_mixing_step_factor_is_the_steady_drift_of_eq_10():
-  """Iterate Eq. 10 with a constant update u at a fixed psi (H = 3) until
-  the drift is steady: the global model then moves by factor * u a round;
-  with `mixing_compensation`'s 1 / factor it moves by u."""
-  u = 1.0
-  for psi in (0.5, 0.25, 0.1, 0.0):
-    factor = float(pmfl.mixing_step_factor(psi, 2))
-    for scale, want in ((1.0, factor), (1.0 / factor, 1.0)):
-      w = [0.0, 0.0, 0.0]  # W^{t-2}, W^{t-1}, W^t
-      for _ in range(400):
-        w_next = (1 - psi) * (w[-1] + scale * u) + psi * (w[-2] + w[-3]) / 2
-        w = w[1:] + [w_next]
-      assert abs((w[-1] - w[-2]) - want) < 1e-6, (psi, scale)  # float32
-  # The paper's schedule (Eq. 11) averages to 0.58 over a run.
-  psis = 0.5 - np.arange(1000) / (2 * 999)
-  mean = np.mean([float(pmfl.mixing_step_factor(p, 2)) for p in psis])
-  assert abs(mean - 0.577) < 0.003
-  assert float(pmfl.mixing_step_factor(0.3, 0)) == 1.0
-
-
 def test_pmfl_update_moves_towards_the_local_model():
   """The working sign: W^1 = W^0 + eta_g x Delta. With one participant in
   round 0 (x = Q* = 1), no history yet, eta_g = 1 and the printed form
@@ -506,31 +212,6 @@ def test_pmfl_update_moves_towards_the_local_model():
   np.testing.assert_allclose(got['kernel'], w0 + dw, atol=2e-6)
   np.testing.assert_allclose(got['bias'], b0 + db, atol=2e-6)
   assert np.abs(dw).max() > 1e-3
-
-
-def test_pmfl_participant_weight_equals_adaptive_step():
-  rng = np.random.default_rng(1)
-  extra = {
-    'interval': jnp.asarray(rng.integers(0, 9, 6), jnp.int32),
-    'count': jnp.asarray(rng.integers(0, 4, 6), jnp.int32),
-  }
-  extra['interval_sum'] = extra['count'] * 3 + jnp.asarray(
-    rng.integers(0, 3, 6), jnp.int32
-  )
-  _, x = pmfl.adaptive_step(
-    pmfl.AdaptiveState(
-      extra['interval'], extra['count'], extra['interval_sum']
-    ),
-    np.ones(6, bool),
-    cutoff=50,
-  )
-  got = jax.vmap(lambda k: pmfl.participant_weight(extra, k))(jnp.arange(6))
-  np.testing.assert_allclose(got, x, rtol=1e-6)
-
-
-# ---------------------------------------------------------------------------
-# PMFL: the client (Algorithm 1, Eqs. 4-5) with its buffer.
-# ---------------------------------------------------------------------------
 
 
 class TinyProjection(nn.Module):

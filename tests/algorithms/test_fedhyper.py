@@ -39,35 +39,6 @@ def numpy_fedhyper(deltas, initial=1.0, low=0.2, high=5.0):
   return models, rates
 
 
-def test_global_rate_follows_the_hypergradient_and_its_bounds():
-  rng = np.random.default_rng(0)
-  # Aligned updates raise the rate to the upper bound, opposed ones drop it
-  # to the lower, and an empty round leaves everything alone.
-  deltas = [rng.normal(size=(3, 2)) * 0.5 for _ in range(3)]
-  deltas += [deltas[-1] * 3, deltas[-1] * 3, np.zeros((3, 2))]
-  deltas += [-deltas[-2] * 2, rng.normal(size=(3, 2)) * 0.3]
-  want_models, want_rates = numpy_fedhyper(deltas)
-  assert max(want_rates) == 5.0 and min(want_rates) == 0.2  # both bounds hit
-  opt = optimizers.make_server_optimizer('fedhyper')
-  params = {'w': jnp.zeros((3, 2))}
-  state = opt.init(params)
-  for delta, model, rate in zip(deltas, want_models, want_rates, strict=True):
-    # The server optimizer sees the pseudo-gradient -Delta.
-    updates, state = opt.update({'w': -jnp.asarray(delta, jnp.float32)}, state)
-    params = jax.tree.map(lambda p, u: p + u, params, updates)
-    np.testing.assert_allclose(params['w'], model, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(state.learning_rate, rate, rtol=1e-6)
-
-
-def test_initial_rate_is_the_configured_one_and_momentum_is_refused():
-  opt = optimizers.make_server_optimizer('fedhyper', learning_rate=0.5)
-  state = opt.init({'w': jnp.zeros(2)})
-  updates, _ = opt.update({'w': jnp.ones(2)}, state)
-  np.testing.assert_allclose(updates['w'], -0.5)
-  with pytest.raises(ValueError, match='server.momentum=0'):
-    optimizers.make_server_optimizer('fedhyper', momentum=0.9)
-
-
 def numpy_local_rate_steps(lr, global_update, k):
   """FedHyper-CL's client loop in float64, as ``client_steps`` of
   `fl_fixtures.ref_softmax_regression_round`; records each client's betas."""

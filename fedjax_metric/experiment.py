@@ -11,20 +11,25 @@ Workdir contract (README.md, "The workdir"):
 
 Running again on the same workdir resumes from the last checkpoint. Cohorts,
 batches and PRNG keys are functions of (seed, round, client), so a resumed run
-ends with the same model as an uninterrupted one (tests/test_train.py).
+ends with the same model as an uninterrupted one (tests/test_experiment.py).
 
 The pieces it calls: assemble.py builds the data, partition, model and
-algorithm; executors.plan decides how rounds are called; workdir.py reads and
-writes the workdir's files. This module is the order they run in.
+algorithm, and the typed settings of everything below it (the evaluator's,
+the metrics log's, the calls'); executors.plan decides how rounds are
+called; engine.py is the round; workdir.py reads and writes the workdir's
+files. This module is the order they run in. A FedAvg round reads in four
+files: this loop (`_Rounds.train`), executors.py (the call: one jitted
+program, or the host loop over slots), engine.py (the round: client updates,
+weighted sum, server step) and algorithms/fedavg.py (the hooks).
 
-Faults (tests/test_faults.py, tests/test_validation.py): the config is
-validated before anything is written; a workdir holding checkpoints or a
-finished run refuses another config; only good states are checkpointed
-(finite, below 2^64 in magnitude, at a round whose evaluation losses are
-finite: faults.state_problem, faults.nonfinite_losses); an unreadable or
-unverifiable newest checkpoint is moved aside and the run resumes from the
-newest readable one; SIGTERM / SIGINT save a checkpoint after the round in
-progress and stop.
+Faults (tests/test_faults.py, tests/test_validation.py, tests/test_workdir.py):
+the config is validated before anything is written; a workdir holding
+checkpoints or a finished run refuses another config; only good states are
+checkpointed (finite, below 2^64 in magnitude, at a round whose evaluation
+losses are finite: faults.state_problem, faults.nonfinite_losses); an
+unreadable or unverifiable newest checkpoint is moved aside and the run resumes
+from the newest readable one; SIGTERM / SIGINT save a checkpoint after the
+round in progress and stop.
 """
 
 import contextlib
@@ -53,7 +58,6 @@ from fedjax_metric import client_table as client_table_lib
 from fedjax_metric import workdir as workdir_lib
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import on_demand
-from fedjax_metric.evaluation import protocols
 
 say = workdir_lib.say
 
@@ -204,15 +208,7 @@ def _set_up(config, workdir) -> _SetUp:
   num_devices = mesh.size if mesh else 1
   put = (lambda x: sharding.replicate(x, mesh)) if mesh else jax.device_put
   train = experiment.train
-  evaluator = protocols.make_evaluator(
-    config,
-    model=experiment.eval_model,
-    preprocess=experiment.eval_preprocess,
-    train=train,
-    test=experiment.test,
-    clients=experiment.clients,
-    validation=experiment.validation,
-  )
+  evaluator = assemble.make_evaluator(config, experiment)
   num_steps = assemble.num_local_steps(config, experiment.clients)
   num_slots = assemble.num_cohort_slots(
     config, num_devices, experiment.availability
@@ -231,7 +227,7 @@ def _set_up(config, workdir) -> _SetUp:
     )
   )
   # Fresh state; where the client table lives.
-  memory_budget = memory.device_budget(config)
+  memory_budget = memory.device_budget(config.memory_budget_gb)
   placement, layout = assemble.table_placement(config, experiment, workdir)
   if placement.name == 'device':
     state = assemble.initial_state(config, experiment)
@@ -322,7 +318,7 @@ class _Rounds:
     config, setup, table = self.config, self.setup, self.table
     generated = setup.experiment.train is None
     self.choice, self.rounds_per_call, self.rounds_fn = executors.plan(
-      config,
+      assemble.call_settings(config),
       setup.choice,
       setup.spec,
       setup.data,
@@ -347,7 +343,7 @@ class _Rounds:
       self.workdir,
       self.start_round,
       setup.evaluator.headline,
-      config,
+      assemble.log_settings(config),
       self.chief,
     )
     self.cleanup.callback(self.log.close)
