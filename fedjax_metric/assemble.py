@@ -755,13 +755,11 @@ def cohort_fn(config, experiment, num_slots, num_steps):
 def eval_settings(config) -> protocols.EvalSettings:
   """The evaluation's settings (`protocols.make_evaluator`)."""
   federated = config.get('federated_eval') or {}
-  # A partial config (a notebook's, a test's) may lack the blocks that only
-  # name things in messages.
   return protocols.EvalSettings(
     protocol=config.eval_protocol,
     algorithm=config.algorithm,
-    model_name=(config.get('model') or {}).get('name', '?'),
-    dataset_name=(config.get('dataset') or {}).get('name', '?'),
+    model_name=config.model.get('name', '?'),
+    dataset_name=config.dataset.name,
     batch_size=config.eval_batch_size,
     seed=config.seed,
     train_examples=config.eval_train_examples,
@@ -769,7 +767,7 @@ def eval_settings(config) -> protocols.EvalSettings:
     one_class_center_examples=config.one_class_center_examples,
     federated_clients=federated.get('clients', 0),
     federated_every=federated.get('every', 0),
-    ssl=ssl_eval.SslEvalSettings(**(config.get('ssl_eval') or {})),
+    ssl=ssl_eval.SslEvalSettings(**config.ssl_eval),
   )
 
 
