@@ -191,6 +191,8 @@ def build_algorithm(
     b1=s.b1,
     b2=s.b2,
     eps=s.eps,
+    form=s.form,
+    initial_accumulator=s.initial_accumulator,
   )
   if s.optimizer == 'fedagm' and not s.momentum > 0:
     raise ValueError(

@@ -107,6 +107,12 @@ def base_config():
       b1=0.9,
       b2=0.99,
       eps=1e-3,
+      # adam / yogi: optax (optax.adam / optax.yogi) | fedopt (the authors'
+      # released FedAdam / FedYogi: Keras' placement of eps, their server's
+      # step count, Yogi from m = 0, v = initial_accumulator);
+      # optimizers.make_server_optimizer says how they differ.
+      form='optax',
+      initial_accumulator=0.0,  # yogi with form=fedopt: v_0 (their runs: 0)
       weighting='num_examples',  # num_examples | uniform
     )
   )

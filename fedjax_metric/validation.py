@@ -192,6 +192,8 @@ RULES: Dict[str, Check] = {
   'server.b1': _number(0.0, 1.0, high_open=True),
   'server.b2': _number(0.0, 1.0, high_open=True),
   'server.eps': _number(0.0),
+  'server.form': _one_of(optimizers.SERVER_FORMS),
+  'server.initial_accumulator': _number(0.0),
   'server.fedagm_beta': _number(0.0),
   'server.fedhyper_local': _boolean,
   # 'num_batches' is SSD's; each algorithm checks the ones it takes.
@@ -257,6 +259,7 @@ def validate(config) -> None:
       if problem:
         raise ConfigError(_fix(path, problem))
   _check_relations(config)
+  _check_server(config.server)
   _check_model(models.model_for_dataset(config.model, config.dataset.name))
   _check_algorithm(config)
   _check_dataset(config)
@@ -286,6 +289,26 @@ def _check_relations(config) -> None:
       '--config.local.epochs=0 with --config.local.steps=0 '
       'trains nothing; set one of them >= 1.'
     )
+
+
+def _check_server(server) -> None:
+  """The server block as a whole: the server optimizer is built (cheap: no
+  state), so an option its optimizer does not take (server.form='fedopt'
+  with sgd, server.initial_accumulator outside FedYogi's fedopt form,
+  momentum with fedhyper) is refused here, before anything is written."""
+  try:
+    optimizers.make_server_optimizer(
+      server.optimizer,
+      learning_rate=server.learning_rate,
+      momentum=server.momentum,
+      b1=server.b1,
+      b2=server.b2,
+      eps=server.eps,
+      form=server.form,
+      initial_accumulator=server.initial_accumulator,
+    )
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
 
 
 def _check_model(model_config) -> None:

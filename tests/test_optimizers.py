@@ -95,3 +95,116 @@ def test_initial_rate_is_the_configured_one_and_momentum_is_refused():
   np.testing.assert_allclose(updates['w'], -0.5)
   with pytest.raises(ValueError, match='server.momentum=0'):
     optimizers.make_server_optimizer('fedhyper', momentum=0.9)
+
+
+@pytest.mark.parametrize('name', ['adam', 'yogi'])
+def test_the_default_form_is_optax_itself(name):
+  """form='optax' (the default) is optax.adam / optax.yogi, bit for bit."""
+  rng = np.random.default_rng(0)
+  grads = [jnp.asarray(rng.normal(size=(4, 3)), jnp.float32) for _ in range(5)]
+  for kw in (dict(), dict(learning_rate=0.1, b1=0.8, b2=0.999, eps=1e-2)):
+    ours = optimizers.make_server_optimizer(name, **kw)
+    theirs = getattr(optax, name)(
+      kw.get('learning_rate', 1.0),
+      b1=kw.get('b1', 0.9),
+      b2=kw.get('b2', 0.99),
+      eps=kw.get('eps', 1e-3),
+    )
+    x = jnp.ones((4, 3))
+    s_ours, s_theirs = ours.init(x), theirs.init(x)
+    for g in grads:
+      u_ours, s_ours = ours.update(g, s_ours, x)
+      u_theirs, s_theirs = theirs.update(g, s_theirs, x)
+      np.testing.assert_array_equal(u_ours, u_theirs)
+
+
+def numpy_fedopt(grads, *, lr, b1, b2, eps, yogi, v0):
+  """The authors' released FedAdam / FedYogi server (Keras' Adam, their
+  Yogi) in NumPy float64: count 1 before the first round (their
+  zero-gradient initialisation), eps added to sqrt(v) before the bias
+  correction, m from 0 and v from v0."""
+  m, v, t, steps = 0.0, v0, 1, []
+  for g in grads:
+    t += 1
+    m = b1 * m + (1 - b1) * g
+    if yogi:
+      v = v - (1 - b2) * np.sign(v - g * g) * g * g
+    else:
+      v = b2 * v + (1 - b2) * g * g
+    steps.append(
+      -lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps)
+    )
+  return steps
+
+
+@pytest.mark.parametrize(
+  'name, v0', [('adam', 0.0), ('yogi', 0.0), ('yogi', 0.5)]
+)
+def test_fedopt_form_follows_the_authors_equations(name, v0):
+  rng = np.random.default_rng(1)
+  grads = [rng.normal(size=(3, 2)) * 0.1 for _ in range(6)]
+  hyper = dict(learning_rate=0.1, b1=0.9, b2=0.999, eps=1e-3)
+  tx = optimizers.make_server_optimizer(
+    name, form='fedopt', initial_accumulator=v0, **hyper
+  )
+  want = numpy_fedopt(
+    grads,
+    lr=0.1,
+    b1=0.9,
+    b2=0.999,
+    eps=1e-3,
+    yogi=name == 'yogi',
+    v0=v0,
+  )
+  x = jnp.zeros((3, 2))
+  state = tx.init(x)
+  assert int(state[0].count) == 1  # their zero-gradient initialisation
+  for g, step in zip(grads, want, strict=True):
+    update, state = tx.update(jnp.asarray(g, jnp.float32), state, x)
+    np.testing.assert_allclose(update, step, rtol=1e-4, atol=1e-8)
+
+
+def test_fedopt_form_tau_is_optax_epsilon_hat():
+  """First round (their step 2): Keras' eps placement is optax's with
+  eps / sqrt(1 - b2^2); it differs from optax's own form by far more."""
+  g = jnp.array([0.5, -0.02, 1e-4])
+  b1, b2, tau = 0.9, 0.999, 1e-3
+  fedopt = optimizers.make_server_optimizer(
+    'adam', learning_rate=0.1, b1=b1, b2=b2, eps=tau, form='fedopt'
+  )
+  got, _ = fedopt.update(g, fedopt.init(g), g)
+  m_hat = (1 - b1) * g / (1 - b1**2)
+  v_hat = (1 - b2) * g * g / (1 - b2**2)
+  eps_hat = tau / np.sqrt(1 - b2**2)
+  # float32: 1 - b2^2 keeps ~4 of its digits
+  np.testing.assert_allclose(
+    got, -0.1 * m_hat / (np.sqrt(v_hat) + eps_hat), rtol=1e-4
+  )
+  optax_form = optimizers.make_server_optimizer(
+    'adam', learning_rate=0.1, b1=b1, b2=b2, eps=tau
+  )
+  default, _ = optax_form.update(g, optax_form.init(g), g)
+  assert abs(float(default[2] / got[2])) > 5  # the small coordinate
+
+
+@pytest.mark.parametrize(
+  'kw, match',
+  [
+    (dict(name='adam', form='keras'), "Unknown server.form 'keras'"),
+    (dict(name='sgd', form='fedopt'), 'server.optimizer=adam or yogi'),
+    (dict(name='fedagm', form='fedopt'), 'server.optimizer=adam or yogi'),
+    (dict(name='fedhyper', form='fedopt'), 'server.optimizer=adam or yogi'),
+    (dict(name='adam', form='fedopt', initial_accumulator=1.0), 'FedYogi'),
+    (dict(name='yogi', initial_accumulator=1.0), 'server.form=fedopt'),
+    (dict(name='sgd', initial_accumulator=1.0), 'initial_accumulator=0'),
+    (
+      dict(name='yogi', form='fedopt', initial_accumulator=-1.0),
+      'a number >= 0',
+    ),
+  ],
+)
+def test_options_the_optimizer_does_not_read_are_refused(kw, match):
+  name = kw.pop('name')
+  with pytest.raises(ValueError, match=match) as error:
+    optimizers.make_server_optimizer(name, **kw)
+  assert len(str(error.value).splitlines()) == 1

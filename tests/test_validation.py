@@ -165,6 +165,68 @@ def test_a_field_without_a_rule_is_not_range_checked():
     validation.validate(config)
 
 
+def _server(**values):
+  def change(config):
+    config.server.update(values)
+
+  return change
+
+
+@pytest.mark.parametrize(
+  'change, match',
+  [
+    (_server(form='keras'), "server.form must be one of 'optax', 'fedopt'"),
+    (
+      _server(form='fedopt'),  # fedavg's server is sgd
+      "server.form='fedopt' is a form of FedAdam and FedYogi, not of "
+      "server.optimizer='sgd'; set --config.server.optimizer=adam or yogi",
+    ),
+    (
+      _server(optimizer='fedhyper', form='fedopt'),
+      'not of server.optimizer=.fedhyper.',
+    ),
+    (
+      _server(optimizer='yogi', initial_accumulator=1.0),
+      r"read only by FedYogi in form 'fedopt' .*form='optax'",
+    ),
+    (
+      _server(optimizer='adam', form='fedopt', initial_accumulator=1.0),
+      "read only by FedYogi.*optimizer='adam'",
+    ),
+    (
+      _server(optimizer='yogi', form='fedopt', initial_accumulator=-1.0),
+      'server.initial_accumulator must be >= 0.0',
+    ),
+    (
+      _server(optimizer='fedhyper', momentum=0.9),
+      'set --config.server.momentum=0',
+    ),
+  ],
+)
+def test_server_options_its_optimizer_does_not_read_are_refused(change, match):
+  """server.form and server.initial_accumulator: refused, in one line that
+  names the field and the fix, unless the optimizer reads them."""
+  config = load_config('fedavg')
+  change(config)
+  with pytest.raises(validation.ConfigError, match=match) as error:
+    validation.validate(config)
+  assert len(str(error.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+  'values',
+  [
+    dict(optimizer='adam', form='fedopt'),
+    dict(optimizer='yogi', form='fedopt', initial_accumulator=1.0),
+    dict(optimizer='yogi', form='optax'),
+  ],
+)
+def test_the_authors_fedadam_and_fedyogi_are_accepted(values):
+  config = load_config('fedavg')
+  config.server.update(values)
+  validation.validate(config)
+
+
 def test_the_start_line_notes_a_gpu_jax_does_not_use():
   gpu = lambda path: path == '/dev/nvidiactl'
   none = lambda path: False
