@@ -1,10 +1,11 @@
-"""MOON, FedProx, SCAFFOLD and the NIID-Bench Dirichlet split against
+"""MOON, FedAvg, FedProx, SCAFFOLD and the NIID-Bench Dirichlet split against
 fixtures of the authors' own code.
 
 Each tests/golden/<name>.npz was written by a script in
 benchmarks/crosscheck/ that runs the authors' code unchanged (float64, CPU;
 stubs for data, model and device only): moon.npz by moon.py
-(QinbinLi/MOON), fedprox_niid_bench.npz, scaffold_niid_bench.npz and
+(QinbinLi/MOON), fedavg_niid_bench.npz, fedprox_niid_bench.npz,
+scaffold_niid_bench.npz and
 niid_bench_partition.npz by niid_bench.py (Xtra-Computing/NIID-Bench),
 fedprox_official.npz by fedprox.py (litian96/FedProx, its TensorFlow 1 code
 run under tf.compat.v1). These tests read only the .npz (no torch, no
@@ -576,7 +577,11 @@ def fedprox_alg(d, mu):
 
 
 def test_niid_bench_fixtures_provenance():
-  for name in ('fedprox_niid_bench', 'scaffold_niid_bench'):
+  for name in (
+    'fedavg_niid_bench',
+    'fedprox_niid_bench',
+    'scaffold_niid_bench',
+  ):
     provenance(fixture(name), 'Xtra-Computing/NIID-Bench')
   provenance(fixture('niid_bench_partition'), 'Xtra-Computing/NIID-Bench')
   provenance(fixture('fedprox_official'), 'litian96/FedProx')
@@ -629,6 +634,49 @@ def test_fedprox_rounds_match_niid_bench():
     near[-1][0].variables['params']['Dense_0']['kernel'],
     torch_linear(d, 'run2__global_after', 2)['params']['Dense_0']['kernel'],
   )
+
+
+def fedavg_alg(d, weighting='num_examples'):
+  return algorithms.REGISTRY['fedavg'](
+    niid_model(d), server_optimizer=SERVER, weighting=weighting
+  )
+
+
+def test_fedavg_loss_and_gradients_match_niid_bench():
+  """train_net's objective (mean cross-entropy of the batch, no extra
+  term) and its gradient at every recorded local step of their
+  --alg=fedavg run, at rtol 1e-12. Near miss: FedProx at mu = 0.5 on the
+  same steps (its proximal term is nonzero once w has moved off w_g)."""
+  d = fixture('fedavg_niid_bench')
+  with jax.enable_x64():
+    loss, grads = step_loss_and_grads(fedavg_alg(d), d, '')
+  assert_close(loss, d['step_loss'])
+  want = torch_linear(d, 'step_grad')['params']
+  jax.tree.map(assert_close, grads, want)
+  with jax.enable_x64():
+    _, near = step_loss_and_grads(fedprox_alg(d, 0.5), d, '')
+  assert_far(near['Dense_0']['kernel'], want['Dense_0']['kernel'])
+
+
+def test_fedavg_rounds_match_niid_bench():
+  """Three rounds of their experiments.py --alg=fedavg (2 of 3 parties a
+  round, 2 local epochs, batch 4, SGD with weight decay 1e-5, the
+  size-weighted average of the parties' models): the global model after
+  every round, at rtol 1e-12. Near misses: the uniform average of the two parties, and
+  local SGD without their weight decay."""
+  d = fixture('fedavg_niid_bench')
+  with jax.enable_x64():
+    states = niid_rounds(fedavg_alg(d), d, '')
+  for r, (state, _) in enumerate(states):
+    jax.tree.map(
+      assert_close, state.variables, torch_linear(d, 'global_after', r)
+    )
+  want_last = torch_linear(d, 'global_after', 2)['params']['Dense_0']['kernel']
+  with jax.enable_x64():
+    uniform = niid_rounds(fedavg_alg(d, 'uniform'), d, '')
+    no_decay = niid_rounds(fedavg_alg(d), dict(d, weight_decay=0.0), '')
+  for near in (uniform, no_decay):
+    assert_far(near[-1][0].variables['params']['Dense_0']['kernel'], want_last)
 
 
 def official_rounds(d, i, mu, *, weighting='num_examples'):

@@ -1,8 +1,8 @@
-"""FedProx, SCAFFOLD and Dirichlet-partition fixtures from NIID-Bench.
+"""FedAvg, FedProx, SCAFFOLD and Dirichlet-partition fixtures from NIID-Bench.
 
 Runs the code of Xtra-Computing/NIID-Bench (Li, Diao, Chen and He,
 'Federated Learning on Non-IID Data Silos: An Experimental Study', ICDE
-2022) unchanged, in float64 on CPU, and writes three fixtures for
+2022) unchanged, in float64 on CPU, and writes four fixtures for
 tests/test_golden_moon_niid.py:
 
   /work/torchenv/bin/python benchmarks/crosscheck/niid_bench.py \\
@@ -11,9 +11,11 @@ tests/test_golden_moon_niid.py:
 (--commit names the checkout's commit where --repo is no git work tree,
 e.g. a ``git archive`` of 61b901ab645e62391772e9898384c2c3485b7a6c.)
 
-* fedprox_niid_bench.npz and scaffold_niid_bench.npz: ``experiments.py``
-  run as a script (``runpy``, its ``__main__`` block with ``--alg=fedprox``
-  or ``--alg=scaffold``): the party sampling, ``local_train_net_fedprox``
+* fedavg_niid_bench.npz, fedprox_niid_bench.npz and scaffold_niid_bench.npz:
+  ``experiments.py`` run as a script (``runpy``, its ``__main__`` block
+  with ``--alg=fedavg``, ``--alg=fedprox`` or ``--alg=scaffold``): the party
+  sampling, ``local_train_net`` -> ``train_net`` (FedAvg: plain CE, SGD
+  with their weight decay), ``local_train_net_fedprox``
   -> ``train_net_fedprox`` (CE + mu/2 ||w - w_global||^2 per batch),
   ``local_train_net_scaffold`` -> ``train_net_scaffold`` (a local SGD step,
   then ``w -= lr (c - c_i)``; option II's ``c_i+ = c_i - c + (x - y_i) /
@@ -522,6 +524,17 @@ def main():
     rec, _ = run_experiments(repo, 'fedprox', x, y, parts, mu=mu)
     fixture.update(collect_training(rec, rounds, f'run{i}__'))
   save(os.path.join(out_dir, 'fedprox_niid_bench.npz'), fixture)
+
+  fresh_modules()
+  rec, _ = run_experiments(repo, 'fedavg', x, y, parts)
+  fixture = common(
+    commit,
+    'experiments.py:train_net (via local_train_net and the __main__ block '
+    'with --alg=fedavg)',
+  )
+  fixture.update(run_settings(x, y, parts, rounds))
+  fixture.update(collect_training(rec, rounds, ''))
+  save(os.path.join(out_dir, 'fedavg_niid_bench.npz'), fixture)
 
   fresh_modules()
   rec, out = run_experiments(repo, 'scaffold', x, y, parts)
