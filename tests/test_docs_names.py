@@ -64,3 +64,32 @@ def test_every_cited_module_attribute_exists():
   assert not missing, 'docs cite names that do not exist:\n' + '\n'.join(
     sorted(set(missing))
   )
+
+
+def crosscheck_names():
+  """The backticked names in the 'name in this library' column of
+  docs/results/crosscheck.md's table of methods."""
+  path = os.path.join(REPO, 'docs', 'results', 'crosscheck.md')
+  with open(path) as f:
+    lines = f.read().split('\n')
+  header = next(
+    i for i, line in enumerate(lines) if '| name in this library |' in line
+  )
+  column = lines[header].split(' | ').index('name in this library')
+  names = set()
+  for line in lines[header + 2 :]:
+    if not line.startswith('| '):
+      break
+    names |= set(re.findall(r'`([a-z0-9_]+)`', line.split(' | ')[column]))
+  return names
+
+
+def test_crosscheck_lists_every_algorithm():
+  """Every registered algorithm has a row in crosscheck.md: compared with
+  its authors' code, or said to have none."""
+  from fedjax_metric import algorithms
+
+  missing = sorted(set(algorithms.REGISTRY) - crosscheck_names())
+  assert not missing, f'no crosscheck.md row names {missing}'
+  # The check reads the column it means to: a known row is found.
+  assert {'fedavg', 'fitnet', 'quadrupletfl'} <= crosscheck_names()
