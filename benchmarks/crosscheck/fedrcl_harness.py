@@ -11,7 +11,9 @@ device, evaluation and the import-only dependencies:
     __init__s import them for data loading, plotting and logging; nothing
     the runs here call uses them, so they are empty modules. omegaconf, tqdm
     and tabulate are real (``pip install --target /work/pydeps/fedrcl
-    omegaconf tqdm tabulate``; put that directory on PYTHONPATH).
+    omegaconf tqdm tabulate``; put that directory on PYTHONPATH), and so is
+    scikit-learn, which evalers/base_evaler.py and servers/base.py import
+    at module level (install it into the torch environment).
   * data: `ArrayDataset`, fixed float64 inputs and int labels; the clients'
     index lists are written to the split file Trainer.__init__ reads
     (utils/data.py get_dataset), so the partition is fixed.
