@@ -314,36 +314,61 @@ def test_fedopt_form_matches_authors(run):
     np.testing.assert_allclose(got[k], want, rtol=RTOL, atol=ATOL, err_msg=k)
 
 
-FEDOPT_NEAR_MISSES = {
-  'count from 0 (optax step count)': dict(count0=0),
-  'config values, not float32-rounded': dict(nominal=True),
-  '+Delta as the gradient': dict(sign=-1.0),
+# Each form's near misses: one of the differences left out must move the
+# rounds off the authors' by far more than the tolerance. 'fedopt' is the
+# library's form; 'optax' is optax's adam/yogi with the three differences
+# accounted for from outside (`optax_rounds`).
+ROUNDS = {'fedopt': fedopt_rounds, 'optax': optax_rounds}
+NEAR_MISSES = {
+  'fedopt': {
+    'count from 0 (optax step count)': dict(count0=0),
+    'config values, not float32-rounded': dict(nominal=True),
+    '+Delta as the gradient': dict(sign=-1.0),
+  },
+  'optax': {
+    'optax step count (no init step)': dict(init_step=False),
+    'tau added to sqrt(v_hat)': dict(eps_hat=False),
+    'config values, not float32-rounded': dict(nominal=True),
+    '+Delta as the gradient': dict(sign=-1.0),
+  },
+}
+YOGI_NEAR_MISSES = {
+  'fedopt': (
+    ('yogi_s1', dict(v0=1.0)),  # the class default, not the paper's 0
+    ('yogi_s1_v0_1', dict(v0=0.0)),
+    ('yogi_s1', dict(optimizer='adam')),
+    ('adam_s1', dict(optimizer='yogi')),
+  ),
+  'optax': (
+    ('yogi_s1', dict(keras_accumulators=False)),  # optax's 1e-6
+    ('yogi_s1_v0_1', dict(keras_accumulators=False)),
+    ('yogi_s1', dict(v0=1.0)),  # the class default, not the paper's 0
+    ('yogi_s1', dict(optimizer='adam')),
+    ('adam_s1', dict(optimizer='yogi')),
+  ),
 }
 
 
 @pytest.mark.parametrize('run', ['adam_s1', 'adam_v2_s3', 'yogi_s1', 'yogi_s2'])
-@pytest.mark.parametrize('miss', list(FEDOPT_NEAR_MISSES))
-def test_fedopt_form_near_misses_do_not_match(run, miss):
+@pytest.mark.parametrize(
+  'form,miss', [(f, m) for f, misses in NEAR_MISSES.items() for m in misses]
+)
+def test_near_misses_do_not_match(run, form, miss):
   g = golden()
   want = leaves(g, f'{run}/model')
   with jax.enable_x64(True):
-    err = max_diff(fedopt_rounds(g, run, **FEDOPT_NEAR_MISSES[miss]), want)
-  assert err > 1e3 * ATOL, (run, miss, err)
+    err = max_diff(ROUNDS[form](g, run, **NEAR_MISSES[form][miss]), want)
+  assert err > 1e3 * ATOL, (run, form, miss, err)
 
 
-def test_fedopt_form_yogi_near_misses_do_not_match():
-  """Yogi's initial accumulator and Adam-for-Yogi each move the rounds
-  off."""
+@pytest.mark.parametrize('form', list(YOGI_NEAR_MISSES))
+def test_yogi_near_misses_do_not_match(form):
+  """Yogi's accumulators and Adam-for-Yogi each move the rounds off."""
   g = golden()
   with jax.enable_x64(True):
-    for run, kw in (
-      ('yogi_s1', dict(v0=1.0)),  # the class default, not the paper's 0
-      ('yogi_s1_v0_1', dict(v0=0.0)),
-      ('yogi_s1', dict(optimizer='adam')),
-      ('adam_s1', dict(optimizer='yogi')),
-    ):
-      err = max_diff(fedopt_rounds(g, run, **kw), leaves(g, f'{run}/model'))
-      assert err > 1e3 * ATOL, (run, kw, err)
+    for run, kw in YOGI_NEAR_MISSES[form]:
+      err = max_diff(ROUNDS[form](g, run, **kw), leaves(g, f'{run}/model'))
+      assert err > 1e3 * ATOL, (run, form, kw, err)
 
 
 @pytest.mark.parametrize('run', list(DEFAULT_DEVIATION))
@@ -370,39 +395,6 @@ def test_optax_form_with_the_three_accounted_for_matches(run):
     got = optax_rounds(g, run)
   for k, want in leaves(g, f'{run}/model').items():
     np.testing.assert_allclose(got[k], want, rtol=RTOL, atol=ATOL, err_msg=k)
-
-
-NEAR_MISSES = {
-  'optax step count (no init step)': dict(init_step=False),
-  'tau added to sqrt(v_hat)': dict(eps_hat=False),
-  'config values, not float32-rounded': dict(nominal=True),
-  '+Delta as the gradient': dict(sign=-1.0),
-}
-
-
-@pytest.mark.parametrize('run', ['adam_s1', 'adam_v2_s3', 'yogi_s1', 'yogi_s2'])
-@pytest.mark.parametrize('miss', list(NEAR_MISSES))
-def test_near_misses_do_not_match(run, miss):
-  g = golden()
-  want = leaves(g, f'{run}/model')
-  with jax.enable_x64(True):
-    err = max_diff(optax_rounds(g, run, **NEAR_MISSES[miss]), want)
-  assert err > 1e3 * ATOL, (run, miss, err)
-
-
-def test_yogi_near_misses_do_not_match():
-  """Yogi's accumulators and Adam-for-Yogi each move the rounds off."""
-  g = golden()
-  with jax.enable_x64(True):
-    for run, kw in (
-      ('yogi_s1', dict(keras_accumulators=False)),  # optax's 1e-6
-      ('yogi_s1_v0_1', dict(keras_accumulators=False)),
-      ('yogi_s1', dict(v0=1.0)),  # the class default, not the paper's 0
-      ('yogi_s1', dict(optimizer='adam')),
-      ('adam_s1', dict(optimizer='yogi')),
-    ):
-      err = max_diff(optax_rounds(g, run, **kw), leaves(g, f'{run}/model'))
-      assert err > 1e3 * ATOL, (run, kw, err)
 
 
 @pytest.mark.parametrize('run', list(DEFAULT_DEVIATION))
