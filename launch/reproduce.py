@@ -454,6 +454,13 @@ def define_flags():
     'methods', '', "Only these rows, by name: 'SSD;FedAlignUniform'."
   )
   flags.DEFINE_string('columns', '', "Only these columns, by name: 'cyclic'.")
+  flags.DEFINE_string(
+    'compilation_cache',
+    'auto',
+    "JAX's persistent compilation cache shared by the points: 'auto' "
+    "($JAX_COMPILATION_CACHE_DIR where set, else <root>/jax_cache), 'off', "
+    'or a directory.',
+  )
   flags.DEFINE_bool('dry_run', False, 'List the runs and their state only.')
   flags.DEFINE_bool(
     'table_only', False, 'Write the table from finished runs; train nothing.'
@@ -506,6 +513,7 @@ def main(argv):
       slurm=FLAGS.slurm,
       retries=FLAGS.retries,
       root=root,
+      compilation_cache=FLAGS.compilation_cache,
     )
     failed = [w for w, o in outcomes.items() if o not in ('done', 'skipped')]
   command = ' '.join(['fedjax-metric reproduce', *map(shlex.quote, argv[1:])])

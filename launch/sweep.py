@@ -18,6 +18,9 @@ the signal; the sweep reports it 'stopped', not done, and exits non-zero.
 ``--parallel=N`` runs N points at
 once; ``--gpus=0,1`` pins each process slot to one GPU. ``--backend=slurm``
 submits the points as a SLURM job array instead (launch/sweep_slurm.py).
+The points share one persistent JAX compilation cache, ``<root>/jax_cache``
+(``--compilation_cache=off`` or another directory; $JAX_COMPILATION_CACHE_DIR
+wins where set), so a program compiles once per sweep, not once per point.
 
 Aggregate the finished workdirs under one or more roots:
 
@@ -79,6 +82,8 @@ from .sweep_point import (
 from .sweep_run import (
   LOG_FILE,
   STOP_SIGNALS,
+  compilation_cache_dir,
+  compilation_cache_environment,
   gpu_environments,
   point_command,
   run_points,
@@ -112,6 +117,8 @@ from .sweep_table import (
 __all__ = [
   'build_table',
   'Cell',
+  'compilation_cache_dir',
+  'compilation_cache_environment',
   'config_dict',
   'default_scale',
   'define_flags',
@@ -210,6 +217,13 @@ def define_flags():
     'run --backend=local: GPU ids; process slot i runs its points on GPU '
     'gpus[i mod len(gpus)] (CUDA_VISIBLE_DEVICES); slots sharing a GPU do '
     'not preallocate its memory.',
+  )
+  flags.DEFINE_string(
+    'compilation_cache',
+    'auto',
+    "run: JAX's persistent compilation cache shared by the points: 'auto' "
+    "($JAX_COMPILATION_CACHE_DIR where set, else <root>/jax_cache), 'off', "
+    'or a directory.',
   )
   flags.DEFINE_bool('dry_run', False, 'run: list the points only.')
   flags.DEFINE_string('workdir', None, 'point: the workdir to train.')
@@ -327,6 +341,7 @@ def main(argv):
       gpus=FLAGS.gpus,
       slurm=FLAGS.slurm,
       retries=FLAGS.retries,
+      compilation_cache=FLAGS.compilation_cache,
     )
     bad = [w for w, o in outcomes.items() if o not in ('done', 'skipped')]
     if bad:

@@ -43,10 +43,17 @@ def parse_parameters(text: str) -> Dict[str, Any]:
   return parameters
 
 
-def train_point(workdir: str) -> str:
+def train_point(workdir: str, cache_dir: str = '') -> str:
   """A task: trains the point stored in ``workdir`` (`sweep_point.run_point`,
-  as ``launch.sweep point`` does), in the task's own process; returns the
+  as ``launch.sweep point`` does), in the task's own process, with JAX's
+  persistent compilation cache in ``cache_dir`` ('' for none); returns the
   workdir."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if cache_dir:
+    jax.config.update('jax_compilation_cache_dir', os.path.abspath(cache_dir))
+  else:  # Off, whatever the node's environment says.
+    jax.config.update('jax_enable_compilation_cache', False)
   sweep_point.run_point(workdir)
   return workdir
 
@@ -71,9 +78,11 @@ def submit_points(
   *,
   retries: int = 1,
   say: Callable[[str], None] = print,
+  cache_dir: str = '',
 ) -> Dict[str, str]:
   """Runs ``points`` (unfinished, their point files written) as one job
-  array on ``executor``; a task that fails is submitted again, up to
+  array on ``executor``, the tasks sharing the compilation cache
+  ``cache_dir`` ('' for none); a task that fails is submitted again, up to
   ``retries`` times, in one new array of all the failed ones.
 
   Returns:
@@ -85,7 +94,7 @@ def submit_points(
     if not todo:
       break
     with executor.batch():
-      jobs = [executor.submit(train_point, p.workdir) for p in todo]
+      jobs = [executor.submit(train_point, p.workdir, cache_dir) for p in todo]
     say(f'attempt {attempt + 1}: submitted {len(jobs)} task(s).')
     failed = []
     for point, job in zip(todo, jobs):

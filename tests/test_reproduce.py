@@ -309,7 +309,7 @@ def test_slurm_backend_submits_every_unfinished_point_as_one_array(
   """The SLURM wiring of launch.sweep.train_points, which reproduce and
   `launch.sweep run` share, with a stand-in executor (the task itself, a
   real point under submitit's local executor, is tests/test_sweep_slurm.py's)."""
-  made, submitted = [], []
+  made, submitted, caches = [], [], []
 
   class Job:
     job_id = '1'
@@ -323,9 +323,10 @@ def test_slurm_backend_submits_every_unfinished_point_as_one_array(
 
       return contextlib.nullcontext()
 
-    def submit(self, fn, workdir):
+    def submit(self, fn, workdir, cache_dir):
       assert os.path.exists(os.path.join(workdir, sweep.POINT_FILE))
       submitted.append(workdir)
+      caches.append(cache_dir)
       return Job()
 
   def make_executor(folder, parameters):
@@ -334,6 +335,7 @@ def test_slurm_backend_submits_every_unfinished_point_as_one_array(
 
   monkeypatch.setattr(sweep.sweep_slurm, 'make_executor', make_executor)
   root = str(tmp_path)
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
   todo = reproduce.entries(TINY, 'cpu', root=root, seeds=3)
   _fake_run(  # seed 0 finished already: not submitted again
     todo[0].point.workdir, [0.5, 0.6], num_rounds=2, metric='test_accuracy'
@@ -358,5 +360,7 @@ def test_slurm_backend_submits_every_unfinished_point_as_one_array(
     (os.path.join(root, 'slurm', '%j'), {'partition': 'gpu', 'timeout_min': 60})
   ]
   assert sorted(submitted) == sorted(e.point.workdir for e in todo[1:])
+  # The tasks share one compilation cache, the root's.
+  assert caches == [os.path.join(root, 'jax_cache')] * 2
   assert outcomes[todo[0].point.workdir] == 'skipped'
   assert all(outcomes[e.point.workdir] == 'done' for e in todo[1:])

@@ -180,6 +180,65 @@ def test_each_running_point_gets_its_process_slots_environment(tmp_path):
   assert seen[:2] == ['7', '9'] and seen[2] in ('7', '9')
 
 
+def test_points_share_a_compilation_cache_under_the_root_unless_told(
+  tmp_path, monkeypatch
+):
+  root = str(tmp_path / 'grid')
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
+  assert sweep.compilation_cache_dir(root) == os.path.join(root, 'jax_cache')
+  assert sweep.compilation_cache_dir(root, 'off') == ''
+  assert sweep.compilation_cache_dir(root, '/big/disk') == '/big/disk'
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', '/mine')  # The user's wins.
+  assert sweep.compilation_cache_dir(root) == '/mine'
+  assert sweep.compilation_cache_environment('') == {
+    'JAX_ENABLE_COMPILATION_CACHE': 'false'
+  }
+  monkeypatch.chdir(tmp_path)  # A relative path reaches children whole.
+  assert sweep.compilation_cache_environment('c') == {
+    'JAX_COMPILATION_CACHE_DIR': str(tmp_path / 'c')
+  }
+
+
+def _without_times(rows):
+  return [
+    {
+      k: v
+      for k, v in r.items()
+      if not k.endswith(('time', 'seconds', '_per_second'))
+    }
+    for r in rows
+  ]
+
+
+@pytest.mark.slow
+def test_a_point_finding_its_programs_cached_compiles_none_and_matches(
+  tmp_path, monkeypatch
+):
+  """The same ``:runlocal`` point swept into two roots that share one cache:
+  the first sweep fills the cache, the second adds no entry (every program
+  it needs was there, so nothing was compiled) and writes the same metrics,
+  bit for bit. With the cache off nothing is written to it."""
+  monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  cache = tmp_path / 'cache'
+  listings, metrics = [], []
+  for name, setting in (('off', 'off'), ('cold', cache), ('warm', cache)):
+    root = str(tmp_path / name)
+    points = sweep.make_points(
+      root, [FEDAVG], {'num_rounds': '1', 'plot_partition': 'False'}, []
+    )
+    outcomes = sweep.train_points(
+      points, backend='local', root=root, compilation_cache=str(setting)
+    )
+    assert outcomes == {points[0].workdir: 'done'}
+    listings.append(sorted(os.listdir(cache)) if cache.exists() else [])
+    with open(os.path.join(points[0].workdir, 'metrics.jsonl')) as f:
+      metrics.append(_without_times(json.loads(line) for line in f))
+  assert listings[0] == [] and listings[1], listings
+  assert listings[2] == listings[1]
+  assert metrics[0] == metrics[1] == metrics[2]
+  assert 'test_accuracy' in metrics[2][-1]
+
+
 def test_run_point_trains_a_runlocal_config(tmp_path):
   [point] = sweep.make_points(
     str(tmp_path), [FEDAVG], {'num_rounds': '1', 'seed': '4'}, []

@@ -53,8 +53,9 @@ class FakeExecutor:
     self.arrays.append([])
     yield
 
-  def submit(self, fn, workdir):
+  def submit(self, fn, workdir, cache_dir):
     assert fn is sweep_slurm.train_point
+    assert cache_dir == '/shared/cache'
     self.attempts[workdir] = self.attempts.get(workdir, 0) + 1
     self.arrays[-1].append(workdir)
     first = self.attempts[workdir] == 1
@@ -69,14 +70,14 @@ def test_failed_tasks_are_resubmitted_as_one_array(tmp_path):
   flaky, steady = (p.workdir for p in points)
   executor = FakeExecutor(flaky=[flaky])
   outcomes = sweep_slurm.submit_points(
-    points, executor, retries=1, say=lambda _: None
+    points, executor, retries=1, say=lambda _: None, cache_dir='/shared/cache'
   )
   assert outcomes == {flaky: 'done', steady: 'done'}
   assert executor.arrays == [[flaky, steady], [flaky]]
   # Without retries the failure is reported with the task's last line.
   executor = FakeExecutor(flaky=[flaky])
   outcomes = sweep_slurm.submit_points(
-    points, executor, retries=0, say=lambda _: None
+    points, executor, retries=0, say=lambda _: None, cache_dir='/shared/cache'
   )
   assert outcomes == {flaky: 'failed (OOM on the node)', steady: 'done'}
 
