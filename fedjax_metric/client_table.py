@@ -30,7 +30,8 @@ metadata read and a codec per row for rows of a few kilobytes. A flat file
 of fixed-size records needs one system call per row, and the page cache
 (not this process) keeps what the kernel decides to keep.
 
-Crash safety without copying the table at a checkpoint (docs/scale.md):
+Crash safety without copying the table at a checkpoint (docs/scale.md; the
+rows file and its journal are fedjax_metric/row_file.py):
 
   * The rows file is written only by `OffDeviceTable.scatter` (disk) or
     at a checkpoint (host: the rows written since the last one).
@@ -56,27 +57,23 @@ Public API: `PLACEMENTS`, `RowLayout`, `OffDeviceTable`, `Placement`,
 """
 
 import concurrent.futures
+import errno
 import json
 import os
 import shutil
-import struct
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence
-import zlib
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_metric import memory
+from fedjax_metric import memory, row_file
 
 PLACEMENTS = ('auto', 'device', 'host', 'disk')
 TABLE_DIR = 'client_table'
 _ROWS_FILE = 'rows.bin'
 _META_FILE = 'meta.json'
-_JOURNAL_PREFIX = 'undo_'
-_RECORD_MAGIC = 0x464A4D55  # 'UMJF': one undo record.
-_HEADER = struct.Struct('<IqQ')  # magic, round, row count.
 
 
 # The test hook of the kill tests (tests/test_client_table_faults.py):
@@ -161,179 +158,6 @@ class RowLayout(NamedTuple):
 
 
 # ---------------------------------------------------------------------------
-# The rows file and its undo journal.
-# ---------------------------------------------------------------------------
-
-
-def _fsync_dir(path):
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-class _RowFile:
-  """N fixed-size records in one file, read and written by row id."""
-
-  def __init__(self, path: str, num_rows: int, row_bytes: int):
-    self.path, self.num_rows, self.row_bytes = path, num_rows, row_bytes
-    self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    size = num_rows * row_bytes
-    if os.fstat(self.fd).st_size != size:
-      os.ftruncate(self.fd, size)
-    # Reserve the blocks now: a disk that cannot hold the table fails
-    # here, before round 1, not at some row in round 10,000.
-    try:
-      os.posix_fallocate(self.fd, 0, size)
-    except OSError as e:
-      if e.errno == 28:  # ENOSPC
-        os.close(self.fd)
-        raise TableSizeError(
-          f'The client table needs {size / 1024**3:.2f} GiB at {path}, more '
-          'than the free disk space there. Free space, use another '
-          '--workdir, or fewer clients.'
-        ) from None
-      # Filesystems without fallocate: the size was checked beforehand.
-
-  def read(self, ids: np.ndarray) -> np.ndarray:
-    """uint8 [len(ids), row_bytes] of rows ``ids`` (any order, no repeats
-    needed); runs of consecutive ids are read in one call."""
-    out = np.empty((len(ids), self.row_bytes), np.uint8)
-    order = np.argsort(ids, kind='stable')
-    sorted_ids = np.asarray(ids, np.int64)[order]
-    for start, stop in _runs(sorted_ids):
-      first = int(sorted_ids[start])
-      data = os.pread(
-        self.fd, (stop - start) * self.row_bytes, first * self.row_bytes
-      )
-      out[order[start:stop]] = np.frombuffer(data, np.uint8).reshape(
-        stop - start, self.row_bytes
-      )
-    return out
-
-  def write(self, ids: np.ndarray, packed: np.ndarray):
-    order = np.argsort(ids, kind='stable')
-    sorted_ids = np.asarray(ids, np.int64)[order]
-    for start, stop in _runs(sorted_ids):
-      block = np.ascontiguousarray(packed[order[start:stop]])
-      offset = int(sorted_ids[start]) * self.row_bytes
-      view = memoryview(block).cast('B')
-      while view:  # pwrite may write less than asked.
-        written = os.pwrite(self.fd, view, offset)
-        view, offset = view[written:], offset + written
-
-  def read_all(self, chunk_rows: int = 1 << 16):
-    """Yields ``(first_row, uint8 [k, row_bytes])`` over the whole file."""
-    for first in range(0, self.num_rows, chunk_rows):
-      k = min(chunk_rows, self.num_rows - first)
-      data = os.pread(self.fd, k * self.row_bytes, first * self.row_bytes)
-      yield first, np.frombuffer(data, np.uint8).reshape(k, self.row_bytes)
-
-  def sync(self):
-    os.fsync(self.fd)
-
-  def close(self):
-    if self.fd is not None:
-      os.close(self.fd)
-      self.fd = None
-
-
-def _runs(sorted_ids: np.ndarray):
-  """``(start, stop)`` positions of the runs of consecutive ids."""
-  if len(sorted_ids) == 0:
-    return []
-  breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
-  starts = np.concatenate([[0], breaks])
-  stops = np.concatenate([breaks, [len(sorted_ids)]])
-  return zip(starts.tolist(), stops.tolist())
-
-
-def _journal_path(directory, base_round):
-  return os.path.join(directory, f'{_JOURNAL_PREFIX}{base_round:012d}.log')
-
-
-def _journal_rounds(directory) -> List[int]:
-  names = os.listdir(directory) if os.path.isdir(directory) else []
-  return sorted(
-    int(n[len(_JOURNAL_PREFIX) : -len('.log')])
-    for n in names
-    if n.startswith(_JOURNAL_PREFIX) and n.endswith('.log')
-  )
-
-
-class _Journal:
-  """Append-only undo records of the rows overwritten since a checkpoint.
-
-  A record is ``header (magic, round, k) | ids int64 [k] | old rows uint8
-  [k, row_bytes] | crc32``; it is fsynced before the rows it protects are
-  written, so a record cut short by a kill protects rows that were never
-  written, and reading stops there.
-  """
-
-  def __init__(self, directory: str, base_round: int, row_bytes: int):
-    self.directory, self.row_bytes = directory, row_bytes
-    self.base_round = base_round
-    self.file = open(_journal_path(directory, base_round), 'ab')
-    _fsync_dir(directory)
-
-  def append(self, round_idx: int, ids: np.ndarray, old_rows: np.ndarray):
-    if len(ids) == 0:
-      return
-    ids = np.ascontiguousarray(ids, np.int64)
-    body = ids.tobytes() + np.ascontiguousarray(old_rows).tobytes()
-    header = _HEADER.pack(_RECORD_MAGIC, int(round_idx), len(ids))
-    crc = zlib.crc32(body, zlib.crc32(header))
-    self.file.write(header + body + struct.pack('<I', crc))
-    self.file.flush()
-    os.fsync(self.file.fileno())
-
-  def close(self):
-    self.file.close()
-
-
-def _read_records(path: str, row_bytes: int):
-  """The complete, intact records of a journal file, in write order."""
-  with open(path, 'rb') as f:
-    data = f.read()
-  records, pos = [], 0
-  while pos + _HEADER.size <= len(data):
-    magic, _, count = _HEADER.unpack_from(data, pos)
-    end = pos + _HEADER.size + count * (8 + row_bytes) + 4
-    if magic != _RECORD_MAGIC or end > len(data):
-      break
-    body = data[pos + _HEADER.size : end - 4]
-    (crc,) = struct.unpack_from('<I', data, end - 4)
-    if crc != zlib.crc32(body, zlib.crc32(data[pos : pos + _HEADER.size])):
-      break
-    ids = np.frombuffer(body[: 8 * count], np.int64)
-    rows = np.frombuffer(body[8 * count :], np.uint8).reshape(count, row_bytes)
-    records.append((ids, rows))
-    pos = end
-  return records
-
-
-def roll_back(directory: str, rows: _RowFile, restored_round: int) -> int:
-  """Undoes every journal of a round >= ``restored_round`` (newest record
-  first) and removes them; returns the number of rows written back. A
-  fresh start (``restored_round`` -1) removes every journal: with no
-  checkpoint, no row counts as written."""
-  undone = 0
-  for base in reversed(_journal_rounds(directory)):
-    if base < restored_round:
-      break
-    path = _journal_path(directory, base)
-    if restored_round >= 0:
-      for ids, old in reversed(_read_records(path, rows.row_bytes)):
-        rows.write(ids, old)
-        undone += len(ids)
-      rows.sync()
-    os.remove(path)
-  _fsync_dir(directory)
-  return undone
-
-
-# ---------------------------------------------------------------------------
 # The off-device table.
 # ---------------------------------------------------------------------------
 
@@ -366,14 +190,23 @@ class OffDeviceTable:
     self.num_clients, self.init_batch = num_clients, init_batch
     self._init_rows = init_rows
     os.makedirs(directory, exist_ok=True)
-    self.rows_file = _RowFile(
-      os.path.join(directory, _ROWS_FILE), num_clients, layout.row_bytes
-    )
+    path = os.path.join(directory, _ROWS_FILE)
+    try:
+      self.rows_file = row_file.RowFile(path, num_clients, layout.row_bytes)
+    except OSError as e:
+      if e.errno != errno.ENOSPC:
+        raise
+      size = num_clients * layout.row_bytes
+      raise TableSizeError(
+        f'The client table needs {size / 1024**3:.2f} GiB at {path}, more '
+        'than the free disk space there. Free space, use another '
+        '--workdir, or fewer clients.'
+      ) from None
     # Rows whose value is in the rows file (disk) / was flushed to it (host).
     self.written = np.zeros(num_clients, bool)
     self.memory = None  # host: every row, [N, row_bytes].
     self.dirty = None  # host: rows changed since the last checkpoint.
-    self.journal: Optional[_Journal] = None
+    self.journal: Optional[row_file.Journal] = None
     self.nonfinite_round: Optional[int] = None
     # Seconds spent reading and writing rows (gather, scatter, the
     # checkpoint's flush and sync), in whichever thread did it.
@@ -385,7 +218,7 @@ class OffDeviceTable:
     """Brings the rows to ``restored_round``'s state (None: round 0) and
     starts the journal. ``written_bits`` is the checkpoint's bitmap."""
     base = -1 if restored_round is None else int(restored_round)
-    roll_back(self.directory, self.rows_file, base)
+    row_file.roll_back(self.directory, self.rows_file, base)
     if written_bits is not None:
       self.written = np.unpackbits(
         np.asarray(written_bits, np.uint8), count=self.num_clients
@@ -394,7 +227,9 @@ class OffDeviceTable:
       self.written[:] = False
     if self.placement == 'host':
       self._load_memory()
-    self.journal = _Journal(self.directory, max(base, 0), self.layout.row_bytes)
+    self.journal = row_file.Journal(
+      self.directory, max(base, 0), self.layout.row_bytes
+    )
 
   def _load_memory(self):
     """host: every row into memory, from the file where written, else its
@@ -492,11 +327,13 @@ class OffDeviceTable:
     every kept checkpoint (nothing can roll back to them)."""
     crash_point('checkpoint', round_idx)  # Saved, maybe not committed.
     self.journal.close()
-    self.journal = _Journal(self.directory, round_idx, self.layout.row_bytes)
+    self.journal = row_file.Journal(
+      self.directory, round_idx, self.layout.row_bytes
+    )
     oldest = min(list(kept_rounds) + [round_idx])
-    for base in _journal_rounds(self.directory):
+    for base in row_file.journal_rounds(self.directory):
       if base < oldest:
-        os.remove(_journal_path(self.directory, base))
+        os.remove(row_file.journal_path(self.directory, base))
 
   def arrays(self):
     """The whole table as a pytree of host [N, ...] arrays, for code that

@@ -10,6 +10,7 @@
   table, bit for bit; also across a checkpoint and a reopen of the table.
 """
 
+import errno
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from fedjax_metric import (
   executors,
   memory,
   optimizers,
+  row_file,
 )
 from fedjax_metric.data import cohort as cohort_lib
 from fedjax_metric.data import participation
@@ -197,22 +199,48 @@ def test_a_reopened_table_is_rolled_back_to_its_checkpoint(tmp_path, placement):
 
 def test_a_journal_record_cut_short_is_ignored(tmp_path):
   directory = str(tmp_path)
-  journal = client_table._Journal(directory, 0, 8)
+  journal = row_file.Journal(directory, 0, 8)
   ids = np.array([1, 2])
   journal.append(1, ids, np.ones((2, 8), np.uint8))
   journal.append(2, ids, np.full((2, 8), 7, np.uint8))
   journal.close()
-  path = client_table._journal_path(directory, 0)
-  records = client_table._read_records(path, 8)
+  path = row_file.journal_path(directory, 0)
+  records = row_file.read_records(path, 8)
   assert [int(r[1][0, 0]) for r in records] == [1, 7]
   size = os.path.getsize(path)
   with open(path, 'r+b') as f:
     f.truncate(size - 3)  # the second record's end never reached the disk
-  assert len(client_table._read_records(path, 8)) == 1
+  assert len(row_file.read_records(path, 8)) == 1
   with open(path, 'r+b') as f:  # a flipped byte in the first record's body
-    f.seek(client_table._HEADER.size + 3)
+    f.seek(row_file._HEADER.size + 3)
     f.write(b'\xff')
-  assert client_table._read_records(path, 8) == []
+  assert row_file.read_records(path, 8) == []
+
+
+def test_a_disk_too_small_for_the_rows_file_is_one_line_before_round_1(
+  tmp_path, monkeypatch
+):
+  """The rows file reserves its blocks when it is made: a full disk is
+  found there, and said in one line with what to change."""
+
+  def no_space(fd, offset, length):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, 'posix_fallocate', no_space)
+  with pytest.raises(client_table.TableSizeError) as error:
+    _table(tmp_path, 'disk', n=1000)
+  message = str(error.value)
+  assert '\n' not in message and 'free disk space' in message
+  assert 'GiB' in message and '--workdir' in message
+
+  # A filesystem without fallocate is not taken for a full disk.
+  def unsupported(fd, offset, length):
+    raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+  monkeypatch.setattr(os, 'posix_fallocate', unsupported)
+  table = _table(tmp_path, 'disk', n=1000)
+  assert os.path.getsize(table.rows_file.path) == 1000 * table.layout.row_bytes
+  table.close()
 
 
 def _choose(requested, **kwargs):
