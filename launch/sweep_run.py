@@ -13,9 +13,10 @@ The points of a sweep share one persistent JAX compilation cache
 (`compilation_cache_environment`, ``<root>/jax_cache`` by default): most
 points compile the same programs (only the seed or a scalar differs), and a
 point that finds them there skips XLA's compilation. On a shared 2-core
-CPU, 8-round FedQuad points took 185 s on average with no cache and 147-155
-s with a warm one (benchmarks/compilation_cache.md). A cached program is the program XLA
-would compile again, so results are unchanged (tests/test_sweep.py).
+CPU, 8-round FedQuad points took 185 s on average with no cache and
+147-155 s with a warm one (benchmarks/compilation_cache.md). A cached
+program is the program XLA would compile again, so results are unchanged
+(tests/test_sweep.py).
 """
 
 import collections

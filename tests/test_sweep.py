@@ -217,11 +217,13 @@ def test_a_point_finding_its_programs_cached_compiles_none_and_matches(
   """The same ``:runlocal`` point swept into two roots that share one cache:
   the first sweep fills the cache, the second adds no entry (every program
   it needs was there, so nothing was compiled) and writes the same metrics,
-  bit for bit. With the cache off nothing is written to it."""
+  bit for bit. 'off' wins over the caller's $JAX_COMPILATION_CACHE_DIR:
+  nothing is written to the cache it names."""
   monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
   cache = tmp_path / 'cache'
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(cache))
   listings, metrics = [], []
-  for name, setting in (('off', 'off'), ('cold', cache), ('warm', cache)):
+  for name, setting in (('off', 'off'), ('cold', 'auto'), ('warm', 'auto')):
     root = str(tmp_path / name)
     points = sweep.make_points(
       root, [FEDAVG], {'num_rounds': '1', 'plot_partition': 'False'}, []
