@@ -330,10 +330,9 @@ class OffDeviceTable:
     self.journal = row_file.Journal(
       self.directory, round_idx, self.layout.row_bytes
     )
-    oldest = min(list(kept_rounds) + [round_idx])
-    for base in row_file.journal_rounds(self.directory):
-      if base < oldest:
-        os.remove(row_file.journal_path(self.directory, base))
+    row_file.drop_journals_before(
+      self.directory, min(list(kept_rounds) + [round_idx])
+    )
 
   def arrays(self):
     """The whole table as a pytree of host [N, ...] arrays, for code that

@@ -12,6 +12,7 @@ The storage under the client table's 'disk' and 'host' placements
     One journal per checkpoint round (`journal_path`).
   * `roll_back`: undoes every journal of a round at or after the restored
     checkpoint's, newest record first, so the file is as it was then.
+  * `drop_journals_before`: the journals no kept checkpoint can roll back to.
 
 No JAX here: bytes in, bytes out.
 """
@@ -191,3 +192,11 @@ def roll_back(directory: str, rows: RowFile, restored_round: int) -> int:
     os.remove(path)
   fsync_dir(directory)
   return undone
+
+
+def drop_journals_before(directory: str, oldest_round: int) -> None:
+  """Removes the journals of rounds before ``oldest_round``: no checkpoint
+  that is kept can roll back to them."""
+  for base in journal_rounds(directory):
+    if base < oldest_round:
+      os.remove(journal_path(directory, base))
