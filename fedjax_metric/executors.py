@@ -610,20 +610,20 @@ class HostLoopFns(NamedTuple):
   server: Callable
 
 
-def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
-  """A round as a Python loop over real slots of jitted unrolled step blocks.
+def _host_loop_fns(spec, *, unroll=True) -> HostLoopFns:
+  """The jitted pieces a ``host`` round strings together, for one run.
 
-  Each slot: gather its row and start (one call), ``ceil(S / steps_per_call)``
-  calls of `engine.run_steps` (blocks whose steps are all padding are
-  skipped; they would be no-ops), then one call that computes the update,
-  scatters the row and adds ``weight * update`` into a running sum. When all
-  S steps fit one block, the three are fused into one call per slot
-  (``whole_client``): dispatch, not arithmetic, dominates small clients.
-  Memory stays O(model): no stacked [C, ...] updates exist. Every function
-  compiles once per run.
+  ``begin`` gathers a slot's row and starts its update; ``steps`` runs one
+  block of k local steps (`engine.run_steps`); ``finish`` computes the update,
+  scatters the row and adds ``weight * update`` into the running sums;
+  ``whole_client`` is the three fused (all S steps in one call: dispatch, not
+  arithmetic, dominates small clients); ``zero_accumulator`` makes the sums
+  and ``server`` applies them (`engine.finish_round`). Each compiles once per
+  run (tests/test_executors.py); the table and the sums are donated, so
+  memory stays O(model).
   """
 
-  def begin_body(
+  def begin(
     server_state,
     client_table,
     row_id,
@@ -640,7 +640,7 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     )
     return inputs, engine.start_client(spec, data, server_state, inputs)
 
-  def steps_body(
+  def steps(
     server_state, inputs, carry, example_idx, example_mask, first_step, data
   ):
     return engine.run_steps(
@@ -655,13 +655,12 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
       unroll=unroll,
     )
 
-  def finish_body(
+  def finish(
     server_state, client_table, row_id, inputs, accumulator, carry, data
   ):
     outputs = engine.finish_client(spec, data, server_state, inputs, carry)
     return _accumulate(client_table, row_id, inputs.slot, accumulator, outputs)
 
-  @functools.partial(jax.jit, donate_argnums=(1, 2))
   def whole_client(
     server_state,
     client_table,
@@ -674,8 +673,8 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     example_mask,
     data,
   ):
-    # All S steps in one call: the engine's client update itself, as the
-    # single-program executors run it for each slot.
+    # The engine's client update itself, as the single-program executors run
+    # it for each slot.
     outputs = engine.client_update(
       spec,
       data,
@@ -690,7 +689,6 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     )
     return _accumulate(client_table, row_id, slot, accumulator, outputs)
 
-  @functools.partial(jax.jit, static_argnums=(3, 4))
   def zero_accumulator(
     server_state, client_table, data, example_shape, num_slots
   ):
@@ -708,22 +706,76 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     scalars = (jnp.zeros((), jnp.float32) for _ in range(3))
     return (update, *scalars, terms, per_slot)
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
   def server(server_state, client_table, cohort, accumulator):
     *sums, per_slot = accumulator
     return engine.finish_round(
       spec, server_state, client_table, cohort, *sums, per_slot=per_slot
     )
 
-  fns = HostLoopFns(
-    zero_accumulator,
-    jax.jit(begin_body),
-    jax.jit(steps_body),
-    jax.jit(finish_body, donate_argnums=(1, 4)),
-    whole_client,
-    server,
+  return HostLoopFns(
+    zero_accumulator=jax.jit(zero_accumulator, static_argnums=(3, 4)),
+    begin=jax.jit(begin),
+    steps=jax.jit(steps),
+    finish=jax.jit(finish, donate_argnums=(1, 4)),
+    whole_client=jax.jit(whole_client, donate_argnums=(1, 2)),
+    server=jax.jit(server, donate_argnums=(0, 1)),
   )
 
+
+def _slot_client(host, row_ids, slot):
+  """The per-slot arguments of ``begin`` / ``whole_client``, on the host:
+  (row id, client id, slot, num_examples, example_idx [S, B], example_mask)."""
+  return (
+    row_ids[slot],
+    host.client_ids[slot],
+    np.int32(slot),
+    host.num_examples[slot],
+    host.example_idx[slot],
+    host.example_mask[slot],
+  )
+
+
+def _live_step_blocks(example_idx, example_mask, k):
+  """One slot's steps cut into blocks of k: [(idx [k, B], mask [k, B],
+  first step)], leaving out blocks whose steps are all padding (no-ops).
+
+  ``example_idx`` / ``example_mask``: [S', B] with S' a multiple of k.
+  """
+  return [
+    (
+      example_idx[first : first + k],
+      example_mask[first : first + k],
+      np.int32(first),
+    )
+    for first in range(0, example_idx.shape[0], k)
+    if example_mask[first : first + k].any()
+  ]
+
+
+def _train_slot_in_blocks(
+  fns, server_state, client_table, accumulator, client, blocks, data
+):
+  """One slot's update as ``begin``, one ``steps`` call a block, ``finish``.
+  Returns (client_table, accumulator)."""
+  client, blocks = jax.device_put((client, blocks))
+  inputs, carry = fns.begin(server_state, client_table, *client, data)
+  for block in blocks:
+    carry = fns.steps(server_state, inputs, carry, *block, data)
+  return fns.finish(
+    server_state, client_table, client[0], inputs, accumulator, carry, data
+  )
+
+
+def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
+  """A round as a Python loop over real slots of jitted unrolled step blocks.
+
+  Each slot: one ``whole_client`` call when its S local steps fit one block
+  of ``k = min(steps_per_call, S)``; otherwise ``begin``, ``ceil(S / k)``
+  ``steps`` calls (all-padding blocks skipped) and ``finish``
+  (`_host_loop_fns`). Then one ``server`` call. No stacked [C, ...] updates
+  exist. ``round_fn.fns`` exposes the jitted pieces (tests count compiles).
+  """
+  fns = _host_loop_fns(spec, unroll=unroll)
   bound_data = data
 
   def round_fn(server_state, client_table, cohort: Cohort, call_data=None):
@@ -745,43 +797,16 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
     )
     for slot in np.flatnonzero(host.slot_mask):
       # One transfer per slot of its index arrays, which the round needs anyway.
-      client = (
-        row_ids[slot],
-        host.client_ids[slot],
-        np.int32(slot),
-        host.num_examples[slot],
-        host.example_idx[slot],
-        host.example_mask[slot],
-      )
+      client = _slot_client(host, row_ids, slot)
       if num_steps + pad == k:
         client_table, accumulator = fns.whole_client(
           server_state, client_table, accumulator, *jax.device_put(client), data
         )
-        continue
-      live_blocks = [
-        first
-        for first in range(0, num_steps + pad, k)
-        if example_mask[slot, first : first + k].any()
-      ]
-      client, blocks = jax.device_put(
-        (
-          client,
-          [
-            (
-              example_idx[slot, f : f + k],
-              example_mask[slot, f : f + k],
-              np.int32(f),
-            )
-            for f in live_blocks
-          ],
+      else:
+        blocks = _live_step_blocks(example_idx[slot], example_mask[slot], k)
+        client_table, accumulator = _train_slot_in_blocks(
+          fns, server_state, client_table, accumulator, client, blocks, data
         )
-      )
-      inputs, carry = fns.begin(server_state, client_table, *client, data)
-      for block in blocks:
-        carry = fns.steps(server_state, inputs, carry, *block, data)
-      client_table, accumulator = fns.finish(
-        server_state, client_table, client[0], inputs, accumulator, carry, data
-      )
     return fns.server(
       server_state, client_table, jax.device_put(host), accumulator
     )

@@ -35,7 +35,7 @@ from fedjax_metric.losses.metric import _l2_normalize
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _pad_rows(x, multiple):
+def pad_rows(x, multiple):
   """Pads axis 0 with zeros to a multiple of ``multiple``; returns (x, n)."""
   n = x.shape[0]
   pad = -n % multiple
@@ -124,9 +124,9 @@ def knn_accuracy(
   if m == 0 or len(train_features) == 0:
     raise ValueError('knn_accuracy needs a non-empty bank and test set')
   batch_size = min(batch_size, m)
-  queries, _ = _pad_rows(test_features, batch_size)
-  query_labels, _ = _pad_rows(np.asarray(test_labels, np.int32), batch_size)
-  valid, _ = _pad_rows(np.ones(m, bool), batch_size)
+  queries, _ = pad_rows(test_features, batch_size)
+  query_labels, _ = pad_rows(np.asarray(test_labels, np.int32), batch_size)
+  valid, _ = pad_rows(np.ones(m, bool), batch_size)
   correct = _knn_correct(
     train_features,
     np.asarray(train_labels, np.int32),
@@ -146,7 +146,7 @@ def knn_accuracy(
 # ---------------------------------------------------------------------------
 
 
-def _torch_linear_init(key, fan_in, fan_out, dtype=jnp.float32):
+def torch_linear_init(key, fan_in, fan_out, dtype=jnp.float32):
   """torch.nn.Linear's default init: W, b ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 
   (kaiming_uniform with a = sqrt(5) gives exactly this bound for W.)
@@ -159,11 +159,12 @@ def _torch_linear_init(key, fan_in, fan_out, dtype=jnp.float32):
   }
 
 
-def _linear(params, x):
+def linear_head(params, x):
+  """Logits [B, C] of a linear head {'kernel': [D, C], 'bias': [C]} on x [B, D]."""
   return x @ params['kernel'] + params['bias']
 
 
-def _epoch_batches(key, n, batch_size):
+def epoch_batches(key, n, batch_size):
   """A shuffled epoch as [num_batches, batch_size] indices and a valid mask.
 
   The last batch is partial (torch DataLoader with drop_last=False); its
@@ -199,7 +200,7 @@ def _train_linear(
   tx = optax.adam(learning_rate)  # torch Adam defaults: b=(.9,.999), eps=1e-8
 
   def loss_fn(p, xb, yb, vb):
-    return masked_mean(softmax_cross_entropy(_linear(p, xb), yb), vb)
+    return masked_mean(softmax_cross_entropy(linear_head(p, xb), yb), vb)
 
   def step(carry, batch):
     p, opt_state = carry
@@ -209,14 +210,14 @@ def _train_linear(
     return (optax.apply_updates(p, updates), opt_state), None
 
   def test_accuracy(p):
-    pred = jnp.argmax(_linear(p, x_test), axis=-1)
+    pred = jnp.argmax(linear_head(p, x_test), axis=-1)
     return jnp.mean((pred == y_test).astype(jnp.float32))
 
   def epoch(carry, epoch_index):
     p, opt_state, key = carry
     key, sub = jax.random.split(key)
     (p, opt_state), _ = jax.lax.scan(
-      step, (p, opt_state), _epoch_batches(sub, x.shape[0], batch_size)
+      step, (p, opt_state), epoch_batches(sub, x.shape[0], batch_size)
     )
     evaluate = ((epoch_index + 1) % eval_every == 0) | (
       epoch_index == epochs - 1
@@ -277,7 +278,7 @@ def linear_probe(
     raise ValueError('linear_probe needs training data and epochs >= 1')
   key_init, key_train = jax.random.split(jax.random.key(seed))
   params = (
-    _torch_linear_init(key_init, x.shape[1], num_classes)
+    torch_linear_init(key_init, x.shape[1], num_classes)
     if init is None
     else jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), dict(init))
   )

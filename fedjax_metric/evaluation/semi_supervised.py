@@ -8,16 +8,18 @@ Unsupervised Learning', ICCV 2025, Sec. 4. One jitted ``lax.scan`` over each
 epoch's batches. kNN and the linear probe are downstream.py.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from fedjax_metric.evaluation.downstream import (
-  _epoch_batches,
-  _linear,
-  _pad_rows,
-  _torch_linear_init,
+  epoch_batches,
+  linear_head,
+  pad_rows,
+  torch_linear_init,
 )
 from fedjax_metric.losses import masked_mean, softmax_cross_entropy
 from fedjax_metric.models import merge_variables, split_variables
@@ -161,19 +163,54 @@ def fine_tune(
   params, model_state = split_variables(variables)
   key_head, key_train = jax.random.split(jax.random.key(seed))
   if head_init is None:
-    dim = jax.eval_shape(
-      lambda p, s, x: model_apply(
-        p, s, preprocess(x, jax.random.key(0)), train=False
-      )[0][embedding_key],
-      params,
-      model_state,
-      images[:1],
-    ).shape[-1]
-    head = _torch_linear_init(key_head, dim, num_classes)
+    dim = _embedding_dim(
+      model_apply, params, model_state, preprocess, images[:1], embedding_key
+    )
+    head = torch_linear_init(key_head, dim, num_classes)
   else:
     head = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), dict(head_init))
   trainable = {'encoder': params, 'head': head}
-  tx = optax.multi_transform(
+  tx = _encoder_and_head_sgd(encoder_lr, head_lr, momentum)
+  train_epoch = _make_train_epoch(
+    model_apply, tx, augment, min(batch_size, n), embedding_key
+  )
+  test_correct = _make_test_correct(model_apply, preprocess, embedding_key)
+  test_batches = _test_batches(test_images, test_labels, eval_batch_size)
+  eval_epochs = _eval_epochs(epochs, num_evals)
+  opt_state = tx.init(trainable)
+  accuracies = []
+  for epoch in range(1, epochs + 1):
+    key_train, key_epoch = jax.random.split(key_train)
+    trainable, opt_state, model_state = train_epoch(
+      trainable, opt_state, model_state, key_epoch, images, labels
+    )
+    if epoch in eval_epochs:
+      correct = test_correct(trainable, model_state, test_batches)
+      accuracies.append(float(correct) / len(test_labels))
+  return {
+    'accuracy': max(accuracies),
+    'accuracies': accuracies,
+    'eval_epochs': eval_epochs,
+    'variables': merge_variables(trainable['encoder'], model_state),
+    'head': jax.tree.map(np.asarray, trainable['head']),
+  }
+
+
+def _embedding_dim(model_apply, params, model_state, preprocess, x, key):
+  """D of the [B, D] representation ``outputs[key]``, from shapes only
+  (nothing is computed)."""
+
+  def embed(params, model_state, x):
+    x = preprocess(x, jax.random.key(0))
+    return model_apply(params, model_state, x, train=False)[0][key]
+
+  return jax.eval_shape(embed, params, model_state, x).shape[-1]
+
+
+def _encoder_and_head_sgd(encoder_lr, head_lr, momentum):
+  """SGD with momentum at one rate for the encoder and another for the head
+  (the released code's two parameter groups), over {'encoder', 'head'}."""
+  return optax.multi_transform(
     {
       'encoder': optax.sgd(encoder_lr, momentum=momentum),
       'head': optax.sgd(head_lr, momentum=momentum),
@@ -183,78 +220,88 @@ def fine_tune(
       for part, sub in tree.items()
     },
   )
-  batch_size = min(batch_size, n)
 
-  def loss_fn(tp, state, x, y, mask):
+
+def _make_train_epoch(model_apply, tx, augment, batch_size, embedding_key):
+  """A jitted epoch of end-to-end fine-tuning: one ``lax.scan`` over shuffled
+  batches (the last partial, masked), each augmented, cross-entropy of the
+  head on the representation, the encoder in training mode.
+
+  ``train_epoch(trainable, opt_state, model_state, key, images [N, H, W, C],
+  labels [N]) -> (trainable, opt_state, model_state)``.
+  """
+
+  def loss_fn(trainable, state, x, y, mask):
     outputs, new_state = model_apply(
-      tp['encoder'], state, x, train=True, mask=mask
+      trainable['encoder'], state, x, train=True, mask=mask
     )
-    logits = _linear(tp['head'], outputs[embedding_key])
+    logits = linear_head(trainable['head'], outputs[embedding_key])
     return masked_mean(softmax_cross_entropy(logits, y), mask), new_state
 
+  def step(carry, batch, images, labels):
+    trainable, opt_state, state = carry
+    idx, valid, key = batch
+    x = augment(images[idx], key)
+    grads, state = jax.grad(loss_fn, has_aux=True)(
+      trainable, state, x, labels[idx], valid
+    )
+    updates, opt_state = tx.update(grads, opt_state, trainable)
+    return (optax.apply_updates(trainable, updates), opt_state, state), None
+
   @jax.jit
-  def train_epoch(tp, opt_state, state, key, images, labels):
+  def train_epoch(trainable, opt_state, state, key, images, labels):
     key_order, key_aug = jax.random.split(key)
-    idx, valid = _epoch_batches(key_order, images.shape[0], batch_size)
+    idx, valid = epoch_batches(key_order, images.shape[0], batch_size)
     aug_keys = jax.random.split(key_aug, idx.shape[0])
-
-    def step(carry, batch):
-      tp, opt_state, state = carry
-      b_idx, b_valid, b_key = batch
-      x = augment(images[b_idx], b_key)
-      grads, state = jax.grad(loss_fn, has_aux=True)(
-        tp, state, x, labels[b_idx], b_valid
-      )
-      updates, opt_state = tx.update(grads, opt_state, tp)
-      return (optax.apply_updates(tp, updates), opt_state, state), None
-
-    (tp, opt_state, state), _ = jax.lax.scan(
-      step, (tp, opt_state, state), (idx, valid, aug_keys)
+    carry, _ = jax.lax.scan(
+      functools.partial(step, images=images, labels=labels),
+      (trainable, opt_state, state),
+      (idx, valid, aug_keys),
     )
-    return tp, opt_state, state
+    return carry
 
+  return train_epoch
+
+
+def _test_batches(test_images, test_labels, eval_batch_size):
+  """The test set on the device as ([T, b, H, W, C] images, [T, b] labels,
+  [T, b] valid mask), zero-padded to whole batches of b."""
   m = len(test_labels)
-  eval_batch_size = min(eval_batch_size, m)
-  test_x, _ = _pad_rows(np.asarray(test_images), eval_batch_size)
-  test_y, _ = _pad_rows(np.asarray(test_labels, np.int32), eval_batch_size)
-  test_valid, _ = _pad_rows(np.ones(m, bool), eval_batch_size)
-  test_batches = jax.device_put(
-    tuple(
-      a.reshape((-1, eval_batch_size) + a.shape[1:])
-      for a in (test_x, test_y, test_valid)
-    )
+  b = min(eval_batch_size, m)
+  rows = (
+    np.asarray(test_images),
+    np.asarray(test_labels, np.int32),
+    np.ones(m, bool),
+  )
+  return jax.device_put(
+    tuple(pad_rows(a, b)[0].reshape((-1, b) + a.shape[1:]) for a in rows)
   )
 
+
+def _make_test_correct(model_apply, preprocess, embedding_key):
+  """A jitted count of correct test predictions (eval mode, no
+  augmentation): ``test_correct(trainable, model_state, batches) -> int``."""
+
+  def count(trainable, state, batch):
+    x, y, valid = batch
+    outputs, _ = model_apply(
+      trainable['encoder'], state, preprocess(x, jax.random.key(0)), train=False
+    )
+    logits = linear_head(trainable['head'], outputs[embedding_key])
+    return jnp.sum((jnp.argmax(logits, axis=-1) == y) & valid)
+
   @jax.jit
-  def test_correct(tp, state, batches):
-    def count(batch):
-      x, y, v = batch
-      outputs, _ = model_apply(
-        tp['encoder'], state, preprocess(x, jax.random.key(0)), train=False
-      )
-      pred = jnp.argmax(_linear(tp['head'], outputs[embedding_key]), axis=-1)
-      return jnp.sum((pred == y) & v)
+  def test_correct(trainable, state, batches):
+    return jnp.sum(
+      jax.lax.map(functools.partial(count, trainable, state), batches)
+    )
 
-    return jnp.sum(jax.lax.map(count, batches))
+  return test_correct
 
-  eval_epochs = sorted(
+
+def _eval_epochs(epochs, num_evals):
+  """The 1-based epochs after which the test set is evaluated: num_evals
+  evenly spaced, the last the final epoch (50, 100, 150, 200 of 200)."""
+  return sorted(
     {max(1, round(epochs * (i + 1) / num_evals)) for i in range(num_evals)}
   )
-  opt_state = tx.init(trainable)
-  accuracies = []
-  for epoch in range(1, epochs + 1):
-    key_train, key_epoch = jax.random.split(key_train)
-    trainable, opt_state, model_state = train_epoch(
-      trainable, opt_state, model_state, key_epoch, images, labels
-    )
-    if epoch in eval_epochs:
-      accuracies.append(
-        float(test_correct(trainable, model_state, test_batches)) / m
-      )
-  return {
-    'accuracy': max(accuracies),
-    'accuracies': accuracies,
-    'eval_epochs': eval_epochs,
-    'variables': merge_variables(trainable['encoder'], model_state),
-    'head': jax.tree.map(np.asarray, trainable['head']),
-  }
