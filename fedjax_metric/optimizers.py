@@ -96,6 +96,50 @@ def make_round_schedule(
 SERVER_FORMS = ('optax', 'fedopt')
 
 
+def _check_server_options(name, form, momentum, initial_accumulator):
+  """Refuses, in one line naming the config field, a server form or option
+  that `make_server_optimizer`'s optimizer would not read (so never silently
+  ignores one). The name itself is checked there, after the known ones."""
+  if form not in SERVER_FORMS:
+    raise ValueError(
+      f'Unknown server.form {form!r}; use --config.server.form=optax '
+      "(optax's adam/yogi, the default) or fedopt (the authors' released "
+      'FedAdam/FedYogi).'
+    )
+  adaptive = name in ('adam', 'yogi')
+  if form == 'fedopt' and not adaptive:
+    raise ValueError(
+      f"server.form='fedopt' is a form of FedAdam and FedYogi, not of "
+      f'server.optimizer={name!r}; set --config.server.optimizer=adam or '
+      'yogi, or --config.server.form=optax.'
+    )
+  if isinstance(initial_accumulator, bool) or not (
+    isinstance(initial_accumulator, (int, float))
+    and math.isfinite(initial_accumulator)
+    and initial_accumulator >= 0
+  ):
+    raise ValueError(
+      "server.initial_accumulator is Yogi's initial second moment; set "
+      f'--config.server.initial_accumulator to a number >= 0 (got '
+      f'{initial_accumulator!r}).'
+    )
+  if initial_accumulator and (name != 'yogi' or form != 'fedopt'):
+    # optax.yogi starts v at 1e-6 whatever is asked: refuse a value that
+    # would be silently ignored.
+    raise ValueError(
+      f'server.initial_accumulator={initial_accumulator} is read only by '
+      "FedYogi in form 'fedopt' (got server.optimizer="
+      f'{name!r}, server.form={form!r}); set --config.server.optimizer=yogi '
+      'and --config.server.form=fedopt, or '
+      '--config.server.initial_accumulator=0.'
+    )
+  if name == 'fedhyper' and momentum:
+    raise ValueError(
+      'server.optimizer=fedhyper adapts a plain SGD step; set '
+      f'--config.server.momentum=0 (got {momentum}).'
+    )
+
+
 def make_server_optimizer(
   name: str,
   *,
@@ -160,47 +204,11 @@ def make_server_optimizer(
     ValueError: an unknown name or form, or an option the chosen optimizer
       does not read (one line, naming the config field to change).
   """
-  if form not in SERVER_FORMS:
-    raise ValueError(
-      f'Unknown server.form {form!r}; use --config.server.form=optax '
-      "(optax's adam/yogi, the default) or fedopt (the authors' released "
-      'FedAdam/FedYogi).'
-    )
+  _check_server_options(name, form, momentum, initial_accumulator)
   adaptive = name in ('adam', 'yogi')
-  if form == 'fedopt' and not adaptive:
-    raise ValueError(
-      f"server.form='fedopt' is a form of FedAdam and FedYogi, not of "
-      f'server.optimizer={name!r}; set --config.server.optimizer=adam or '
-      'yogi, or --config.server.form=optax.'
-    )
-  if isinstance(initial_accumulator, bool) or not (
-    isinstance(initial_accumulator, (int, float))
-    and math.isfinite(initial_accumulator)
-    and initial_accumulator >= 0
-  ):
-    raise ValueError(
-      "server.initial_accumulator is Yogi's initial second moment; set "
-      f'--config.server.initial_accumulator to a number >= 0 (got '
-      f'{initial_accumulator!r}).'
-    )
-  if initial_accumulator and (name != 'yogi' or form != 'fedopt'):
-    # optax.yogi starts v at 1e-6 whatever is asked: refuse a value that
-    # would be silently ignored.
-    raise ValueError(
-      f'server.initial_accumulator={initial_accumulator} is read only by '
-      "FedYogi in form 'fedopt' (got server.optimizer="
-      f'{name!r}, server.form={form!r}); set --config.server.optimizer=yogi '
-      'and --config.server.form=fedopt, or '
-      '--config.server.initial_accumulator=0.'
-    )
   if name in ('sgd', 'fedagm'):
     return optax.sgd(learning_rate, momentum=momentum or None)
   if name == 'fedhyper':
-    if momentum:
-      raise ValueError(
-        'server.optimizer=fedhyper adapts a plain SGD step; set '
-        f'--config.server.momentum=0 (got {momentum}).'
-      )
     return fedhyper_global(learning_rate)
   if adaptive and form == 'fedopt':
     return optax.chain(
