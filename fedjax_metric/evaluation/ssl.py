@@ -229,51 +229,105 @@ def make_ssl_evaluator(
 
   def final(variables) -> Dict[str, float]:
     start = time.time()
-    train_features = pool_pass(variables).features
     test_features = test_pass(variables).features
-    probe = downstream.linear_probe(
-      train_features,
-      pool_labels,
-      test_features,
-      test_labels,
-      num_classes=num_classes,
-      epochs=e.linear_epochs,
-      learning_rate=e.linear_learning_rate,
-      batch_size=e.linear_batch_size,
-      eval_every=max(1, e.linear_epochs // 10),
-    )
-    metrics = {'linear_probe_accuracy': probe['accuracy']}
-    for fraction in e.finetune_fractions:
-      labelled = semi_supervised.stratified_subset(
-        pool_labels, fraction, seed=e.finetune_seed
-      )
-      tuned = semi_supervised.fine_tune(
-        model.apply,
-        variables,
-        pool_images[labelled],
-        pool_labels[labelled],
-        test_images,
+    metrics = {
+      'linear_probe_accuracy': _linear_probe_accuracy(
+        pool_pass(variables).features,
+        pool_labels,
+        test_features,
         test_labels,
-        num_classes=num_classes,
-        augment=finetune_augment,
-        preprocess=unit_preprocess,
-        epochs=e.finetune_epochs,
-        batch_size=e.finetune_batch_size,
-        encoder_lr=e.finetune_encoder_lr,
-        head_lr=e.finetune_head_lr,
-        num_evals=e.finetune_evals,
-        seed=e.finetune_seed,
-        eval_batch_size=batch_size,
+        num_classes,
+        e,
       )
-      metrics[f'finetune_{fraction_name(fraction)}_accuracy'] = tuned[
-        'accuracy'
-      ]
-    quality = test_features[: e.quality_examples or None]
-    metrics['test_uniformity'] = float(representation.uniformity(quality))
-    metrics['test_effective_rank'] = float(
-      representation.effective_rank(quality, matrix=e.erank_matrix)
-    )
+    }
+    for fraction in e.finetune_fractions:
+      metrics[f'finetune_{fraction_name(fraction)}_accuracy'] = (
+        _fine_tune_accuracy(
+          model,
+          variables,
+          (pool_images, pool_labels),
+          (test_images, test_labels),
+          fraction,
+          num_classes,
+          e,
+          augment=finetune_augment,
+          eval_batch_size=batch_size,
+        )
+      )
+    metrics.update(_representation_quality(test_features, e))
     metrics['final_eval_seconds'] = time.time() - start
     return metrics
 
   return every, final
+
+
+def _linear_probe_accuracy(
+  train_features, train_labels, test_features, test_labels, num_classes, e
+):
+  """Linear probe on frozen [N, D] features (`downstream.linear_probe`);
+  its test accuracy after the last of ``e.linear_epochs`` epochs."""
+  probe = downstream.linear_probe(
+    train_features,
+    train_labels,
+    test_features,
+    test_labels,
+    num_classes=num_classes,
+    epochs=e.linear_epochs,
+    learning_rate=e.linear_learning_rate,
+    batch_size=e.linear_batch_size,
+    eval_every=max(1, e.linear_epochs // 10),
+  )
+  return probe['accuracy']
+
+
+def _fine_tune_accuracy(
+  model,
+  variables,
+  pool,
+  test,
+  fraction,
+  num_classes,
+  e,
+  *,
+  augment,
+  eval_batch_size,
+):
+  """Fine-tuning on a stratified ``fraction`` of the pool's labels
+  (`semi_supervised.fine_tune`); its best test accuracy.
+
+  ``pool`` / ``test``: (uint8 images [N, H, W, C], int labels [N]).
+  """
+  pool_images, pool_labels = pool
+  labelled = semi_supervised.stratified_subset(
+    pool_labels, fraction, seed=e.finetune_seed
+  )
+  tuned = semi_supervised.fine_tune(
+    model.apply,
+    variables,
+    pool_images[labelled],
+    pool_labels[labelled],
+    *test,
+    num_classes=num_classes,
+    augment=augment,
+    preprocess=unit_preprocess,
+    epochs=e.finetune_epochs,
+    batch_size=e.finetune_batch_size,
+    encoder_lr=e.finetune_encoder_lr,
+    head_lr=e.finetune_head_lr,
+    num_evals=e.finetune_evals,
+    seed=e.finetune_seed,
+    eval_batch_size=eval_batch_size,
+  )
+  return tuned['accuracy']
+
+
+def _representation_quality(test_features, e):
+  """Uniformity and effective rank of the first ``e.quality_examples`` test
+  features [M, D] (all when 0)."""
+  quality = test_features[: e.quality_examples or None]
+  return {
+    'test_uniformity': float(representation.uniformity(quality)),
+    'test_effective_rank': float(
+      representation.effective_rank(quality, matrix=e.erank_matrix)
+    ),
+  }
