@@ -302,54 +302,78 @@ def make_one_class_evaluator(
         f'Client {j} has no training data; the one-class '
         'protocol needs every client to hold its class.'
       )
-  num_classes = int(train.num_classes)
   embed, put = _embedding_pass(model, preprocess, batch_size)
   test_batches = put(test.images)
   test_labels = np.asarray(test.labels)
-
   if score == 'center':
-    held = np.unique(np.concatenate([np.asarray(c, np.int64) for c in clients]))
-    held = _center_subset(held, np.asarray(train.labels), center_examples)
-    train_batches = put(train.images[held])
-    held_labels = np.asarray(train.labels)[held]
-
-    def evaluate(server_state, client_table):
-      del client_table
-      variables = server_state.variables
-      centers = class_centers(
-        embed(variables, *train_batches), held_labels, num_classes
-      )
-      scores = center_scores(embed(variables, *test_batches), centers)
-      return _per_class_metrics(one_class_auroc(scores, test_labels))
-
-    return evaluate
-
+    return _center_evaluator(
+      embed, put, train, clients, test_batches, test_labels, center_examples
+    )
   if score == 'client_models':
-    client_labels = partition.one_class_labels(clients, train.labels)
-    # One batch shape for every client (the largest client's, capped), so
-    # the forward pass compiles once rather than once per client size.
-    size = min(batch_size, max(len(idx) for idx in clients))
-    client_batches = [
-      put(train.images[np.asarray(idx, np.int64)], size) for idx in clients
-    ]
-
-    def evaluate(server_state, client_table):
-      del server_state
-      per_class = [[] for _ in range(num_classes)]
-      for j, label in enumerate(client_labels):
-        variables = jax.tree.map(lambda x, j=j: x[j], client_table['variables'])
-        center = np.mean(embed(variables, *client_batches[j]), axis=0)
-        scores = center_scores(embed(variables, *test_batches), center[None])
-        per_class[int(label)].append(
-          auroc(np.asarray(scores)[:, 0], test_labels == label)
-        )
-      return _per_class_metrics(
-        [np.mean(a) if a else np.nan for a in per_class]
-      )
-
-    return evaluate
-
+    return _client_models_evaluator(
+      embed, put, train, clients, test_batches, test_labels, batch_size
+    )
   key = 'class_embeddings' if score == 'class_embeddings' else 'codewords'
+  return _server_vectors_evaluator(embed, key, test_batches, test_labels)
+
+
+def _center_evaluator(
+  embed, put, train, clients, test_batches, test_labels, center_examples
+):
+  """score 'center': -d(g(x), C_c), C_c the class-c mean embedding of the
+  held training examples (at most ``center_examples`` a class) under the
+  evaluated global model."""
+  num_classes = int(train.num_classes)
+  held = np.unique(np.concatenate([np.asarray(c, np.int64) for c in clients]))
+  held = _center_subset(held, np.asarray(train.labels), center_examples)
+  train_batches = put(train.images[held])
+  held_labels = np.asarray(train.labels)[held]
+
+  def evaluate(server_state, client_table):
+    del client_table
+    variables = server_state.variables
+    centers = class_centers(
+      embed(variables, *train_batches), held_labels, num_classes
+    )
+    scores = center_scores(embed(variables, *test_batches), centers)
+    return _per_class_metrics(one_class_auroc(scores, test_labels))
+
+  return evaluate
+
+
+def _client_models_evaluator(
+  embed, put, train, clients, test_batches, test_labels, batch_size
+):
+  """score 'client_models': -d(g_j(x), C_j) for every client j, with its own
+  model (row j of ``client_table['variables']``) and its own center; a
+  class's AUROC is the mean over the clients holding it."""
+  num_classes = int(train.num_classes)
+  client_labels = partition.one_class_labels(clients, train.labels)
+  # One batch shape for every client (the largest client's, capped), so
+  # the forward pass compiles once rather than once per client size.
+  size = min(batch_size, max(len(idx) for idx in clients))
+  client_batches = [
+    put(train.images[np.asarray(idx, np.int64)], size) for idx in clients
+  ]
+
+  def evaluate(server_state, client_table):
+    del server_state
+    per_class = [[] for _ in range(num_classes)]
+    for j, label in enumerate(client_labels):
+      variables = jax.tree.map(lambda x, j=j: x[j], client_table['variables'])
+      center = np.mean(embed(variables, *client_batches[j]), axis=0)
+      scores = center_scores(embed(variables, *test_batches), center[None])
+      per_class[int(label)].append(
+        auroc(np.asarray(scores)[:, 0], test_labels == label)
+      )
+    return _per_class_metrics([np.mean(a) if a else np.nan for a in per_class])
+
+  return evaluate
+
+
+def _server_vectors_evaluator(embed, key, test_batches, test_labels):
+  """scores 'class_embeddings' / 'codewords': cos(g(x), v_c) with the class
+  vectors [C, D] the server keeps in ``server_state.extra[key]``."""
 
   def evaluate(server_state, client_table):
     del client_table
