@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all test-min docs-check lint bench install clean
+.PHONY: demo test test-all test-min docs-check crosscheck lint bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,12 @@ test-min:
 	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(MIN_VENV)/bin/python -m pip install --quiet -c .ci/min_versions.txt -e '.[test]'
 	$(MIN_VENV)/bin/python -m pytest -q -n auto --dist worksteal $(MIN_TESTS)
+
+# The golden fixtures (the authors' code at named commits) and this
+# library against them: no PyTorch, no checkout of theirs needed.
+crosscheck: $(STAMP)
+	$(PY) benchmarks/crosscheck/fixtures.py
+	$(PY) -m pytest -q -n auto --dist worksteal tests/test_golden_*.py
 
 docs-check: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist worksteal tests/docs

@@ -18,7 +18,7 @@ keeps ``c`` between calls). It writes an .npz fixture
 (tests/test_golden_misc.py reads it): the data, the initial weights, each
 client's batches, center, weights after every round and test scores.
 
-  /work/torchenv/bin/python benchmarks/crosscheck/deepsvdd.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/deepsvdd.py \\
       --repo=/path/to/Deep-SVDD-PyTorch --out=tests/golden/deepsvdd.npz
 
 Stubs (no logic of the method is replaced):

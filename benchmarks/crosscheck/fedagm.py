@@ -13,7 +13,7 @@ tests/test_golden_fedrcl.py compares with fedjax_metric's FedAGM
 (algorithms/fedagm.py lookahead / accelerate, optimizers 'fedagm') and
 FedAvgM (server 'sgd' with momentum):
 
-  PYTHONPATH=/work/pydeps/fedrcl /work/torchenv/bin/python \
+  PYTHONPATH=/path/to/pydeps/fedrcl /path/to/torch-env/bin/python \
       benchmarks/crosscheck/fedagm.py --repo=/path/to/FedACG \
       --out=tests/golden/fedagm.npz
 

@@ -5,7 +5,7 @@ Tackling Unknown Participation Statistics in Federated Averaging', ICLR 2024
 (github.com/IBM/fedau), in float64 on CPU, and writes tests/golden/fedau.npz
 for tests/test_golden_fedau.py:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedau.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedau.py \\
     --repo=/path/to/fedau [--out=tests/golden/fedau.npz] [--commit=SHA]
 
 (--commit names the checkout's commit where --repo is no git work tree, e.g.

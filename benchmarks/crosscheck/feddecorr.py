@@ -6,7 +6,7 @@ FedDecorrLoss.forward``) and their supervised FedAvg + FedDecorr loop
 ``global_aggregation``) in float64 on CPU, and writes
 tests/golden/feddecorr.npz for tests/test_golden_baselines.py:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/feddecorr.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/feddecorr.py \\
     --repo=/path/to/FedDecorr [--out=tests/golden/feddecorr.npz] \\
     [--commit=SHA]
 

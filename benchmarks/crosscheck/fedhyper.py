@@ -22,7 +22,7 @@ parameters after every local step and the learning rate each step ran at,
 the clients' returned models, the global model after every round and the
 global rates (the script's ``Global_alpha``).
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedhyper.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedhyper.py \\
       --repo=/path/to/FedHyper --out=tests/golden/fedhyper.npz
 
 Cases (one run of the script each; prefix ``<case>/`` in the fixture):

@@ -21,7 +21,7 @@ This fixture comes from the two reimplementations closest to FedRCL:
   [0, 1, 2] and [3, 1, 0], 2 local epochs of batch 8, lr 0.1, momentum
   0.9, weight decay 1e-5 (their defaults), calibration_temp (tau) 1.
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedlc.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedlc.py \\
     --acg_repo=/path/to/FedACG --decorr_repo=/path/to/FedDecorr \\
     [--out=tests/golden/fedlc.npz] [--acg_commit=SHA] [--decorr_commit=SHA]
 

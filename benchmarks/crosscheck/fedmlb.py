@@ -5,7 +5,7 @@ FedMLB.py: LocalUpdate.train``, with its ``KD``) and their server loop
 (``global_update_method/base_aggregation.py: GlobalUpdate``) in float64 on
 CPU, and writes tests/golden/fedmlb.npz for tests/test_golden_baselines.py:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedmlb.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedmlb.py \\
     --repo=/path/to/FedMLB [--out=tests/golden/fedmlb.npz] [--commit=SHA]
 
 (--commit names the checkout's commit where --repo is no git work tree,

@@ -7,7 +7,7 @@ and their round pieces (``algorithms/fedntd/Server.py: Server`` with its
 ``BaseServer._aggregation``) in float64 on CPU, and writes
 tests/golden/fedntd.npz for tests/test_golden_baselines.py:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedntd.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedntd.py \\
     --repo=/path/to/FedNTD [--out=tests/golden/fedntd.npz] [--commit=SHA]
 
 (--commit names the checkout's commit where --repo is no git work tree,

@@ -19,7 +19,7 @@ because it is inline in the script, and federated training replaced by
 fixed accuracies and losses. It writes an .npz fixture
 (tests/test_golden_misc.py reads it):
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedppo.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedppo.py \\
       --repo=/path/to/fedppo --out=tests/golden/fedppo.npz
 
 Fixture: the agent's initial weights; per round the observation, the

@@ -6,7 +6,7 @@ Runs, unchanged, the authors' prototypical contrastive loss
 computation (``train.py: get_global_class_center``) in float64 on CPU, and
 writes tests/golden/fedproc.npz for tests/test_golden_baselines.py:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedproc.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedproc.py \\
     --repo=/path/to/FedProc [--out=tests/golden/fedproc.npz] [--commit=SHA]
 
 (--commit names the checkout's commit where --repo is no git work tree,

@@ -13,7 +13,7 @@ optimizer ``flearn/optimizer/pgd.py: PerturbedGradientDescent`` (its
 data in place with np.random.seed(100) every epoch). Writes
 tests/golden/fedprox_official.npz for tests/test_golden_moon_niid.py:
 
-  PYTHONPATH=/path/to/tensorflow-and-tqdm /work/torchenv/bin/python \\
+  PYTHONPATH=/path/to/tensorflow-and-tqdm /path/to/torch-env/bin/python \\
     benchmarks/crosscheck/fedprox.py --repo=/path/to/FedProx \\
     [--out=tests/golden/fedprox_official.npz] [--commit=SHA]
 

@@ -27,7 +27,7 @@ FedACG's server as in FedRCL's Table 5: ServerM with FedACG.yaml's lambda
 FedRCL repository has the same ServerM but no FedACG config).
 tests/test_golden_fedrcl.py reads both fixtures:
 
-  PYTHONPATH=/work/pydeps/fedrcl /work/torchenv/bin/python \
+  PYTHONPATH=/path/to/pydeps/fedrcl /path/to/torch-env/bin/python \
       benchmarks/crosscheck/fedrcl.py --repo=/path/to/FedRCL \
       --out=tests/golden/fedrcl.npz \
       --rounds_out=tests/golden/fedrcl_rounds.npz

@@ -10,7 +10,7 @@ device, evaluation and the import-only dependencies:
     wandb, imageio, torchinfo, umap, netcal, coloredlogs): the package
     __init__s import them for data loading, plotting and logging; nothing
     the runs here call uses them, so they are empty modules. omegaconf, tqdm
-    and tabulate are real (``pip install --target /work/pydeps/fedrcl
+    and tabulate are real (``pip install --target /path/to/pydeps/fedrcl
     omegaconf tqdm tabulate``; put that directory on PYTHONPATH), and so is
     scikit-learn, which evalers/base_evaler.py and servers/base.py import
     at module level (install it into the torch environment).

@@ -31,10 +31,10 @@ What is run:
 
 Command:
 
-  /work/torchenv/bin/pip install --target /work/pydeps/ssl geoopt \
+  /path/to/torch-env/bin/pip install --target /path/to/pydeps/ssl geoopt \
       tensorloader tqdm cvxpy osqp clarabel scs highspy qdldl \
       'sparsediffpy<0.7' geomloss==0.2.6
-  PYTHONPATH=/work/pydeps/ssl /work/torchenv/bin/python \
+  PYTHONPATH=/path/to/pydeps/ssl /path/to/torch-env/bin/python \
       benchmarks/crosscheck/fedu2.py --repo=/path/to/XeniaLLL/FedU2 \
       --commit=<40 hex> --out=tests/golden/fedu2.npz
 

@@ -24,11 +24,11 @@ global model after every round, every batch loss (``loss.item()`` of
 train(), read from its AverageMeter) and the round's training loss (the
 trainer's example-weighted mean of the batch losses).
 
-  PYTHONPATH=/work/pydeps/feduv /work/torchenv/bin/python \\
+  PYTHONPATH=/path/to/pydeps/feduv /path/to/torch-env/bin/python \\
       benchmarks/crosscheck/feduv.py --repo=/path/to/FedUV \\
       --fedlab=/path/to/FedLab@9f4a354 --out=tests/golden/feduv.npz
 
-(/work/pydeps/feduv holds ``pip install --target ... pynvml nvidia-ml-py``:
+(/path/to/pydeps/feduv holds ``pip install --target ... pynvml nvidia-ml-py``:
 FedLab's utils import pynvml.)
 
 Stubs (no logic of the method is replaced):

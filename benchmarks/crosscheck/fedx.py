@@ -23,7 +23,7 @@ What is run:
 
 Command:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/fedx.py \
+  /path/to/torch-env/bin/python benchmarks/crosscheck/fedx.py \
       --repo=/path/to/Sungwon-Han/FEDX --commit=<40 hex> \
       --out=tests/golden/fedx.npz
 

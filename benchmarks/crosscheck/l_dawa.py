@@ -28,7 +28,7 @@ What is run:
 
 Command:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/l_dawa.py \
+  /path/to/torch-env/bin/python benchmarks/crosscheck/l_dawa.py \
       --repo=/path/to/yasar-rehman/L-DAWA --commit=<40 hex> \
       --fedu2-repo=/path/to/XeniaLLL/FedU2 --fedu2-commit=<40 hex> \
       --out=tests/golden/l_dawa.npz

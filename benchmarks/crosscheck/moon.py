@@ -9,7 +9,7 @@ to the global model's (positive) and to the previous local model's
 float64 on CPU, and writes tests/golden/moon.npz for
 tests/test_golden_moon_niid.py:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/moon.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/moon.py \\
     --repo=/path/to/MOON [--out=tests/golden/moon.npz] [--commit=SHA]
 
 (--commit names the checkout's commit where --repo is no git work tree,

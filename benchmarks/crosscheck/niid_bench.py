@@ -5,7 +5,7 @@ Runs the code of Xtra-Computing/NIID-Bench (Li, Diao, Chen and He,
 2022) unchanged, in float64 on CPU, and writes four fixtures for
 tests/test_golden_moon_niid.py:
 
-  /work/torchenv/bin/python benchmarks/crosscheck/niid_bench.py \\
+  /path/to/torch-env/bin/python benchmarks/crosscheck/niid_bench.py \\
     --repo=/path/to/NIID-Bench [--out_dir=tests/golden] [--commit=SHA]
 
 (--commit names the checkout's commit where --repo is no git work tree,

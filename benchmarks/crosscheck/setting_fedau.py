@@ -9,10 +9,10 @@ setting, Bernoulli participation, 1,000 rounds, evaluation every 25 rounds,
 the top-5 mean of the test accuracy at T = 1,000), with our small CNN on
 Fashion-MNIST:
 
-  nice -n 10 /work/torchenv/bin/python benchmarks/crosscheck/setting_fedau.py \
-      run --repo=/work/scratch/fedau --out=runs/authors/fedau \
+  nice -n 10 /path/to/torch-env/bin/python benchmarks/crosscheck/setting_fedau.py \
+      run --repo=/path/to/fedau --out=runs/authors/fedau \
       --weightings=average_participating,adaptive,mifa --seeds=1,2,3
-  /work/torchenv/bin/python benchmarks/crosscheck/setting_fedau.py \
+  /path/to/torch-env/bin/python benchmarks/crosscheck/setting_fedau.py \
       summarize --out=runs/authors/fedau --ours=runs/authors/fedau/ours
 
 Each (weighting, seed) is one process-internal call of their main.py with
@@ -51,7 +51,7 @@ Patched at run time (their files are not edited):
     fan-in, variance 1; zero biases). XLA's SAME padding for a stride-2 3x3
     on an even size pads 0 before and 1 after, so the convs pad (0, 1) by
     hand. The output equals the flax model's for the same weights
-    (`check-model`: the flax side runs under /work/main/.venv/bin/python).
+    (`check-model`: the flax side runs under .venv/bin/python).
   torchvision (stub module): config.py imports torchvision.transforms at
     the top; -data fashion uses none of its transforms (transform_train
     and transform_train_eval are None).
@@ -94,7 +94,6 @@ import types
 
 import numpy as np
 
-DEFAULT_REPO = '/work/scratch/fedau'
 DATA_DIR = '/usr/share/datasets/fashion-mnist'
 WEIGHTINGS = ('average_participating', 'adaptive', 'mifa')
 NAMES = {
@@ -416,7 +415,7 @@ def cmd_run(args):
 
 def cmd_export_flax(args):
   """Writes our flax SmallCNN's initial parameters, 8 random images and its
-  logits to ``args.npz`` (run with /work/main/.venv/bin/python)."""
+  logits to ``args.npz`` (run with .venv/bin/python)."""
   import jax
   import jax.numpy as jnp
 
@@ -648,14 +647,14 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = parser.add_subparsers(dest='cmd', required=True)
   run = sub.add_parser('run')
-  run.add_argument('--repo', default=DEFAULT_REPO)
+  run.add_argument('--repo', required=True, help='a checkout of IBM/fedau')
   run.add_argument('--out', default='runs/authors/fedau')
   run.add_argument('--data_dir', '--data-dir', default=DATA_DIR)
   run.add_argument('--weightings', default=','.join(WEIGHTINGS))
   run.add_argument('--seeds', default='1,2,3')
   run.add_argument('--rounds', type=int, default=ROUNDS)
   check = sub.add_parser('check-model')
-  check.add_argument('--flax_python', default='/work/main/.venv/bin/python')
+  check.add_argument('--flax_python', default='.venv/bin/python')
   export = sub.add_parser('export-flax')
   export.add_argument('--npz', required=True)
   summ = sub.add_parser('summarize')

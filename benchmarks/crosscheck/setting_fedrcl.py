@@ -16,13 +16,13 @@ small CNN, built in PyTorch here.
 Commands (one run at a time, 1 torch thread; --resume continues a run from
 its last checkpoint, written every 25 rounds):
 
-  cd /work/main
-  PYTHONPATH=/work/pydeps/fedrcl:/work/pydeps/torchvision nice -n 10 \\
-    /work/torchenv/bin/python benchmarks/crosscheck/setting_fedrcl.py run \\
-      --repo=/work/scratch/skynbe+FedRCL --method=fedavg --seed=0 \\
+  # from the repository root:
+  PYTHONPATH=/path/to/pydeps/fedrcl:/path/to/pydeps/torchvision nice -n 10 \\
+    /path/to/torch-env/bin/python benchmarks/crosscheck/setting_fedrcl.py run \\
+      --repo=/path/to/FedRCL --method=fedavg --seed=0 \\
       --rounds=500 --out=runs/authors/fedrcl --resume
   ... --method=fedrcl ...            (the same for seeds 1 and 2)
-  PYTHONPATH=... /work/torchenv/bin/python \\
+  PYTHONPATH=... /path/to/torch-env/bin/python \\
     benchmarks/crosscheck/setting_fedrcl.py table --out=runs/authors/fedrcl
 
 `run` writes <out>/<method>_seed<s>.json (test accuracy per evaluated round,
@@ -73,7 +73,7 @@ What is patched, and why (nothing of the method is replaced):
     torchinfo, umap, netcal, coloredlogs): empty modules
     (fedrcl_harness._EmptyModule); nothing run here calls them (Trainer.
     evaluate's plt.close() instantiates an empty class). torchvision and
-    PIL are real (/work/pydeps/torchvision: torchvision 0.28.0, pillow);
+    PIL are real (/path/to/pydeps/torchvision: torchvision 0.28.0, pillow);
     the wheel's compiled operators are built for a CUDA torch and do not
     register with this CPU torch, so the package __init__ (which registers
     them) is skipped and its pure-Python submodules (transforms, datasets)
@@ -151,7 +151,7 @@ def load_torchvision():
   spec = importlib.util.find_spec('torchvision')
   if spec is None:
     raise SystemExit(
-      'torchvision not found: pip install --target /work/pydeps/torchvision '
+      'torchvision not found: pip install --target /path/to/pydeps/torchvision '
       '--no-deps torchvision==0.28.0 pillow, and put it on PYTHONPATH'
     )
   module = types.ModuleType('torchvision')
@@ -715,12 +715,12 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = parser.add_subparsers(dest='cmd', required=True)
   r = sub.add_parser('run')
-  r.add_argument('--repo', default='/work/scratch/skynbe+FedRCL')
+  r.add_argument('--repo', required=True, help='a checkout of skynbe/FedRCL')
   r.add_argument('--method', choices=('fedavg', 'fedrcl'), required=True)
   r.add_argument('--seed', type=int, default=0)
   r.add_argument('--rounds', type=int, default=500)
   r.add_argument('--out', default='runs/authors/fedrcl')
-  r.add_argument('--data_root', default='/work/scratch/fmnist_torchvision')
+  r.add_argument('--data_root', default='runs/authors/fmnist_torchvision')
   r.add_argument('--eval_every', type=int, default=1)
   r.add_argument('--dense_last', type=int, default=20)
   r.add_argument('--resume', action='store_true')

@@ -31,9 +31,9 @@ What is run:
 Command (torch venv; geoopt is imported, unused, by methods/loss.py,
 tensorloader by utils/evaluate.py, tqdm by the client):
 
-  /work/torchenv/bin/pip install --target /work/pydeps/ssl geoopt \
+  /path/to/torch-env/bin/pip install --target /path/to/pydeps/ssl geoopt \
       tensorloader tqdm
-  PYTHONPATH=/work/pydeps/ssl /work/torchenv/bin/python \
+  PYTHONPATH=/path/to/pydeps/ssl /path/to/torch-env/bin/python \
       benchmarks/crosscheck/ssd.py --repo=/path/to/hc-fang/ssd \
       --commit=<40 hex, if the checkout has no .git> \
       --out=tests/golden/ssd.npz

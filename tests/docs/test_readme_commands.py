@@ -30,6 +30,8 @@ NOT_RUN = {
   'make test': 'the test suite itself (its quick tier)',
   'make test-all': 'the test suite itself; CI runs it (.ci/run)',
   'make lint': 'CI runs it (.ci/run)',
+  'make crosscheck': 'its golden tests are in the suite (tests/test_golden_*.py), '
+  'and so is its listing (tests/test_golden_index.py)',
   'pip install': 'tests/test_package.py installs the built wheel',
   'reproduce': 'whole paper tables; tests/test_reproduce.py plans every '
   'table, trains a tiny one end to end and runs --list and --dry_run',
