@@ -66,7 +66,11 @@ def index(golden_dir=GOLDEN, tests_dir=None):
 
 
 def main():
-  rows = index()
+  try:
+    rows = index()
+  except ValueError as e:  # A fixture without provenance: one line.
+    print(e, file=sys.stderr)
+    return 2
   print("| fixture | authors' code | read by | what ran |")
   print('|---|---|---|---|')
   for row in rows:
