@@ -73,3 +73,9 @@ def test_a_fixture_without_provenance_is_refused_and_an_unread_one_reported(
   np.savez(golden / 'bare.npz', x=np.zeros(2))
   with pytest.raises(ValueError, match='bare.npz has no repository, commit'):
     fixtures.index(str(golden), str(tmp_path))
+  (golden / 'bare.npz').unlink()
+  np.savez(
+    golden / 'short.npz', repository='a/b', commit='abc1234', function='h'
+  )
+  with pytest.raises(ValueError, match="short.npz names commit 'abc1234'"):
+    fixtures.index(str(golden), str(tmp_path))

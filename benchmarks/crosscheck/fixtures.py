@@ -25,14 +25,21 @@ GOLDEN = os.path.join(REPO, 'tests', 'golden')
 
 
 def fixture_provenance(path):
-  """{'repository', 'commit', 'function'} of one fixture, as strings."""
+  """{'repository', 'commit', 'function'} of one fixture, as strings; the
+  commit must be a full 40-hex SHA."""
   with np.load(path, allow_pickle=False) as data:
     missing = [k for k in ('repository', 'commit', 'function') if k not in data]
     if missing:
       raise ValueError(
         f'{path} has no {", ".join(missing)}: remake it with its script'
       )
-    return {k: str(data[k]) for k in ('repository', 'commit', 'function')}
+    found = {k: str(data[k]) for k in ('repository', 'commit', 'function')}
+  if not re.fullmatch(r'[0-9a-f]{40}', found['commit']):
+    raise ValueError(
+      f'{path} names commit {found["commit"]!r}, not 40 hex digits: remake it '
+      'with its script and --commit=<the full SHA>'
+    )
+  return found
 
 
 def tests_reading(name, tests_dir=None):
