@@ -313,8 +313,17 @@ class _Rounds:
 
   def plan(self, end_round):
     """Decides how rounds are called (`executors.plan`: R rounds a call),
-    starts the inputs' read-ahead and the clock. Returns the calls' first
-    rounds."""
+    opens the metrics log and starts the clock, then the inputs' read-ahead.
+    Returns the calls' first rounds."""
+    self._choose_executor(end_round)
+    self._open_log_and_clock()
+    calls = range(self.start_round, end_round, self.rounds_per_call)
+    self._start_read_ahead(calls)
+    return calls
+
+  def _choose_executor(self, end_round):
+    """Sets `choice`, `rounds_per_call` and `rounds_fn` (`executors.plan`),
+    within the memory budget left by the table's rows and generated data."""
     config, setup, table = self.config, self.setup, self.table
     generated = setup.experiment.train is None
     self.choice, self.rounds_per_call, self.rounds_fn = executors.plan(
@@ -339,10 +348,15 @@ class _Rounds:
       )
       + (memory.tree_bytes(setup.data) if generated else 0),
     )
+
+  def _open_log_and_clock(self):
+    """The metrics log, the wall clock (with earlier sessions' seconds), the
+    throughput counters and the progress bar."""
+    config = self.config
     self.log = metrics_log.MetricsLog(
       self.workdir,
       self.start_round,
-      setup.evaluator.headline,
+      self.setup.evaluator.headline,
       assemble.log_settings(config),
       self.chief,
     )
@@ -352,7 +366,7 @@ class _Rounds:
       self.checkpoints, self.start_round, self.log.path
     )
     self.start_time = time.time()
-    self.throughput = metrics_log.Throughput(table=table is not None)
+    self.throughput = metrics_log.Throughput(table=self.table is not None)
     self.bar = tqdm.tqdm(
       initial=self.start_round,
       total=config.num_rounds,
@@ -361,22 +375,25 @@ class _Rounds:
       dynamic_ncols=True,
     )
     self.cleanup.callback(self.bar.close)
-    calls = range(self.start_round, end_round, self.rounds_per_call)
-    if table is None:
+
+  def _start_read_ahead(self, calls):
+    """Builds the calls' inputs ahead of the device: a prefetch thread, or,
+    with the table off the device, the driver that also moves its rows."""
+    setup = self.setup
+    if self.table is None:
       self.call_inputs = cohort_lib.prefetch(self._inputs_for_call, calls)
     else:
       self.driver = client_table_lib.OffDeviceRounds(
         self.rounds_fn,
-        table,
+        self.table,
         self._inputs_for_call,
         calls,
         rounds_per_call=self.rounds_per_call,
         num_slots=setup.num_slots,
         put=setup.put,
-        overlap=config.client_table.prefetch,
+        overlap=self.config.client_table.prefetch,
       )
       self.cleanup.callback(self.driver.close)
-    return calls
 
   def _inputs_for_call(self, first):
     """A call's cohorts, and for clients made on demand their examples."""
