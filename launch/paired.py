@@ -13,8 +13,12 @@ interval excludes 0 (``>`` or ``<``), otherwise it is a **tie** (``~``).
 Seeds that only one of the two has are left out and counted.
 
 Runs are read as ``launch.sweep table`` reads them (``--metric``, ``--at``):
-launch/sweep_table.py. ``fedjax-metric reproduce`` writes the same intervals for a
-paper table's pairs below its table.
+launch/sweep_table.py. Both take comma lists (``--metric=test_accuracy,
+test_accuracy_ema --at=round:100,round:500``): one table per metric and
+reading, each under a ``### <metric> at <reading>`` line, the runs read
+once (``--scale`` applies to every metric: effective rank wants
+``--scale=1`` in a call of its own). ``fedjax-metric reproduce`` writes
+the same intervals for a paper table's pairs below its table.
 """
 
 import math
@@ -127,8 +131,12 @@ def define_flags():
   flags.DEFINE_list('rows', ['algorithm'], 'Config keys naming a method.')
   flags.DEFINE_list('cols', [], 'Config keys naming a setting.')
   flags.DEFINE_string('baseline', None, 'The row every other is paired with.')
-  flags.DEFINE_string('metric', 'test_accuracy', 'Metric (or <name>_ema).')
-  flags.DEFINE_string('at', 'final', "As launch.sweep table's --at.")
+  flags.DEFINE_list(
+    'metric', ['test_accuracy'], 'Metrics (or <name>_ema), comma-separated.'
+  )
+  flags.DEFINE_list(
+    'at', ['final'], "Readings as launch.sweep table's --at, comma-separated."
+  )
   flags.DEFINE_float('ema_decay', 0.9, 'Decay of *_ema metrics.')
   flags.DEFINE_float('scale', 100.0, 'Multiply values by this (percent).')
   flags.DEFINE_integer('digits', 2, 'Decimals.')
@@ -144,20 +152,30 @@ def main(argv):
   runs = sweep_table.find_runs(FLAGS.root)
   if not runs:
     raise FileNotFoundError(f'No finished run under {FLAGS.root}.')
-  cells = paired_cells(
-    runs,
-    FLAGS.rows,
-    FLAGS.cols,
-    FLAGS.baseline,
-    FLAGS.metric,
-    FLAGS.at,
-    FLAGS.ema_decay,
-  )
-  print(
-    format_markdown(
-      cells, scale=FLAGS.scale, digits=FLAGS.digits, baseline=FLAGS.baseline
-    )
-  )
+  if not FLAGS.metric or not FLAGS.at:
+    raise app.UsageError('--metric and --at need at least one value each.')
+  # Every table is computed before any is printed: a bad metric or reading
+  # fails in one line, not after half the output.
+  tables = []
+  for metric in FLAGS.metric:
+    for at in FLAGS.at:
+      cells = paired_cells(
+        runs,
+        FLAGS.rows,
+        FLAGS.cols,
+        FLAGS.baseline,
+        metric,
+        at,
+        FLAGS.ema_decay,
+      )
+      table = format_markdown(
+        cells, scale=FLAGS.scale, digits=FLAGS.digits, baseline=FLAGS.baseline
+      )
+      tables.append((f'### {metric} at {at}', table))
+  if len(tables) == 1:
+    print(tables[0][1])
+  else:
+    print('\n\n'.join(f'{heading}\n\n{table}' for heading, table in tables))
 
 
 if __name__ == '__main__':

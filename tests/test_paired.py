@@ -125,3 +125,46 @@ def test_the_command_prints_the_table(tmp_path):
   )
   assert missing.returncode != 0
   assert 'fedavgg' in missing.stderr and len(missing.stderr.splitlines()) == 1
+
+
+def _paired(root, *flags):
+  return subprocess.run(
+    [sys.executable, '-m', 'launch.paired', f'--root={root}', *flags],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    stdin=subprocess.DEVNULL,
+  )
+
+
+def test_comma_lists_give_one_table_per_metric_and_reading(tmp_path):
+  root = _root(tmp_path)
+  base = ('--baseline=fedavg', '--cols=partition.alpha')
+  single = _paired(root, *base, '--metric=test_accuracy', '--at=round:1')
+  assert single.returncode == 0, single.stderr
+  assert '###' not in single.stdout
+  both = _paired(
+    root,
+    *base,
+    '--metric=test_accuracy,test_accuracy_ema',
+    '--at=final,round:1',
+  )
+  assert both.returncode == 0, both.stderr
+  sections = both.stdout.strip().split('\n\n')
+  headings = [x for x in sections if x.startswith('### ')]
+  assert headings == [
+    '### test_accuracy at final',
+    '### test_accuracy at round:1',
+    '### test_accuracy_ema at final',
+    '### test_accuracy_ema at round:1',
+  ]
+  # Each table is the one its single call prints (round 1: every method
+  # at 0.5, so no difference; final: the lead shows).
+  at_round_1 = sections[sections.index('### test_accuracy at round:1') + 1]
+  assert at_round_1 == single.stdout.strip()
+  assert '+0.00 [' in at_round_1 and '+1.15 [' not in at_round_1
+  # A bad reading anywhere in the list: one line, and no table printed.
+  bad = _paired(root, *base, '--at=final,round:99')
+  assert bad.returncode != 0 and bad.stdout == ''
+  assert len(bad.stderr.splitlines()) == 1 and '99' in bad.stderr
