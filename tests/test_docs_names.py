@@ -93,3 +93,23 @@ def test_crosscheck_lists_every_algorithm():
   assert not missing, f'no crosscheck.md row names {missing}'
   # The check reads the column it means to: a known row is found.
   assert {'fedavg', 'fitnet', 'quadrupletfl'} <= crosscheck_names()
+
+
+def test_the_layout_tree_names_every_module():
+  """docs/concepts.md's tree is the one file-by-file map (the README keeps
+  a short one): every top-level module of the package and of launch/ is
+  named in it, so that a new module shows up here instead of missing."""
+  with open(os.path.join(REPO, 'docs', 'concepts.md')) as f:
+    text = f.read()
+  start = text.index('```\nfedjax_metric/')
+  tree = text[start : text.index('```\n', start + 4)]
+  named = set(re.findall(r'[a-z_][a-z0-9_]*', tree))
+  missing = []
+  for folder in ('fedjax_metric', 'launch'):
+    for name in sorted(os.listdir(os.path.join(REPO, folder))):
+      module = name[:-3]
+      if name.endswith('.py') and module != '__init__' and module not in named:
+        missing.append(f'{folder}/{name}')
+  assert not missing, (
+    f"docs/concepts.md's tree does not name {missing}: add a line for each."
+  )
