@@ -1,6 +1,7 @@
 """Tiny synthetic federations shared by the engine and algorithm tests."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -311,3 +312,12 @@ def jit_client_loss_and_grad(alg, params, model_state, batch, ctx):
   return jax.jit(lambda p, s, b: value_and_grad(p, s, b, ctx))(
     params, model_state, batch
   )
+
+
+def repository_of(fixture):
+  """The authors' repository a golden fixture names, once its commit is
+  checked to be a full SHA (40 lowercase hex digits, as
+  benchmarks/crosscheck/fixtures.py requires of every fixture)."""
+  commit = str(fixture['commit'])
+  assert re.fullmatch('[0-9a-f]{40}', commit), f'not a full SHA: {commit!r}'
+  return str(fixture['repository'])

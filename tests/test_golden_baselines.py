@@ -63,12 +63,6 @@ def assert_far(got, want, tol):
   assert err > 10 * tol, f'near miss within tolerance: {err} <= {10 * tol}'
 
 
-def provenance(d, repository):
-  assert str(d['repository']) == repository
-  assert len(str(d['commit'])) == 40
-  int(str(d['commit']), 16)
-
-
 def run_rounds(
   alg, model, variables, d, *, prefix='round', clip=0.0, with_extra=False
 ):
@@ -215,7 +209,7 @@ def ntd_outputs(d, tau, beta):
 
 
 def test_fedntd_fixture_provenance():
-  provenance(fixture('fedntd'), 'Lee-Gihun/FedNTD')
+  assert fx.repository_of(fixture('fedntd')) == 'Lee-Gihun/FedNTD'
 
 
 def test_fedntd_loss_matches_authors_at_their_tau_1():
@@ -297,7 +291,7 @@ def decorr_value_and_grad(x, form='code', mask=None):
 
 def test_feddecorr_fixture_provenance():
   d = fixture('feddecorr')
-  provenance(d, 'bytedance/FedDecorr')
+  assert fx.repository_of(d) == 'bytedance/FedDecorr'
   assert float(d['loss_eps']) == 1e-8  # our decorrelation_loss default
 
 
@@ -416,7 +410,7 @@ def mlb_value_and_grads(d, i, *, reverse_kl=False, detach_hybrid_kl=False):
 
 
 def test_fedmlb_fixture_provenance():
-  provenance(fixture('fedmlb'), 'jinkyu032/FedMLB')
+  assert fx.repository_of(fixture('fedmlb')) == 'jinkyu032/FedMLB'
 
 
 @pytest.mark.parametrize('i', [0, 1])
@@ -499,11 +493,12 @@ def lc_value_and_grad(d, tau, *, counts=None, paper_denominator=False):
 
 def test_fedlc_fixture_provenance():
   d = fixture('fedlc')
-  provenance(d, 'geehokim/FedACG')
-  provenance(
-    {'repository': d['round_repository'], 'commit': d['round_commit']},
-    'bytedance/FedDecorr',
-  )
+  assert fx.repository_of(d) == 'geehokim/FedACG'
+  round_provenance = {
+    'repository': d['round_repository'],
+    'commit': d['round_commit'],
+  }
+  assert fx.repository_of(round_provenance) == 'bytedance/FedDecorr'
 
 
 @pytest.mark.parametrize('i', [0, 1, 2])
@@ -587,7 +582,7 @@ def proc_value_and_grad(d, *, temperature=1.0, raw_prototypes=False):
 
 
 def test_fedproc_fixture_provenance():
-  provenance(fixture('fedproc'), 'MuXutong/FedProc')
+  assert fx.repository_of(fixture('fedproc')) == 'MuXutong/FedProc'
 
 
 def test_fedproc_loss_matches_authors_supconloss_new():

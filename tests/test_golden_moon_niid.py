@@ -75,13 +75,6 @@ def assert_far(got, want):
   assert err > 1e3 * (ATOL + RTOL * scale), f'near miss matches: {err}'
 
 
-def provenance(d, repository):
-  assert str(d['repository']) == repository
-  assert len(str(d['commit'])) == 40
-  int(str(d['commit']), 16)
-  assert str(d['function'])
-
-
 def identity(images, key):
   del key
   return images
@@ -306,7 +299,7 @@ def moon_want_grads(d, run):
 
 def test_moon_fixture_provenance():
   d = fixture('moon')
-  provenance(d, 'QinbinLi/MOON')
+  assert fx.repository_of(d) == 'QinbinLi/MOON' and str(d['function'])
   assert list(d['mus']) == [1.0, 5.0]
   assert float(d['temperature']) == 0.5
   # Round 0 has no previous model in their pool: both mus train alike.
@@ -577,14 +570,16 @@ def fedprox_alg(d, mu):
 
 
 def test_niid_bench_fixtures_provenance():
-  for name in (
-    'fedavg_niid_bench',
-    'fedprox_niid_bench',
-    'scaffold_niid_bench',
+  niid_bench = 'Xtra-Computing/NIID-Bench'
+  for name, repository in (
+    ('fedavg_niid_bench', niid_bench),
+    ('fedprox_niid_bench', niid_bench),
+    ('scaffold_niid_bench', niid_bench),
+    ('niid_bench_partition', niid_bench),
+    ('fedprox_official', 'litian96/FedProx'),
   ):
-    provenance(fixture(name), 'Xtra-Computing/NIID-Bench')
-  provenance(fixture('niid_bench_partition'), 'Xtra-Computing/NIID-Bench')
-  provenance(fixture('fedprox_official'), 'litian96/FedProx')
+    d = fixture(name)
+    assert fx.repository_of(d) == repository and str(d['function']), name
 
 
 def test_fedprox_loss_and_gradients_match_niid_bench():

@@ -90,43 +90,6 @@ def test_pairs_by_seed_and_calls_a_tie_a_tie(tmp_path):
   assert '| holds (>) |' in table and '| tie |' in table
 
 
-def test_the_command_prints_the_table(tmp_path):
-  root = _root(tmp_path)
-  done = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'launch.paired',
-      f'--root={root}',
-      '--baseline=fedavg',
-      '--cols=partition.alpha',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    stdin=subprocess.DEVNULL,
-  )
-  assert done.returncode == 0, done.stderr
-  assert '| mix | 0.1 | 5 |' in done.stdout
-  missing = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'launch.paired',
-      f'--root={root}',
-      '--baseline=fedavgg',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    stdin=subprocess.DEVNULL,
-  )
-  assert missing.returncode != 0
-  assert 'fedavgg' in missing.stderr and len(missing.stderr.splitlines()) == 1
-
-
 def _paired(root, *flags):
   return subprocess.run(
     [sys.executable, '-m', 'launch.paired', f'--root={root}', *flags],
@@ -136,6 +99,16 @@ def _paired(root, *flags):
     timeout=120,
     stdin=subprocess.DEVNULL,
   )
+
+
+def test_the_command_prints_the_table(tmp_path):
+  root = _root(tmp_path)
+  done = _paired(root, '--baseline=fedavg', '--cols=partition.alpha')
+  assert done.returncode == 0, done.stderr
+  assert '| mix | 0.1 | 5 |' in done.stdout
+  missing = _paired(root, '--baseline=fedavgg')
+  assert missing.returncode != 0
+  assert 'fedavgg' in missing.stderr and len(missing.stderr.splitlines()) == 1
 
 
 def test_comma_lists_give_one_table_per_metric_and_reading(tmp_path):
