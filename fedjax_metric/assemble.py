@@ -308,6 +308,7 @@ class ParticipationPlan:
         probabilities, config.num_rounds, p.pattern, **self._kwargs
       )
     self._stream = None
+    self._last = (None, None)  # (round, its ids): the latest answer.
     self._lock = threading.Lock()
 
   def clients_at(self, round_idx: int) -> np.ndarray:
@@ -315,6 +316,11 @@ class ParticipationPlan:
     if self.mask is not None:
       return np.flatnonzero(self.mask[round_idx])
     with self._lock:  # The cohort thread and the main thread both ask.
+      # A run asks for its first round several times (memory model, cohort
+      # size, read-ahead); a second ask would seek back, which replays a
+      # 'markov' chain from round 0.
+      if self._last[0] == round_idx:
+        return self._last[1].copy()
       if self._stream is None:
         self._stream = participation.ParticipationStream(
           self.probabilities,
@@ -325,11 +331,15 @@ class ParticipationPlan:
         )
       if self._stream.next_round != round_idx:
         self._stream.seek(round_idx)
-      return np.flatnonzero(next(self._stream))
+      ids = np.flatnonzero(next(self._stream))
+      self._last = (round_idx, ids)
+      return ids.copy()
 
   def mean_active(self) -> float:
     """Participants per round: counted where the mask is kept, else the
-    expectation (the sum of the probabilities)."""
+    sum of the probabilities (the expectation under 'bernoulli' and
+    'markov'; the cyclic patterns' long-run rate per client is their active
+    fraction of a cycle, which rounds p * cycle, so it differs a little)."""
     if self.mask is not None:
       return float(self.mask.sum(1).mean())
     return float(np.sum(self.probabilities))
@@ -353,6 +363,16 @@ def participation_plan(config, class_counts):
   p = config.participation
   if p.pattern == 'uniform':
     return None
+  empty = np.flatnonzero(np.asarray(class_counts).sum(axis=1) == 0)
+  if empty.size:
+    raise ValueError(
+      f"participation.pattern={p.pattern!r} ties each client's probability "
+      f'to its labels, but the partition left {empty.size} of '
+      f'{len(class_counts)} clients without examples (first: '
+      f'{empty[:5].tolist()}). Give every client data (a larger '
+      'partition.alpha or fewer clients; partition.variant=niid_bench with '
+      "partition.min_size >= 1) or use participation.pattern='uniform'."
+    )
   probs = participation.probabilities(
     class_counts,
     mean=p.mean,

@@ -98,7 +98,7 @@ def init_state(algorithm: Algorithm, variables, num_clients: int, key=None):
   """Initial ``(server_state, client_table)``; the table has N rows.
 
   Row k is ``init_client(variables, fold_in(key, k))`` (`init_rows`); the
-  server state is ``init_server(variables, N, fold_in(key, -3))``
+  server state is ``init_server(variables, N, fold_in(key, 2**31 - 3))``
   (`init_server_state`). Check the table's size first with
   `memory.check_client_table_fits` where memory is tight; a table that
   lives off the device (client_table.py) is never built whole.
@@ -614,7 +614,8 @@ def multi_round(
       cohort at index r).
 
   Returns:
-    ``(server_state, client_table, metrics)``; each metric has shape [R].
+    ``(server_state, client_table, metrics)``; each metric has shape [R]
+    (per-client reports, ``metrics['clients']``, [R, C]).
   """
 
   def one_round(carry, cohort):

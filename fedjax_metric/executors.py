@@ -398,12 +398,12 @@ def make_rounds_fn(
   def rounds_fn(server_state, client_table, cohorts, call_data=None):
     metrics = []
     for r, cohort in enumerate(cohorts):
-      if mesh is not None:
-        cohort = sharding.shard_cohort(cohort, mesh)
       round_data = None
       if call_data is not None:
         # One round's share of the call's examples (its indices start at
-        # r * C * S * B): the one-round program's data shape.
+        # r * C * S * B): the one-round program's data shape. Re-based on
+        # the host cohort, before sharding: a sharded index array may span
+        # other processes' devices, which np.asarray cannot read.
         size = np.asarray(cohort.example_idx).size
         round_data = jax.tree.map(
           lambda x: x[r * size : (r + 1) * size], call_data
@@ -411,6 +411,8 @@ def make_rounds_fn(
         cohort = cohort._replace(
           example_idx=np.asarray(cohort.example_idx) - r * size
         )
+      if mesh is not None:
+        cohort = sharding.shard_cohort(cohort, mesh)
       server_state, client_table, m = round_fn(
         server_state, client_table, cohort, round_data
       )
@@ -775,6 +777,11 @@ def make_host_loop_round_fn(spec, data, *, steps_per_call: int, unroll=True):
   (`_host_loop_fns`). Then one ``server`` call. No stacked [C, ...] updates
   exist. ``round_fn.fns`` exposes the jitted pieces (tests count compiles).
   """
+  if isinstance(steps_per_call, bool) or steps_per_call < 1:
+    raise ValueError(
+      f'steps_per_call={steps_per_call!r}: the host loop runs blocks of at '
+      'least 1 local step; use steps_per_call >= 1.'
+    )
   fns = _host_loop_fns(spec, unroll=unroll)
   bound_data = data
 

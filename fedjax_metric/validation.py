@@ -200,7 +200,7 @@ RULES: Dict[str, Check] = {
   'server.weighting': _one_of(fedavg.WEIGHTINGS + ('num_batches',)),
   'participation.pattern': _one_of(participation.PATTERNS),
   'participation.mean': _number(0.0, 1.0, low_open=True),
-  'participation.floor': _number(0.0, 1.0),
+  'participation.floor': _number(0.0, 1.0, low_open=True),
   'participation.beta': _number(0.0, low_open=True),
   'participation.normalize': _one_of(participation.NORMALIZATIONS),
   'participation.markov_rate': _number(0.0, 1.0, low_open=True),

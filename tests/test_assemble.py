@@ -2,6 +2,7 @@
 below it (executors, the metrics log, the evaluation), which never read the
 config themselves (tests/test_imports.py checks that)."""
 
+import numpy as np
 import pytest
 
 from fedjax_metric import assemble, executors, metrics_log, settings
@@ -93,3 +94,45 @@ def test_the_log_writes_no_config_it_was_not_given(tmp_path):
   log.close()
   assert row['test_accuracy_ema'] == pytest.approx(0.5)
   assert log.per_client_path is None and log.wandb is None
+
+
+def test_a_participation_pattern_refuses_clients_without_data_in_one_line():
+  config = a_config()
+  with config.unlocked():
+    config.num_clients = 4
+    config.participation.pattern = 'bernoulli'
+  counts = np.array([[3, 1], [0, 0], [2, 2], [0, 0]])
+  with pytest.raises(ValueError) as raised:
+    assemble.participation_plan(config, counts)
+  message = str(raised.value)
+  assert '\n' not in message
+  assert '2 of 4 clients without examples (first: [1, 3])' in message
+  assert "participation.pattern='uniform'" in message
+  # Every client with data: a plan, one probability each.
+  counts[[1, 3]] = 1
+  assert assemble.participation_plan(config, counts).probabilities.shape == (4,)
+
+
+@pytest.mark.parametrize('pattern', ['markov', 'cyclic', 'bernoulli'])
+def test_a_streamed_plan_answers_any_order_of_rounds_like_the_mask(
+  pattern, monkeypatch
+):
+  """Over `MASK_LIMIT` the plan streams its rows; a run asks for its first
+  round several times and a resumed one starts anywhere: every answer is
+  that round's row of `participation.sample`, repeated asks included."""
+  config = a_config()
+  with config.unlocked():
+    config.num_clients = 30
+    config.num_rounds = 12
+    config.participation.pattern = pattern
+  counts = np.random.default_rng(0).integers(1, 5, (30, 3))
+  whole = assemble.participation_plan(config, counts)
+  assert whole.mask is not None
+  monkeypatch.setattr(assemble, 'MASK_LIMIT', 0)
+  streamed = assemble.participation_plan(config, counts)
+  assert streamed.mask is None
+  assert streamed.most_active == whole.most_active
+  for round_idx in [5, 5, 6, 6, 2, 11, 11, 0, 7, 7, 7]:
+    ids = streamed.clients_at(round_idx)
+    np.testing.assert_array_equal(ids, np.flatnonzero(whole.mask[round_idx]))
+    ids[:] = -1  # The caller's copy: the plan's next answer is unharmed.

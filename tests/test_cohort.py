@@ -105,6 +105,41 @@ def test_too_many_clients_for_slots_is_an_error():
     cohort_lib.num_local_steps([3], batch_size=2, local_epochs=0, local_steps=0)
 
 
+@pytest.mark.parametrize('sampler', ['per_client', 'vectorized'])
+@pytest.mark.parametrize(
+  'ids, match',
+  [
+    ([1, 1], r'at most once; 1 id\(s\) repeat'),
+    ([-1, 0], r'client ids must be in \[0, 3\), got -1 to 0'),
+    ([0, 3], r'client ids must be in \[0, 3\), got 0 to 3'),
+  ],
+)
+def test_a_cohort_of_repeated_or_unknown_clients_is_refused(
+  ids, match, sampler
+):
+  """A repeated client would train twice and be written back once, so the
+  executors would disagree; a negative id would index from the end."""
+  kw = dict(
+    num_slots=2,
+    num_steps=2,
+    batch_size=2,
+    local_epochs=1,
+    local_steps=0,
+    seed=0,
+    round_idx=0,
+    sampler=sampler,
+  )
+  parts = [np.arange(3), np.arange(3, 6), np.arange(6, 9)]
+  with pytest.raises(ValueError, match=match):
+    cohort_lib.make_cohort(np.array(ids), parts, **kw)
+  assert cohort_lib.make_cohort(np.array([2, 0]), parts, **kw).slot_mask.all()
+
+
+def test_prefetch_of_no_keys_yields_nothing():
+  assert list(cohort_lib.prefetch(lambda k: k * 2, [])) == []
+  assert list(cohort_lib.prefetch(lambda k: k * 2, [1, 2, 3])) == [2, 4, 6]
+
+
 # ---------------------------------------------------------------------------
 # The vectorized sampler.
 # ---------------------------------------------------------------------------

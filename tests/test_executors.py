@@ -75,6 +75,18 @@ def test_host_loop_compiles_once():
   assert round_fn.fns.steps._cache_size() == 0
 
 
+@pytest.mark.parametrize('steps_per_call', [0, -2])
+def test_the_host_loop_refuses_blocks_of_no_steps_when_built(steps_per_call):
+  _, alg, data, _, _ = federation()
+  with pytest.raises(ValueError, match='use steps_per_call >= 1'):
+    executors.make_round_fn(
+      fx.make_spec(alg),
+      data,
+      executor='host',
+      steps_per_call=steps_per_call,
+    )
+
+
 @pytest.mark.parametrize('chunk_size', [3, 5])
 def test_chunk_size_that_does_not_divide_the_cohort(chunk_size):
   _, alg, data, parts, variables = federation()

@@ -39,7 +39,7 @@ def free_port():
     return s.getsockname()[1]
 
 
-def start(workdir, num_devices, *flags):
+def start(workdir, num_devices, *flags, run_flags=RUN_FLAGS):
   env = dict(
     os.environ,
     JAX_PLATFORMS='cpu',
@@ -57,7 +57,7 @@ def start(workdir, num_devices, *flags):
       sys.executable,
       '-m',
       'launch.main',
-      *RUN_FLAGS,
+      *run_flags,
       f'--workdir={workdir}',
       *flags,
     ],
@@ -143,6 +143,41 @@ def test_two_processes_equal_one(tmp_path):
   # of the checkpoint as read back here in one process.
   saved = faults._saved_digest(os.path.join(multi, 'checkpoints', '2'))
   assert saved == faults.state_digest(whole_checkpoint(multi))
+
+
+def test_examples_made_per_call_in_two_processes_equal_one(tmp_path):
+  """A population made on demand (synthetic) brings each call's examples
+  with it; on one call per round the cohort's indices are re-based on the
+  host before the cohort is sharded, since a sharded index array spans the
+  other process's devices and cannot be read back."""
+  flags = (
+    '--config=configs/fedavg.py:runlocal,dataset=synthetic',
+    '--config.executor=vmap',
+    '--config.rounds_per_call=1',
+    '--config.num_rounds=2',
+    '--config.progress=False',
+    '--config.plot_partition=False',
+  )
+  multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
+  address = f'127.0.0.1:{free_port()}'
+  procs = [
+    start(
+      multi,
+      2,
+      f'--coordinator_address={address}',
+      '--num_processes=2',
+      f'--process_id={i}',
+      run_flags=flags,
+    )
+    for i in (0, 1)
+  ]
+  procs.append(start(single, 4, run_flags=flags))
+  outputs = finish(procs)
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  states = [final_server_state(w) for w in (multi, single)]
+  for x, y in zip(*map(jax.tree.leaves, states)):
+    np.testing.assert_allclose(x, y, atol=1e-5)
 
 
 @pytest.mark.parametrize(

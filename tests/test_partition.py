@@ -299,6 +299,10 @@ def test_invalid_num_clients(fn):
     fn(501)
   with pytest.raises(ValueError, match='num_clients=0'):
     fn(0)
+  # A whole float is refused in one line, not deep in an index or reshape.
+  with pytest.raises(ValueError, match=r'num_clients=10.0 must be an int'):
+    fn(10.0)
+  assert len(fn(np.int64(10))) == 10
 
 
 def test_module_does_not_import_jax():

@@ -75,6 +75,7 @@ def test_failed_starts_write_nothing(tmp_path):
     (_set('model.name', 'resnet19'), "model.name must be one of .*'resnet18'"),
     (_set('algorithm', 'fedavgm'), "algorithm must be one of .*'fedprox'"),
     (_set('num_rounds', 0), 'num_rounds must be >= 1'),
+    (_set('participation.floor', 0.0), r'participation.floor must be > 0'),
     (_set('eval_every', 0), 'eval_every must be >= 1'),
     (
       _set('cohort_sampler', 'fast'),

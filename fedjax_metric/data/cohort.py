@@ -359,6 +359,25 @@ def vectorized_batches(
   return take(clients, pos, mask), mask
 
 
+def _check_client_ids(client_ids, num_clients: int):
+  """A round's clients are distinct ids in [0, N): a repeated client would
+  be trained twice and written back once (which write survives a scatter is
+  unspecified), so executors would disagree."""
+  ids = np.asarray(client_ids)
+  if ids.size == 0:
+    return
+  if ids.min() < 0 or ids.max() >= num_clients:
+    raise ValueError(
+      f'client ids must be in [0, {num_clients}), got {ids.min()} to '
+      f'{ids.max()}.'
+    )
+  if np.unique(ids).size != ids.size:
+    raise ValueError(
+      f'a round samples each client at most once; {ids.size - np.unique(ids).size} '
+      'id(s) repeat.'
+    )
+
+
 def make_cohort(
   client_ids: np.ndarray,
   partition: Sequence[np.ndarray],
@@ -401,6 +420,7 @@ def make_cohort(
   if sampler not in SAMPLERS:
     raise ValueError(f'sampler={sampler!r}; expected one of {SAMPLERS}.')
   num_clients = len(partition)
+  _check_client_ids(client_ids, num_clients)
   shape = dict(
     num_steps=num_steps,
     batch_size=batch_size,
@@ -462,6 +482,8 @@ def prefetch(fn, keys):
   current call, so cohort building leaves the critical path.
   """
   keys = list(keys)
+  if not keys:
+    return
   with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
     pending = pool.submit(fn, keys[0]) if keys else None
     for following in keys[1:] + [None]:

@@ -74,8 +74,8 @@ def _label_histograms(class_counts):
   if np.any(totals <= 0):
     empty = np.nonzero(totals <= 0)[0]
     raise ValueError(
-      f'clients {empty.tolist()} have no data (all class counts'
-      ' are 0); every client needs a label histogram.'
+      f'{empty.size} client(s) have no data (all class counts are 0; '
+      f'first: {empty[:5].tolist()}); every client needs a label histogram.'
     )
   return counts / totals[:, None]
 

@@ -38,14 +38,16 @@ def _check_inputs(labels, num_clients):
     raise ValueError(
       f'labels must be a non-empty 1-D array, got shape {labels.shape}.'
     )
+  # An int, not a whole float: the partitioners index and reshape with it.
   if (
-    int(num_clients) != num_clients
+    not isinstance(num_clients, (int, np.integer))
+    or isinstance(num_clients, bool)
     or num_clients < 1
     or num_clients > labels.size
   ):
     raise ValueError(
-      f'num_clients={num_clients} must be an integer in [1, N] with N={labels.size} '
-      'examples; every client needs at least one example.'
+      f'num_clients={num_clients!r} must be an int in [1, N] with N={labels.size} '
+      'examples (no more clients than examples).'
     )
   return labels
 
@@ -234,6 +236,8 @@ def dirichlet(
       whole-partition resampling until every client has >= min_size examples), 'balanced'
       (FedRCL, every client exactly floor(N/J) examples), 'per_client' (FedAU) or 'per_class'
       (SSD / FedU2 via fedbox). See the private helpers for each procedure's details.
+      'per_client' and 'per_class' can leave clients without examples (few
+      examples per client, small alpha); 'niid_bench' with min_size 0 too.
     min_size: 'niid_bench' only; the reference hard-codes 10. 0 accepts the first draw.
     max_tries: 'niid_bench' only; attempts before giving up with a ValueError.
   Returns:
