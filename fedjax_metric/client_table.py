@@ -521,7 +521,10 @@ def choose_placement(
         'placement=disk or auto, or fewer clients.'
       )
     return Placement('host', table_bytes, f'{size} in host memory')
-  # Disk: the rows file, and undo journals of a few checkpoint intervals.
+  # Disk: the rows file. The undo journals (the old rows of a few checkpoint
+  # intervals) are not counted; a disk that fills up fails a row write,
+  # which stops the run before its next checkpoint (`RowPrefetcher.wait`),
+  # and the journals let it resume from the last one.
   if table_bytes > free_disk:
     raise TableSizeError(
       f'The client table needs {size}: over the device budget '
@@ -553,7 +556,7 @@ class RowPrefetcher:
     self.pool = (
       concurrent.futures.ThreadPoolExecutor(max_workers=1) if overlap else None
     )
-    self.pending_write = None
+    self.pending_writes = []
 
   def submit(self, fn, *args):
     """A future of ``fn(*args)``, run after everything submitted before."""
@@ -568,15 +571,29 @@ class RowPrefetcher:
     return self.submit(self.table.gather, ids)
 
   def write(self, round_idx, ids, new_rows, old_rows):
-    self.pending_write = self.submit(
-      self.table.scatter, round_idx, ids, new_rows, old_rows
+    # Every write's outcome is kept until `wait`: a failed one (a full disk)
+    # followed by one that succeeds must still stop the next checkpoint.
+    self._raise_a_failed_write()
+    self.pending_writes.append(
+      self.submit(self.table.scatter, round_idx, ids, new_rows, old_rows)
     )
 
+  def _raise_a_failed_write(self):
+    """Re-raises the error of a finished write; forgets the finished."""
+    running = []
+    for write in self.pending_writes:
+      if write.done():
+        write.result()
+      else:
+        running.append(write)
+    self.pending_writes = running
+
   def wait(self):
-    """Until every write submitted so far is done (before a checkpoint)."""
-    if self.pending_write is not None:
-      self.pending_write.result()
-      self.pending_write = None
+    """Until every write submitted so far is done (before a checkpoint);
+    raises the first failed write's error."""
+    writes, self.pending_writes = self.pending_writes, []
+    for write in writes:
+      write.result()
 
   def close(self):
     if self.pool is not None:

@@ -89,7 +89,8 @@ def run(
     config: a config from configs/ (see fedjax_metric/settings.py for every field).
     workdir: output directory; an existing one is resumed.
     stop_after_round: stop (with a checkpoint) once this many rounds are done,
-      as a preempted job would; a later call resumes.
+      as a preempted job would (evaluating only on the run's schedule); a
+      later call resumes.
 
   Returns:
     The summary; after a SIGTERM / SIGINT (a checkpoint saved, the run
@@ -147,7 +148,10 @@ def _run(config, workdir, stop_after_round, stop, cleanup):
     if stop.agreed():
       break
     loop.train(first)
-    if _due(loop.done, config.eval_every, end_round):
+    # On the run's schedule, not the stop's: a run stopped off it (as a
+    # preempted one is) logs the rows an uninterrupted run logs, so the
+    # headline's EMA and top-k agree after the resume.
+    if _due(loop.done, config.eval_every, config.num_rounds):
       loop.evaluate()
     if _due(loop.done, config.checkpoint_every, end_round):
       loop.checkpoint()

@@ -282,7 +282,7 @@ class UnverifiedError(ValueError):
   """A checkpoint whose checksum file is missing or unreadable."""
 
 
-def _saved_digest(step_dir) -> Optional[str]:
+def saved_digest(step_dir) -> Optional[str]:
   """The digest saved in a step's orbax metadata file; None for a
   checkpoint written before the digest existed (the file, without it).
 
@@ -435,7 +435,7 @@ def restore_newest_readable(
   for step in steps:
     try:
       # First: nothing is read from a checkpoint that cannot be verified.
-      saved = _saved_digest(os.path.join(directory, str(step)))
+      saved = saved_digest(os.path.join(directory, str(step)))
       with (
         quiet_orbax_notes(),
         orbax_reads_drained(),

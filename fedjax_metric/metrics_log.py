@@ -11,6 +11,7 @@ checkpoint, so every row is written by the session that computed it.
 """
 
 import csv
+import io
 import json
 import os
 import time
@@ -23,12 +24,44 @@ from fedjax_metric import wandb_log
 from fedjax_metric.evaluation import statistics as eval_statistics
 
 
+def _rows(path):
+  """``[(line, row)]`` of metrics.jsonl at ``path``.
+
+  A last line cut off by a kill or a full disk (no newline, not JSON) is
+  left out with a warning: that evaluation is redone on resume. Any other
+  line that is not JSON is damage, refused in one line naming it.
+  """
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  out = []
+  for number, line in enumerate(lines, 1):
+    try:
+      out.append((line, json.loads(line)))
+    except ValueError:
+      if number == len(lines) and not line.endswith('\n'):
+        logging.warning('%s: leaving out a cut-off last line.', path)
+        continue
+      raise ValueError(
+        f'{path}, line {number}, is not a JSON row; the file is damaged. '
+        'Delete that line (its round is evaluated again on resume).'
+      ) from None
+  return out
+
+
 def read_metrics(metrics_path):
   """metrics.jsonl's rows (dicts), [] when it does not exist."""
   if not os.path.exists(metrics_path):
     return []
-  with open(metrics_path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [row for _, row in _rows(metrics_path)]
+
+
+def _replace_lines(path, lines):
+  """Writes ``lines`` as the whole of ``path`` atomically: a kill or a full
+  disk leaves the old file, never a shortened one."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w', newline='') as f:
+    f.writelines(lines)
+  os.replace(tmp, path)
 
 
 def evaluations_of(metrics_path, name, up_to_round):
@@ -51,11 +84,8 @@ def truncate_metrics(path, last_round):
   """Drops metric lines past the restored checkpoint (they will be redone)."""
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
-  kept = [line for line in lines if json.loads(line)['round'] <= last_round]
-  with open(path, 'w') as f:
-    f.writelines(kept)
+  kept = [line for line, row in _rows(path) if row['round'] <= last_round]
+  _replace_lines(path, kept)
 
 
 def make_summary_writer(workdir, start_round=0):
@@ -203,8 +233,9 @@ def _keep_rounds(path, last_round, header):
     with open(path, newline='') as f:
       kept = list(csv.reader(f))[1:]
     kept = [r for r in kept if int(r[0]) <= last_round]
-  with open(path, 'w', newline='') as f:
-    csv.writer(f).writerows([header, *kept])
+  text = io.StringIO(newline='')
+  csv.writer(text).writerows([header, *kept])
+  _replace_lines(path, [text.getvalue()])
 
 
 class LogSettings(NamedTuple):

@@ -62,7 +62,11 @@ def restore(config, workdir, round_=None):
       f'No checkpoint of round {round_} in '
       f'{directory}; saved rounds: {sorted(saved)}.'
     )
+  step_dir = os.path.join(directory, str(round_))
   try:
+    # The checksum saved with the checkpoint, read first: nothing is loaded
+    # from a checkpoint that cannot be verified (a damaged metadata file).
+    digest = faults.saved_digest(step_dir)
     with faults.orbax_reads_drained():  # A damaged file: one error, no noise.
       restored = manager.restore(
         round_,
@@ -70,8 +74,19 @@ def restore(config, workdir, round_=None):
           {'server_state': server_state, 'client_table': client_table}
         ),
       )
+  except faults.UnverifiedError as e:
+    raise faults.CheckpointError(
+      f'The checkpoint of round {round_} in {directory} cannot be loaded: '
+      f'{e}. Load another round (saved: {sorted(saved)}).'
+    ) from None
   finally:
     manager.close()
+  if digest is not None and digest != faults.state_digest(restored):
+    raise faults.CheckpointError(
+      f'The checkpoint of round {round_} in {directory} does not match the '
+      'checksum saved with it (its files changed on disk). Load another '
+      f'round (saved: {sorted(saved)}).'
+    )
   return dict(
     model=experiment.eval_model,
     preprocess=experiment.eval_preprocess,

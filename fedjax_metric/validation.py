@@ -397,6 +397,17 @@ def _check_dataset(config) -> None:
   size = TRAIN_SIZES.get(ds.name)
   if size is None:
     return
+  # The partition splits what the validation split leaves (about: the
+  # hold-out rounds per class).
+  fraction = ds.get('validation_fraction', 0.0) or 0.0
+  held = int(round(fraction * size))
+  size -= held
+  left = (
+    f' left after holding out {held} (--config.dataset.validation_fraction='
+    f'{fraction})'
+    if held
+    else ''
+  )
   p = config.partition
   need, why = config.num_clients, 'one example per client'
   if p.method == 'dirichlet' and p.variant == 'niid_bench':
@@ -428,7 +439,7 @@ def _check_dataset(config) -> None:
         )
   if need > size:
     raise ConfigError(
-      f'{ds.name} has {size} training examples: too few for '
+      f'{ds.name} has {size} training examples{left}: too few for '
       f'--config.num_clients={config.num_clients} with {why}. Lower '
       '--config.num_clients (or the per-client requirement).'
     )

@@ -9,6 +9,7 @@ a checkpoint) is restore.py's: this module reads and writes files only.
 
 import json
 import os
+import shutil
 
 from absl import logging
 import jax
@@ -17,6 +18,7 @@ import orbax.checkpoint as ocp
 import tqdm
 
 from fedjax_metric import (
+  client_table,
   config_io,
   engine,
   faults,
@@ -107,6 +109,11 @@ def check_resume_config(workdir, config):
     for name in ('partition.png', 'participation.json', 'participation.png'):
       if os.path.exists(os.path.join(workdir, name)):
         os.remove(os.path.join(workdir, name))
+    # A client table without a checkpoint holds nothing to resume, and its
+    # placement would bind the new config's run (client_table.stored_placement).
+    shutil.rmtree(
+      os.path.join(workdir, client_table.TABLE_DIR), ignore_errors=True
+    )
     return
   shown = ', '.join(
     f'{k} ({old.get(k, "absent")} -> {new.get(k, "absent")})'
@@ -163,11 +170,22 @@ def check_rounds(workdir, config):
   results would be of another length than asked for. A larger num_rounds
   continues the run.
   """
+  rounds = saved_rounds(workdir)
   summary_path = os.path.join(workdir, 'summary.json')
   if os.path.exists(summary_path):
     with open(summary_path) as f:
       summary = json.load(f)
     done = summary.get('rounds_completed')
+    if (
+      done is not None and rounds and rounds[-1] > max(done, config.num_rounds)
+    ):
+      # An extension of the finished run was started: its newest model is
+      # not the summary's, which the extension's checkpoints may have pruned.
+      raise config_io.ConfigError(
+        f'{workdir} holds a run finished after {done} rounds and extended '
+        f'to a checkpoint of round {rounds[-1]}. Ask for at least '
+        f'{rounds[-1]} rounds to finish the extension, or use a new --workdir.'
+      )
     if done == config.num_rounds:
       say(f'{workdir} already holds a finished run; nothing to do.')
       return summary
@@ -178,7 +196,6 @@ def check_rounds(workdir, config):
         'metrics.jsonl has every evaluated round; for a shorter run, use a '
         'new --workdir.'
       )
-  rounds = saved_rounds(workdir)
   if rounds and rounds[-1] > config.num_rounds:
     raise config_io.ConfigError(
       f'{workdir} holds a checkpoint of round {rounds[-1]}, past '

@@ -8,9 +8,11 @@ SIGKILL, a machine that lost power) is stale: the next run takes it over and
 says so. So is a lock that stays empty or unparsable (a run killed between
 creating the file and writing it): it is read again for up to
 `WRITE_GRACE_SECONDS` after it was last written, in case its writer is
-still at it, then taken over with a note. A lock held from another host
-cannot be checked from here; the error says which file to delete once that
-run is known to be gone.
+still at it, then taken over with a note. A lock that names this very
+process but that this process does not hold is stale too: a container
+restarted after a kill often runs its job under the same PID again. A lock
+held from another host cannot be checked from here; the error says which
+file to delete once that run is known to be gone.
 
 `check_free` is the same judgement without taking the lock: experiment.run calls
 it before building anything, so that a busy workdir is refused at once and
@@ -27,6 +29,11 @@ LOCK_NAME = '.lock'
 # A holder writes its lock within microseconds of creating it; one still
 # empty or unparsable this long after its last write was left so by a kill.
 WRITE_GRACE_SECONDS = 2.0
+
+
+# Real paths of the locks this process holds (a run of the Python API in a
+# thread holds one while another thread may ask for it).
+_HELD = set()
 
 
 class WorkdirInUseError(OSError):
@@ -70,17 +77,21 @@ def _read_settled(path):
     time.sleep(0.05)
 
 
-def _stale(holder, host) -> bool:
+def _stale(holder, host, path) -> bool:
   """A lock no live run holds: unreadable, or its process gone from this
-  host. One from another host cannot be checked: not stale."""
+  host, or naming this process without this process holding it. One from
+  another host cannot be checked: not stale."""
   if holder is None:
     return True
   if holder.get('host') != host:
     return False
   try:
-    return not _alive(int(holder.get('pid', -1)))
+    pid = int(holder.get('pid', -1))
   except (TypeError, ValueError):
     return True  # A record without a usable PID: unreadable.
+  if pid == os.getpid():
+    return os.path.realpath(path) not in _HELD
+  return not _alive(pid)
 
 
 def _describe(holder) -> str:
@@ -116,13 +127,14 @@ class WorkdirLock:
       return False
     with os.fdopen(fd, 'w') as f:
       json.dump(self.record, f)
+    _HELD.add(os.path.realpath(self.path))
     return True
 
   def __enter__(self):
     if self._create():
       return self
     exists, holder = _read_settled(self.path)
-    if not exists or _stale(holder, self.record['host']):
+    if not exists or _stale(holder, self.record['host'], self.path):
       if exists:
         self.report(
           f'{self.path}: taking over the lock of {_describe(holder)}, '
@@ -139,6 +151,7 @@ class WorkdirLock:
     raise in_use_error(self.path, holder)
 
   def __exit__(self, *exc):
+    _HELD.discard(os.path.realpath(self.path))
     holder = _read(self.path)
     if holder is not None and holder.get('pid') == self.record['pid']:
       os.remove(self.path)
@@ -158,5 +171,5 @@ def check_free(workdir) -> None:
   left for `WorkdirLock` to take over, with its note)."""
   path = os.path.join(workdir, LOCK_NAME)
   exists, holder = _read_settled(path)
-  if exists and not _stale(holder, socket.gethostname()):
+  if exists and not _stale(holder, socket.gethostname(), path):
     raise in_use_error(path, holder)

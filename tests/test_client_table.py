@@ -621,3 +621,39 @@ def test_auto_puts_a_table_over_the_device_budget_in_host_memory(tmp_path):
   assert client_table.stored_placement(str(tmp_path / 'auto')) == 'host'
   assert client_table.stored_placement(str(tmp_path / 'device')) is None
   assert _bitwise_equal(results['auto'], results['device'])
+
+
+def test_a_failed_background_write_stops_the_next_checkpoint():
+  """Call i's row write fails (a full disk), call i + 1's succeeds: `wait`,
+  which runs before every checkpoint, must still raise call i's error, so
+  no checkpoint is saved over rows that were never written."""
+  import threading
+
+  first_may_fail = threading.Event()
+
+  class Table:
+    def __init__(self):
+      self.calls = 0
+
+    def scatter(self, round_idx, ids, new_rows, old_rows):
+      self.calls += 1
+      if round_idx == 0:
+        first_may_fail.wait(5)  # Still running when call 1's is queued.
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+  prefetcher = client_table.RowPrefetcher(Table())
+  try:
+    prefetcher.write(0, None, None, None)
+    prefetcher.write(1, None, None, None)
+    first_may_fail.set()
+    with pytest.raises(OSError, match='No space left'):
+      prefetcher.wait()
+    assert prefetcher.table.calls == 2
+    # A write queued after a failed one has finished raises at once.
+    prefetcher.write(0, None, None, None)
+    assert prefetcher.pending_writes[0].exception(5) is not None
+    with pytest.raises(OSError, match='No space left'):
+      prefetcher.write(1, None, None, None)
+  finally:
+    first_may_fail.set()
+    prefetcher.close()

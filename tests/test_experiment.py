@@ -180,6 +180,28 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     assert [r[key] for r in read_metrics(resumed)] == [r[key] for r in rows]
 
 
+def test_a_run_stopped_between_evaluations_logs_the_uninterrupted_rows(
+  tmp_path,
+):
+  """Stopped after round 3 of 4 with evaluations every 2 rounds: no extra
+  row at round 3, so after the resume every row, the headline's EMA and
+  top-k included, is the uninterrupted run's."""
+  config = load_config('fedavg')
+  config.num_rounds, config.eval_every, config.checkpoint_every = 4, 2, 4
+  straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
+  experiment.run(config, straight)
+  assert (
+    experiment.run(config, resumed, stop_after_round=3)['rounds_completed'] == 3
+  )
+  assert [r['round'] for r in read_metrics(resumed)] == [2]
+  experiment.run(config, resumed)
+  rows = [read_metrics(w) for w in (straight, resumed)]
+  assert [r['round'] for r in rows[1]] == [2, 4]
+  for a, b in zip(*rows):
+    for key in ('test_accuracy', 'test_accuracy_ema', 'test_loss'):
+      assert a[key] == b[key], key
+
+
 @pytest.mark.parametrize('pattern', ['uniform', 'bernoulli', 'markov'])
 def test_extending_num_rounds_equals_a_fresh_longer_run(tmp_path, pattern):
   """A finished 2-round run extended to 4 rounds ends bit for bit where a

@@ -619,7 +619,7 @@ def test_a_checkpoint_without_its_checksums_is_not_loaded(
     directory, template, workdir=workdir, chief=True, report=said.append
   )
   assert step == 1
-  assert faults._saved_digest(os.path.join(directory, '1')) == (
+  assert faults.saved_digest(os.path.join(directory, '1')) == (
     faults.state_digest(restored)
   )
   assert 'round 2: ' in said[0] and 'checksum' in said[0], said

@@ -107,3 +107,54 @@ def test_a_resumed_log_drops_later_rows_and_keeps_the_headlines_history(
     assert [json.loads(line)['round'] for line in f] == [1, 2, 3]
   assert metrics_log.metrics_row(str(path), 2)['acc'] == 0.6
   assert metrics_log.metrics_row(str(path), 4) == {}
+
+
+def test_a_cut_off_last_line_is_left_out_and_a_damaged_one_named(tmp_path):
+  """A kill or a full disk in the middle of an append leaves part of a
+  line: resuming drops it (that evaluation is redone). A line in the middle
+  that is not JSON is damage: one line naming the file and line."""
+  path = str(tmp_path / 'metrics.jsonl')
+  with open(path, 'w') as f:
+    f.write(
+      '{"round": 1, "acc": 0.5}\n{"round": 2, "acc": 0.6}\n{"round": 3, "ac'
+    )
+  assert [r['round'] for r in metrics_log.read_metrics(path)] == [1, 2]
+  metrics_log.truncate_metrics(path, 2)
+  with open(path) as f:
+    assert f.read() == '{"round": 1, "acc": 0.5}\n{"round": 2, "acc": 0.6}\n'
+  with open(path, 'w') as f:
+    f.write('{"round": 1}\n{"rou\n{"round": 3}\n')
+  with pytest.raises(ValueError, match=r'line 2, is not a JSON row') as raised:
+    metrics_log.read_metrics(path)
+  assert '\n' not in str(raised.value)
+
+
+def test_dropping_rows_on_resume_never_shortens_the_file_it_fails_to_write(
+  tmp_path, monkeypatch
+):
+  """The rewrite goes to a temporary file first: a failure before it
+  replaces metrics.jsonl (or per_client.csv) leaves every earlier row."""
+  path = str(tmp_path / 'metrics.jsonl')
+  rows = ''.join(json.dumps({'round': r}) + '\n' for r in (1, 2, 3))
+  with open(path, 'w') as f:
+    f.write(rows)
+
+  def full_disk(src, dst):
+    raise OSError(28, 'No space left on device')
+
+  monkeypatch.setattr(os, 'replace', full_disk)
+  with pytest.raises(OSError, match='No space'):
+    metrics_log.truncate_metrics(path, 1)
+  with open(path) as f:
+    assert f.read() == rows
+  csv_path = str(tmp_path / 'per_client.csv')
+  with open(csv_path, 'w') as f:
+    f.write('round,client\r\n1,4\r\n2,5\r\n')
+  with pytest.raises(OSError, match='No space'):
+    metrics_log._keep_rounds(csv_path, 1, ['round', 'client'])
+  with open(csv_path, newline='') as f:
+    assert f.read() == 'round,client\r\n1,4\r\n2,5\r\n'
+  monkeypatch.undo()
+  metrics_log._keep_rounds(csv_path, 1, ['round', 'client'])
+  with open(csv_path, newline='') as f:
+    assert f.read() == 'round,client\r\n1,4\r\n'

@@ -141,7 +141,7 @@ def test_two_processes_equal_one(tmp_path):
   assert int(states[0]['round']) == 2
   # The two processes saved the checksum of the global arrays: the digest
   # of the checkpoint as read back here in one process.
-  saved = faults._saved_digest(os.path.join(multi, 'checkpoints', '2'))
+  saved = faults.saved_digest(os.path.join(multi, 'checkpoints', '2'))
   assert saved == faults.state_digest(whole_checkpoint(multi))
 
 

@@ -4,13 +4,15 @@ checkpoint (`restore`), and the input scaling its model was evaluated with
 writes one, from the config's initial state shifted so that it differs
 from a fresh build: no training."""
 
+import os
+
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from test_faults import load_config
 
-from fedjax_metric import assemble
+from fedjax_metric import assemble, faults
 from fedjax_metric import restore as restore_lib
 from fedjax_metric.data import augment
 
@@ -71,3 +73,39 @@ def test_restore_loads_the_saved_round_into_the_rebuilt_run(tmp_path):
   assert restored['test'] is not None and callable(restored['preprocess'])
   with pytest.raises(FileNotFoundError, match=r'round 5 .*saved rounds: \[3\]'):
     restore_lib.restore(config, str(tmp_path), round_=5)
+
+
+def test_a_checkpoint_that_fails_its_checksum_is_not_loaded(tmp_path):
+  """`load_run`, evaluate and report load a checkpoint read-only: one whose
+  arrays differ from the checksum saved with them, or whose checksum file
+  is gone, is refused in one line naming the round and the saved ones."""
+  config = load_config('fedavg')
+  server_state, client_table = assemble.initial_state(
+    config, assemble.build(config)
+  )
+  item = {'server_state': server_state, 'client_table': client_table}
+  directory = str(tmp_path / 'checkpoints')
+  with ocp.CheckpointManager(directory) as manager:
+    for step, digest in [
+      (1, faults.state_digest(item)),
+      (2, '0' * 64),
+      (3, faults.state_digest(item)),
+    ]:
+      manager.save(
+        step,
+        args=ocp.args.StandardSave(item),
+        custom_metadata={'sha256': digest},
+      )
+  os.remove(os.path.join(directory, '3', faults.METADATA_FILE))
+  assert restore_lib.restore(config, str(tmp_path), round_=1)['round'] == 1
+  with pytest.raises(
+    faults.CheckpointError, match=r'round 2 .*does not match the checksum'
+  ) as raised:
+    restore_lib.restore(config, str(tmp_path), round_=2)
+  assert '\n' not in str(raised.value) and 'saved: [1, 2, 3]' in str(
+    raised.value
+  )
+  with pytest.raises(
+    faults.CheckpointError, match=r'round 3 .*cannot be verified'
+  ):
+    restore_lib.restore(config, str(tmp_path))

@@ -239,3 +239,22 @@ def test_the_start_line_notes_a_gpu_jax_does_not_use():
   assert assemble.unused_gpu_note('gpu', exists=gpu, environ={}) == ''
   chosen = {'JAX_PLATFORMS': 'cpu'}
   assert assemble.unused_gpu_note('cpu', exists=gpu, environ=chosen) == ''
+
+
+def test_the_partition_size_check_counts_what_the_validation_split_leaves():
+  """digits: 1,438 examples. 100 clients of at least 10 fit the whole set
+  (1,000) but not the 719 a validation_fraction of 0.5 leaves."""
+  config = load_config('fedavg')
+  config.num_clients = 100
+  config.clients_per_round = 10
+  config.partition.method = 'dirichlet'
+  config.partition.variant = 'niid_bench'
+  config.partition.min_size = 10
+  validation.validate(config)
+  config.dataset.validation_fraction = 0.5
+  with pytest.raises(
+    validation.ConfigError,
+    match=r'digits has 719 training examples left after holding out 719 '
+    r'\(--config.dataset.validation_fraction=0.5\): too few',
+  ):
+    validation.validate(config)

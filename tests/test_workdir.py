@@ -90,6 +90,29 @@ def test_finished_run_is_not_redone_or_lost(tmp_path):
   assert experiment.run(config, str(tmp_path)) == summary
 
 
+def test_an_extension_past_a_finished_run_is_not_hidden_by_its_summary(
+  tmp_path,
+):
+  """A finished 2-round run extended to more rounds and stopped at round
+  3: asking for 2 rounds again must not answer 'nothing to do' with the old
+  summary while the newest model is round 3's."""
+  config = load_config('fedavg')
+  config.num_rounds = 2
+  with open(tmp_path / 'summary.json', 'w') as f:
+    json.dump({'rounds_completed': 2}, f)
+  (tmp_path / 'checkpoints' / '2').mkdir(parents=True)
+  assert workdir_lib.check_rounds(str(tmp_path), config) == {
+    'rounds_completed': 2
+  }
+  (tmp_path / 'checkpoints' / '3').mkdir()
+  with pytest.raises(
+    validation.ConfigError,
+    match='finished after 2 rounds and extended to a checkpoint of round 3.*'
+    'at least 3',
+  ):
+    workdir_lib.check_rounds(str(tmp_path), config)
+
+
 def test_different_config_in_same_workdir_is_refused(tmp_path):
   config = load_config('fedavg')
   experiment.run(config, str(tmp_path), stop_after_round=1)
@@ -107,6 +130,27 @@ def test_a_failed_start_does_not_block_the_next_config(two_checkpoints):
   assert rows[0]['test_accuracy'] != 0.5  # The new run's, not the leftover.
   assert not os.path.exists(os.path.join(workdir, 'participation.png'))
   assert checkpoint_dirs(workdir) == ['1', '2']
+
+
+def test_starting_over_drops_the_failed_attempts_client_table(tmp_path):
+  """A client table without a checkpoint holds nothing to resume; left
+  behind, its placement would bind the corrected config's run."""
+  old = load_config('fedavg')
+  with open(tmp_path / 'config.json', 'w') as f:
+    f.write(old.to_json_best_effort())
+  table = tmp_path / 'client_table'
+  table.mkdir()
+  (table / 'meta.json').write_text('{"placement": "disk"}')
+  new = load_config('fedavg')
+  new.local.learning_rate = 0.5
+  workdir_lib.check_resume_config(str(tmp_path), new)
+  assert not table.exists()
+  # With a checkpoint the workdir holds a run: refused, the table kept.
+  table.mkdir()
+  (tmp_path / 'checkpoints' / '1').mkdir(parents=True)
+  with pytest.raises(validation.ConfigError, match='different config'):
+    workdir_lib.check_resume_config(str(tmp_path), new)
+  assert table.exists()
 
 
 def test_a_finished_workdir_refuses_another_config_by_dotted_path(

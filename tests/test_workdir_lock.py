@@ -61,6 +61,21 @@ def test_a_stale_lock_is_taken_over_with_a_note_and_released(tmp_path):
   assert not (tmp_path / LOCK_NAME).exists()
 
 
+def test_a_lock_naming_this_process_that_it_does_not_hold_is_stale(tmp_path):
+  """A container restarted after a kill often gets its old PID back: the
+  left-behind lock names the new process itself. Taken over with a note;
+  one this process does hold is still refused to a second run in it."""
+  write_lock(tmp_path, os.getpid())
+  notes = []
+  with WorkdirLock(str(tmp_path), report=notes.append):
+    assert len(notes) == 1 and f'PID {os.getpid()}' in notes[0]
+    with pytest.raises(WorkdirInUseError, match='is in use by PID'):
+      with WorkdirLock(str(tmp_path)):
+        pass
+    assert (tmp_path / LOCK_NAME).exists()  # The refusal left it alone.
+  assert not (tmp_path / LOCK_NAME).exists()
+
+
 def test_another_hosts_lock_is_not_guessed_stale(tmp_path):
   write_lock(tmp_path, dead_pid(), host='elsewhere')
   with pytest.raises(WorkdirInUseError, match='delete'):
