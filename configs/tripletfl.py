@@ -1,7 +1,8 @@
-r"""TripletFL (FedQuad's baseline): CE + beta * triplet loss.
+r"""TripletFL (FedQuad's baseline): CE + beta * margin triplet loss.
 
-Hoffer and Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015,
-as a baseline of Goksu & Pugeault, 'FedQuad', arXiv:2509.04107, 2025
+The hinge [d(a, p) - d(a, n) + margin]_+ (Schroff et al., 'FaceNet', CVPR
+2015; FedQuad cites Hoffer and Ailon, SIMBAD 2015, for triplets), as a
+baseline of Goksu & Pugeault, 'FedQuad', arXiv:2509.04107, 2025
 (docs/methods.md, FedQuad). Euclidean distances by default;
 ``--config.algorithm_kwargs.squared=True`` squares them.
 

@@ -392,6 +392,15 @@ def _check_dataset(config) -> None:
         "is read by eval_protocol='ssl' only; leave it empty",
       )
     )
+  if target and ds.get('validation_fraction', 0.0):
+    # The probe of an out-of-distribution run reads the target's splits, so
+    # its val_* metrics would be read on the target's test split.
+    raise ConfigError(
+      '--config.dataset.validation_fraction holds out part of the training '
+      'set, but with --config.ssl_eval.target_dataset the evaluation reads '
+      "the target's splits, and its val_* metrics would be test metrics. "
+      'Set one of them to 0 (or empty).'
+    )
   if target:
     sources.check_available(target, config.ssl_eval.target_data_dir or None)
   size = TRAIN_SIZES.get(ds.name)

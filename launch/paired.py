@@ -53,14 +53,26 @@ def paired_interval(
 
 
 def verdict(interval: Dict[str, float]) -> str:
-  """'>' (holds: above 0), '<' (below 0) or '~' (tie: contains 0)."""
-  if not interval['n'] or math.isnan(interval['low']):
+  """'>' (holds: above 0), '<' (below 0), '~' (tie: contains 0), '?'
+  (fewer than 2 pairs) or '!' (a difference is not a number)."""
+  if interval['n'] < 2:
     return '?'
+  if math.isnan(interval['mean']) or math.isnan(interval['low']):
+    return '!'
   if interval['low'] > 0:
     return '>'
   if interval['high'] < 0:
     return '<'
   return '~'
+
+
+VERDICTS = {
+  '>': 'holds (>)',
+  '<': 'holds (<)',
+  '~': 'tie',
+  '?': 'n < 2',
+  '!': 'NaN in a run',
+}
 
 
 def _seed(run) -> Optional[int]:
@@ -110,7 +122,7 @@ def format_markdown(cells, *, scale: float, digits: int, baseline: str) -> str:
     '| verdict |',
     '|---|---|---:|---|---|',
   ]
-  names = {'>': 'holds (>)', '<': 'holds (<)', '~': 'tie', '?': 'n < 2'}
+  names = VERDICTS
   for (row, col), (interval, unpaired, _) in sorted(cells.items()):
     f = f'{{:+.{digits}f}}'
     text = (

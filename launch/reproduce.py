@@ -298,8 +298,9 @@ def _by_seed(runs: Sequence[sweep_table.Run], metric: str, at: str):
 
 
 def paired_differences(table, scale, result) -> List[tuple]:
-  """``(method, baseline, column, metric, at, interval, seeds)`` for every
-  pair and cell where both sides have a finished run of a common seed."""
+  """``(method, baseline, column, metric, at, interval, seeds, unpaired)``
+  for every pair and cell where both sides have a finished run of a common
+  seed; ``unpaired``: the seeds only one side has (left out, counted)."""
   out = []
   for method, baseline in table_pairs(table):
     for (column, metric, at), _ in _our_columns(table, scale):
@@ -310,7 +311,10 @@ def paired_differences(table, scale, result) -> List[tuple]:
       if not seeds:
         continue
       interval = paired.paired_interval([a[s] - b[s] for s in seeds])
-      out.append((method, baseline, column, metric, at, interval, seeds))
+      unpaired = len(set(a) ^ set(b))
+      out.append(
+        (method, baseline, column, metric, at, interval, seeds, unpaired)
+      )
   return out
 
 
@@ -329,13 +333,13 @@ def format_paired(table, scale, result) -> List[str]:
   if not rows:
     return lines + ['No pair has a finished run of a common seed yet.']
   headers = dict(_our_columns(table, scale))
-  verdicts = {'>': 'holds (>)', '<': 'holds (<)', '~': 'tie', '?': 'n < 2'}
+  verdicts = paired.VERDICTS
   lines += [
     '| method - baseline | cell | n | mean difference [95% interval] '
     '| verdict |',
     '|---|---|---:|---|---|',
   ]
-  for method, baseline, column, metric, at, interval, _ in rows:
+  for method, baseline, column, metric, at, interval, _, unpaired in rows:
     s = sweep_table.default_scale(metric)
     if interval['n'] > 1:
       text = (
@@ -344,9 +348,10 @@ def format_paired(table, scale, result) -> List[str]:
       )
     else:
       text = f'{interval["mean"] * s:+.2f}'
+    n = f'{interval["n"]}' + (f' ({unpaired} unpaired)' if unpaired else '')
     lines.append(
       f'| {method} - {baseline} | {headers[(column, metric, at)]} | '
-      f'{interval["n"]} | {text} | {verdicts[paired.verdict(interval)]} |'
+      f'{n} | {text} | {verdicts[paired.verdict(interval)]} |'
     )
   return lines
 

@@ -114,14 +114,17 @@ def ema(values: Sequence[float], decay: float) -> np.ndarray:
   weights ``decay**(t - i)``, so the first value is x_1 itself. The same
   statistic as the ``<headline>_ema`` runs log (fedjax_metric.evaluation.
   statistics, not imported here: the sweep's parent process stays free of
-  JAX).
+  JAX): a value that is not finite is skipped (t counts the finite values),
+  its entry is the EMA so far (NaN before the first finite one).
   """
   if not 0 <= decay < 1:
     raise ValueError(f'ema decay must be in [0, 1), got {decay}.')
-  out, s = [], 0.0
-  for t, x in enumerate(values, start=1):
-    s = decay * s + (1 - decay) * x
-    out.append(s / (1 - decay**t))
+  out, s, t = [], 0.0, 0
+  for x in values:
+    if np.isfinite(x):
+      t += 1
+      s = decay * s + (1 - decay) * x
+    out.append(s / (1 - decay**t) if t else math.nan)
   return np.asarray(out, np.float64)
 
 
@@ -164,13 +167,16 @@ def pick(rounds: np.ndarray, values: np.ndarray, at: str) -> float:
     rounds, values, at = rounds[keep], values[keep], spec
   if at == 'final':
     return float(values[-1])
+  finite = values[np.isfinite(values)]  # 'best' and 'top' skip NaN, as logged.
   if at == 'best':
-    return float(np.max(values))
+    return float(np.max(finite)) if finite.size else math.nan
   kind, _, number = at.partition(':')
   if kind == 'last' and number.isdigit() and int(number) > 0:
     return float(np.mean(values[-int(number) :]))
   if kind == 'top' and number.isdigit() and int(number) > 0:
-    return float(np.mean(np.sort(values)[-int(number) :]))
+    if not finite.size:
+      return math.nan
+    return float(np.mean(np.sort(finite)[-int(number) :]))
   if kind == 'round' and number.isdigit():
     hit = np.flatnonzero(rounds == int(number))
     if not len(hit):
@@ -262,7 +268,9 @@ def group_runs(
 
 
 def default_scale(metric: str) -> float:
-  return 100.0 if 'accuracy' in metric else 1.0
+  """100 for metrics logged as fractions and read as percentages
+  (accuracies, AUROC), else 1."""
+  return 100.0 if 'accuracy' in metric or 'auroc' in metric else 1.0
 
 
 def ordered(labels, order: Sequence[str]) -> List[str]:

@@ -289,6 +289,18 @@ def test_fedquad_differs_from_classic_quadruplet_in_the_second_term():
   )
 
 
+def test_quadruplet_second_term_needs_negatives_of_two_classes():
+  a, p = np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32)
+  n1 = np.array([[3.0, 0.0], [3.0, 0.0]], np.float32)
+  n2 = np.array([[3.0, 0.5], [3.0, 0.5]], np.float32)
+  full = losses.quadruplet_loss(a, p, n1, n2, margin_2=0.75)
+  np.testing.assert_allclose(full, [0.25, 0.25])
+  got = losses.quadruplet_loss(
+    a, p, n1, n2, margin_2=0.75, distinct_negatives=np.array([True, False])
+  )
+  np.testing.assert_allclose(got, [0.25, 0.0])  # Row 2: the triplet term, 0.
+
+
 @pytest.mark.parametrize('name', sorted(TUPLE_LOSSES))
 @pytest.mark.parametrize('squared', [True, False])
 def test_tuple_losses_ties_have_finite_gradients(name, squared):

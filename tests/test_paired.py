@@ -29,6 +29,9 @@ def test_interval_is_mean_plus_minus_t_sd_over_root_n():
   assert paired.verdict(paired.paired_interval([-1, -2, -1.5])) == '<'
   assert paired.verdict(paired.paired_interval([-1, 2, 0.5])) == '~'
   assert paired.verdict(paired.paired_interval([3.0])) == '?'
+  # A NaN difference (a run that diverged) is named, not called 'n < 2'.
+  assert paired.verdict(paired.paired_interval([1.0, math.nan, 2.0])) == '!'
+  assert paired.VERDICTS['!'] == 'NaN in a run'
 
 
 def _root(tmp_path):

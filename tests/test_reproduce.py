@@ -196,7 +196,10 @@ def test_table_is_mean_and_sample_std_beside_the_papers_numbers(tmp_path):
     )
     half = t_975[n] * d.std(ddof=1) / np.sqrt(n)
     low, high = d.mean() - half, d.mean() + half
-    expected = f'| {n} | {d.mean():+.2f} [{low:+.2f}, {high:+.2f}] |'
+    # The seed only one side has is counted beside n, not silently dropped.
+    unpaired = abs(len(finals[a]) - len(finals[b]))
+    count = f'{n} ({unpaired} unpaired)' if unpaired else f'{n}'
+    expected = f'| {count} | {d.mean():+.2f} [{low:+.2f}, {high:+.2f}] |'
     verdict = 'tie' if low <= 0 <= high else 'holds'
     assert expected in paired[f'{a} - {b}'], (expected, paired[f'{a} - {b}'])
     assert verdict in paired[f'{a} - {b}']

@@ -182,6 +182,12 @@ def test_a_target_dataset_moves_every_ssl_metric_to_its_splits(monkeypatch):
     config.eval_protocol = 'classification'
   with pytest.raises(validation.ConfigError, match='target_dataset'):
     validation.validate(config)
+  # A validation split beside a target: its val_* would be the target's test.
+  with config.unlocked():
+    config.eval_protocol = 'ssl'
+    config.dataset.validation_fraction = 0.1
+  with pytest.raises(validation.ConfigError, match='would be test metrics'):
+    validation.validate(config)
 
 
 def test_final_metrics_and_their_inputs(monkeypatch):

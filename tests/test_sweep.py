@@ -358,6 +358,24 @@ def test_ema_is_bias_corrected_moving_average():
     sweep.ema(x, 1.0)
 
 
+def test_ema_best_and_top_skip_nan_as_the_runs_log_them():
+  """The table's EMA, 'best' and 'top:K' skip a NaN evaluation, as the
+  logged <headline>_ema and top-k do (evaluation/statistics.py)."""
+  from fedjax_metric.evaluation import statistics
+
+  x = [0.5, 0.7, math.nan, 0.8, 0.9]
+  np.testing.assert_allclose(
+    sweep.ema(x, 0.9), statistics.debiased_ema_series(x, 0.9), rtol=1e-12
+  )
+  assert sweep.ema(x, 0.9)[-1] == pytest.approx(0.7419, abs=1e-4)
+  assert math.isnan(sweep.ema([math.nan, 0.5], 0.9)[0])
+  rounds, values = np.arange(1, 6), np.array(x)
+  assert sweep.pick(rounds, values, 'best') == 0.9
+  assert sweep.pick(rounds, values, 'top:2') == pytest.approx(0.85)
+  assert sweep.default_scale('auroc_mean') == 100.0
+  assert sweep.default_scale('test_uniformity') == 1.0
+
+
 def test_pick_final_best_last_round():
   rounds, values = np.array([10, 20, 30]), np.array([0.3, 0.9, 0.6])
   assert sweep.pick(rounds, values, 'final') == 0.6

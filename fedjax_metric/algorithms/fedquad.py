@@ -11,9 +11,9 @@ metric term only (``Options.variant``, one registry name each):
 
   * ``quadrupletfl``: the quadruplet loss of Chen et al., 'Beyond Triplet
     Loss: A Deep Quadruplet Network for Person Re-identification', CVPR 2017
-    (second term d(n1, n2));
-  * ``tripletfl``: triplet loss on (a, p, n1) (Hoffer & Ailon, 'Deep Metric
-    Learning Using Triplet Network', SIMBAD 2015);
+    (second term d(n1, n2), left out where the two negatives share a class);
+  * ``tripletfl``: the margin triplet loss on (a, p, n1) (FaceNet's hinge;
+    FedQuad cites Hoffer & Ailon, SIMBAD 2015, for triplets);
   * ``supconfl``: supervised contrastive loss on the batch's L2-normalised
     embeddings (Khosla et al., NeurIPS 2020, Eq. 2, the mean over positives;
     no sampled companions).
@@ -96,11 +96,17 @@ _READS = {
 }
 
 
-def sampled_metric(options, *embeddings):
+def sampled_metric(options, *embeddings, labels=None):
   """The variant's per-anchor metric loss [B] on ``(anchors, positives,
-  negatives...)`` embeddings, each [B, D] (Eq. 5 for FedQuad)."""
+  negatives...)`` embeddings, each [B, D] (Eq. 5 for FedQuad). ``labels``:
+  the [G * B] labels of those rows; QuadrupletFL's second term needs its two
+  negatives' classes to differ (`losses.quadruplet_loss`)."""
   metric_fn, _, names = _SAMPLED[options.variant]
-  return metric_fn(*embeddings, **{n: getattr(options, n) for n in names})
+  kwargs = {n: getattr(options, n) for n in names}
+  if options.variant == 'quadruplet' and labels is not None:
+    b = embeddings[0].shape[0]
+    kwargs['distinct_negatives'] = labels[2 * b : 3 * b] != labels[3 * b :]
+  return metric_fn(*embeddings, **kwargs)
 
 
 def sampled_metric_loss(options, model, params, model_state, batch, ctx):
@@ -122,7 +128,7 @@ def sampled_metric_loss(options, model, params, model_state, batch, ctx):
   ]
   companion_mask = batch.mask[b : 2 * b]
   metric = losses.masked_mean(
-    sampled_metric(options, *embeddings), companion_mask
+    sampled_metric(options, *embeddings, labels=batch.labels), companion_mask
   )
   loss = options.beta * metric + (ce if options.cross_entropy else 0.0)
   return loss, (model_state, {'ce': ce, 'metric': metric})

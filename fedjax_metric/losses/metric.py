@@ -84,11 +84,13 @@ def _pair_masks(labels, mask):
 def triplet_loss(
   anchor, positive, negative, *, margin=1.0, squared=False, mask=None
 ):
-  """Triplet loss (Hoffer & Ailon 2015; the TripletFL baseline of FedQuad, Tables I-IV).
+  """Margin triplet loss (the TripletFL baseline of FedQuad, Tables I-IV).
 
-  Hoffer & Ailon, 'Deep Metric Learning Using Triplet Network', SIMBAD 2015.
-
-  ``l_i = [d(a_i, p_i) - d(a_i, n_i) + margin]_+``.
+  ``l_i = [d(a_i, p_i) - d(a_i, n_i) + margin]_+``: the hinge form of
+  Schroff, Kalenichenko and Philbin, 'FaceNet', CVPR 2015 (PyTorch's
+  TripletMarginLoss). FedQuad cites Hoffer & Ailon, 'Deep Metric Learning
+  Using Triplet Network', SIMBAD 2015, whose loss is a softmax over the two
+  distances instead (docs/methods.md, FedQuad's baselines).
 
   Args:
     anchor, positive, negative: [B, D] embeddings, not normalised.
@@ -115,6 +117,7 @@ def quadruplet_loss(
   margin_2=0.5,
   squared=False,
   mask=None,
+  distinct_negatives=None,
 ):
   """Classic quadruplet loss (Chen et al., CVPR 2017, Eq. 5; the QuadrupletFL baseline).
 
@@ -122,14 +125,19 @@ def quadruplet_loss(
   Person Re-identification', CVPR 2017.
 
   ``l_i = [d(a, p) - d(a, n1) + m1]_+ + [d(a, p) - d(n1, n2) + m2]_+``: the second term
-  compares the positive pair with the NEGATIVE pair (n1, n2). Not FedQuad; see
-  `fedquad_loss`.
+  compares the positive pair with the NEGATIVE pair (n1, n2), two examples of
+  two classes other than the anchor's. Not FedQuad; see `fedquad_loss`.
 
   Args:
     anchor, positive, negative_1, negative_2: [B, D] embeddings, not normalised.
     margin_1, margin_2: margins of the two hinge terms.
     squared: squared Euclidean distance if True, else (default) Euclidean.
     mask: optional [B] bool; masked outputs are 0.
+    distinct_negatives: optional [B] bool, whether n1 and n2 are of
+      different classes; where False the second term is 0 (the triplet term
+      alone). A client with one class besides the anchor's draws both
+      negatives from it, and the term would push two examples of one class
+      apart, which Chen et al.'s loss never does.
 
   Returns:
     [B] per-example loss.
@@ -139,6 +147,8 @@ def quadruplet_loss(
   term_2 = jax.nn.relu(
     d_ap - _distance(negative_1, negative_2, squared) + margin_2
   )
+  if distinct_negatives is not None:
+    term_2 = jnp.where(distinct_negatives, term_2, 0.0)
   return _apply_mask(term_1 + term_2, mask)
 
 

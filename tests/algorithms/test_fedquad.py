@@ -36,13 +36,50 @@ def test_fedquad_loss_is_ce_plus_beta_quad_on_sampled_quadruplets(squared):
     power = 1.0 if squared else 0.5
     d = lambda u, v: ((u - v) ** 2).sum(1) ** power
     second = d(a, n2) if name == 'fedquad' else d(n1, n2)
-    quad = np.maximum(d(a, p) - d(a, n1) + 1.0, 0) + np.maximum(
+    # QuadrupletFL's second term only where its two negatives' classes differ.
+    second_counts = (name == 'fedquad') | (
+      labels[idx[0, 8:12]] != labels[idx[0, 12:]]
+    )
+    quad = np.maximum(d(a, p) - d(a, n1) + 1.0, 0) + second_counts * np.maximum(
       d(a, p) - second + 0.5, 0
     )
     valid = mask[0, 4:8]
     expected = (
       numpy_ce(variables, a, labels[idx[0, :4]]) + beta * quad[valid].mean()
     )
+    np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=name)
+
+
+def test_quadrupletfl_on_a_client_of_two_classes_keeps_the_triplet_term():
+  """A client with one class besides the anchor's draws both negatives from
+  it (the fallback): QuadrupletFL's second term, which compares two
+  negatives of different classes (Chen et al., CVPR 2017), is left out, so
+  the metric term is the triplet hinge; FedQuad's second term, d(a, n2),
+  still applies."""
+  images, labels = fx.make_data(40, seed=3)
+  labels = np.where(np.arange(40) % 2 == 0, 0, 2).astype(np.int32)
+  model = fx.linear()
+  variables = fx.init_variables(model, images)
+  for name in ('quadrupletfl', 'fedquad'):
+    alg = build(name, model, beta=0.5)
+    idx, mask = alg.client_batches(
+      np.arange(40),
+      labels,
+      np.random.default_rng(4),
+      num_steps=2,
+      batch_size=5,
+      local_epochs=1,
+      local_steps=2,
+    )
+    assert (labels[idx[0, 10:15]] == labels[idx[0, 15:]]).all()
+    x = images[idx[0]].reshape(20, -1).astype(np.float64) / 255.0
+    a, p, n1, n2 = x[:5], x[5:10], x[10:15], x[15:]
+    d = lambda u, v: np.sqrt(((u - v) ** 2).sum(1))
+    metric = np.maximum(d(a, p) - d(a, n1) + 1.0, 0)
+    if name == 'fedquad':
+      metric = metric + np.maximum(d(a, p) - d(a, n2) + 0.5, 0)
+    got = one_step_loss(alg, variables, images, labels, idx[0], mask[0])
+    expected = numpy_ce(variables, a, labels[idx[0, :5]]) + 0.5 * metric.mean()
     np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=name)
 
 
