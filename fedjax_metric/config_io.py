@@ -83,6 +83,11 @@ def _from_file(spec: str) -> ml_collections.ConfigDict:
       f'Config file {path!r} not found (run from the repository root, or '
       'name a packaged config: fedavg, fedquad, ...).'
     )
+  if not os.path.isfile(path) or not path.endswith('.py'):
+    raise ValueError(
+      f'--config {path!r} is not a Python file; a config is a .py file with '
+      'get_config() (configs/fedavg.py) or a packaged name (fedavg).'
+    )
   module_name = '_fedjax_metric_config_' + os.path.basename(path)[:-3]
   module_spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(module_spec)

@@ -281,6 +281,15 @@ class _Rounds:
     if chief:
       # One run per workdir, from here until `_run` returns.
       cleanup.enter_context(workdir_lib.lock(workdir))
+      # Checked again under the lock: a run that held the workdir between
+      # `_run`'s checks and here may have finished it or written another
+      # config, which this run must not overwrite.
+      workdir_lib.check_resume_config(workdir, config)
+      if workdir_lib.check_rounds(workdir, config) is not None:
+        raise validation.ConfigError(
+          f'{workdir} was finished by another run while this one started; '
+          'run the command again to read its result.'
+        )
       workdir_lib.write_partition_files(workdir, config, setup.experiment)
       workdir_lib.write_json(
         os.path.join(workdir, 'config.json'),

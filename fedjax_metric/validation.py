@@ -401,6 +401,14 @@ def _check_dataset(config) -> None:
       "the target's splits, and its val_* metrics would be test metrics. "
       'Set one of them to 0 (or empty).'
     )
+  if target in sources.GENERATED_DATASETS:
+    raise ConfigError(
+      _fix(
+        'ssl_eval.target_dataset',
+        f'is {target!r}, which has no stored splits to probe; name an image '
+        'dataset',
+      )
+    )
   if target:
     sources.check_available(target, config.ssl_eval.target_data_dir or None)
   size = TRAIN_SIZES.get(ds.name)

@@ -7,7 +7,9 @@ and those of the end of a run (classification: test accuracy and the
 representation metrics; 'one_class': AUROC; 'ssl': kNN monitor, linear
 probe, fine-tuning on 1% / 10% of the labels, uniformity and effective rank,
 evaluation/ssl.py). Prints the metrics and writes them to
-``<workdir>/eval.json`` (``eval_<N>.json`` with --round).
+``<workdir>/eval.json`` (``eval_<N>.json`` with --round; with --set, a
+file of those overrides' own, ``eval[_<N>]_set-<hash>.json``, which
+records them under ``overrides``).
 
 It also exports the global model in plain formats, so that it can be loaded
 outside the simulator, to ``<workdir>/export/round_<N>/``:
@@ -31,6 +33,7 @@ value takes the field's type, as launch.sweep's --set: a tuple is a Python
 literal, e.g. ``(0.01,)``; fedjax_metric/overrides.py).
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -207,12 +210,23 @@ def evaluate(
       round_=run['round'],
     )
   if write and run_evaluation and chief:
-    name = 'eval.json' if round_ is None else f'eval_{run["round"]}.json'
+    name = eval_file_name(None if round_ is None else run['round'], overrides)
     tmp = os.path.join(out_dir, name + '.tmp')
     with open(tmp, 'w') as f:
       json.dump(metrics, f, indent=2, sort_keys=True)
     os.replace(tmp, os.path.join(out_dir, name))
   return metrics
+
+
+def eval_file_name(round_, overrides) -> str:
+  """``eval[_<round>][_set-<hash>].json``: an evaluation under other
+  ``--set`` overrides gets a file of its own (the hash of the overrides, in
+  order), so it never replaces one made under other settings."""
+  name = 'eval' if round_ is None else f'eval_{round_}'
+  if overrides:
+    digest = hashlib.sha1('\n'.join(overrides).encode()).hexdigest()[:8]
+    name += f'_set-{digest}'
+  return name + '.json'
 
 
 def _check_writable(directory):

@@ -19,6 +19,7 @@ docs/multihost.md.
 """
 
 import functools
+import os
 import signal
 import sys
 
@@ -71,10 +72,21 @@ def config_names_to_files(argv):
   """``--config=fedquad:runlocal`` -> the packaged file's path; a path
   (``configs/fedquad.py:runlocal``, ``my_config.py``) is kept as it is."""
   resolved = []
-  for item in argv:
+  items = iter(argv)
+  for item in items:
+    if item == '--config':  # The two-word form: --config fedavg.
+      item = f'--config={next(items, "")}'
     if item.startswith('--config='):
       name, sep, arg = item[len('--config=') :].partition(':')
-      item = f'--config={config_io.config_file(name)}{sep}{arg}'
+      path = config_io.config_file(name)
+      if os.path.exists(path) and (
+        not os.path.isfile(path) or not path.endswith('.py')
+      ):
+        raise ValueError(
+          f'--config {path!r} is not a Python file; a config is a .py file '
+          'with get_config() (configs/fedavg.py) or a packaged name (fedavg).'
+        )
+      item = f'--config={path}{sep}{arg}'
     resolved.append(item)
   return resolved
 
@@ -168,6 +180,7 @@ def distributed_args(coordinator_address, num_processes, process_id):
   )
 
 
+@cli.one_line_errors
 def main(argv):
   if len(argv) > 1:
     sys.exit(

@@ -16,6 +16,7 @@ backend is touched.
 
 import json
 import os
+import sys
 from typing import Dict, List, Sequence, Tuple
 
 from absl import app, flags, logging
@@ -31,6 +32,8 @@ from fedjax_metric import assemble, config_io
 from fedjax_metric import restore as restore_lib
 from fedjax_metric.data import augment, sources
 from fedjax_metric.evaluation import make_feature_fn
+
+from . import cli
 
 METHODS = ('pca', 'tsne')
 _METHOD_NAMES = {'pca': 'PCA', 'tsne': 't-SNE'}
@@ -311,6 +314,7 @@ _MAX_EXAMPLES = flags.DEFINE_integer(
 )
 
 
+@cli.one_line_errors
 def main(argv: List[str]):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -333,4 +337,5 @@ def main(argv: List[str]):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.define_verbose()
+  app.run(main, flags_parser=cli.flags_parser(sys.modules[__name__]))

@@ -52,7 +52,7 @@ from typing import Dict, List
 
 from absl import app, flags, logging
 
-from fedjax_metric.overrides import assignments, parse_assignments
+from fedjax_metric.overrides import parse_assignments
 
 from . import cli, sweep_slurm
 from .sweep_plot import (
@@ -250,7 +250,8 @@ def define_flags():
   flags.DEFINE_string(
     'where',
     '',
-    "table/plot: keep runs with these config values, 'key=value;key=value'.",
+    "table/plot: keep runs with these config values, 'key=value;key=value' "
+    "('key=v1,v2': any of them).",
   )
   flags.DEFINE_string(
     'rename', '', "table/plot: 'label=shown;...'; also orders rows and columns."
@@ -288,11 +289,21 @@ def _rename_map(text: str) -> Dict[str, str]:
 def _selected_runs() -> List[Run]:
   if not FLAGS.root:
     raise app.UsageError('--root is required.')
-  where = assignments(FLAGS.where)
+  # key=v1,v2 keeps runs with any of the values.
+  where = dict(parse_assignments(FLAGS.where))
+  found = find_runs(FLAGS.root, include_unfinished=FLAGS.include_unfinished)
+  unknown = sorted(k for k in where if not any(k in r.config for r in found))
+  if found and unknown:
+    raise app.UsageError(
+      f'--where: no run under {FLAGS.root} has {", ".join(unknown)} (a '
+      'flattened config key, e.g. partition.alpha).'
+    )
   runs = [
     r
-    for r in find_runs(FLAGS.root, include_unfinished=FLAGS.include_unfinished)
-    if matches(r, where)
+    for r in found
+    if all(
+      any(matches(r, {k: v}) for v in values) for k, values in where.items()
+    )
   ]
   if not runs:
     raise app.UsageError(f'No finished runs under {FLAGS.root} match.')
@@ -343,7 +354,9 @@ def main(argv):
       retries=FLAGS.retries,
       compilation_cache=FLAGS.compilation_cache,
     )
-    bad = [w for w, o in outcomes.items() if o not in ('done', 'skipped')]
+    bad = [
+      w for w, o in outcomes.items() if o not in ('done', 'skipped', 'busy')
+    ]
     if bad:
       sys.exit(f'{len(bad)} point(s) failed, stopped or conflicted: {bad}')
     return

@@ -11,6 +11,7 @@ launch/sweep_slurm.py) train a point with `run_point`; neither is imported
 here.
 """
 
+import ast
 import hashlib
 import itertools
 import json
@@ -115,13 +116,25 @@ def parse_grid(text: str, given: bool = False) -> List[tuple]:
       'for one point per --config).'
     )
   for key, values in grid:
-    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    # By value, not text: 0.1 and 0.10 (or 1e-3 and 0.001) are one point,
+    # whose two spellings would name two workdirs and train it twice.
+    same = [_as_value(v) for v in values]
+    twice = next((v for i, v in enumerate(values) if same[i] in same[:i]), None)
     if twice is not None:
       raise ValueError(
-        f'--grid: {key} lists {twice!r} twice ({",".join(values)}): each '
-        'value is one point; give it once.'
+        f'--grid: {key} lists {twice!r} twice ({",".join(values)}, by '
+        'value): each value is one point; give it once.'
       )
   return grid
+
+
+def _as_value(text: str):
+  """A grid value as Python reads it (``0.10`` -> 0.1), else its text."""
+  try:
+    value = ast.literal_eval(text.strip())
+  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    return ('text', text.strip())
+  return ('value', repr(value))
 
 
 def make_points(

@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from fedjax_metric import workdir_lock
+
 from . import sweep_slurm
 from .sweep_point import Point, point_status, read_json, write_point_file
 
@@ -46,8 +48,9 @@ def point_command(workdir: str) -> List[str]:
 
 
 def sort_points(points: Sequence[Point], say: Callable[[str], None]):
-  """``(outcomes, todo)``: finished points 'skipped' and conflicting ones
-  'conflict' (said) in ``outcomes``, the rest in ``todo``."""
+  """``(outcomes, todo)``: finished points 'skipped', conflicting ones
+  'conflict' and ones a live run holds 'busy' (both said) in ``outcomes``,
+  the rest in ``todo``."""
   outcomes, todo = {}, []
   for point in points:
     status = point_status(point)
@@ -59,9 +62,24 @@ def sort_points(points: Sequence[Point], say: Callable[[str], None]):
         f'CONFLICT {point.workdir}: it holds a run with another config; '
         'use another --root or delete it.'
       )
+    elif _held_by_a_live_run(point.workdir):
+      # Another sweep (or launch.main) is training it: not this sweep's
+      # failure, and not to be started twice.
+      outcomes[point.workdir] = 'busy'
+      say(f'BUSY {point.workdir}: a live run holds it; left to that run.')
     else:
       todo.append(point)
   return outcomes, todo
+
+
+def _held_by_a_live_run(workdir: str) -> bool:
+  if not os.path.isdir(workdir):
+    return False
+  try:
+    workdir_lock.check_free(workdir)
+  except workdir_lock.WorkdirInUseError:
+    return True
+  return False
 
 
 def gpu_environments(gpus: Sequence[str], parallel: int):
@@ -118,8 +136,9 @@ def run_points(
 
   Returns ``{workdir: outcome}`` with outcome 'skipped' (already finished),
   'done', 'stopped (SIGTERM)' (its process was stopped by a signal after
-  saving a checkpoint: unfinished), 'failed (rc=...)' or 'conflict' (the
-  workdir holds another experiment; left untouched).
+  saving a checkpoint: unfinished), 'failed (rc=...)', 'conflict' (the
+  workdir holds another experiment; left untouched) or 'busy' (a live run
+  holds it: another sweep on the same root).
   """
   if parallel < 1:
     raise ValueError(f'parallel must be >= 1, got {parallel}.')

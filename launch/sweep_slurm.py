@@ -9,8 +9,11 @@ the local backend) becomes one task of a job array submitted through
 submitit (``pip install 'fedjax_metric[slurm]'``); a task trains its point
 in its own process exactly as ``launch.sweep point`` does. The sweep then
 waits for the tasks, resubmits a failed one up to ``--retries`` times (a
-point resumes from its last checkpoint, so a preempted or crashed task
-loses at most ``checkpoint_every`` rounds) and reports each point as the
+point resumes from its last checkpoint, so a preempted task loses at most
+``checkpoint_every`` rounds; a task killed outright on another node, out of
+memory or with its node, leaves its workdir's ``.lock`` naming that node,
+which a retry elsewhere cannot check: the retry fails in one line naming
+the file to delete) and reports each point as the
 local backend does; the usual ``launch.sweep table`` reads the workdirs.
 Job logs go to ``<root>/slurm/``. ``--slurm`` takes submitit's parameters
 (``key=value``, comma-separated: partition, timeout_min, gpus_per_node,
@@ -22,6 +25,7 @@ sweep that calls it.
 
 import ast
 import os
+import tempfile
 from typing import Any, Callable, Dict, Sequence
 
 from . import sweep_point
@@ -67,6 +71,17 @@ def make_executor(folder: str, parameters: Dict[str, Any]):
     raise ImportError(
       "--backend=slurm needs submitit: pip install 'fedjax_metric[slurm]'."
     ) from e
+  # The parameters are tried on a throwaway executor first, so that a
+  # misspelt or mistyped one is one line and <root>/slurm is not created.
+  with tempfile.TemporaryDirectory() as scratch:
+    try:
+      submitit.AutoExecutor(folder=scratch).update_parameters(**parameters)
+    except (NameError, AssertionError, TypeError, ValueError) as e:
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(
+        f'--slurm: {first} (submitit parameters: partition, timeout_min, '
+        'gpus_per_node, cpus_per_task, mem_gb, ...).'
+      ) from None
   executor = submitit.AutoExecutor(folder=folder)
   executor.update_parameters(**parameters)
   return executor

@@ -91,13 +91,17 @@ def find_runs(
   for root in roots:
     if not os.path.isdir(root):
       raise FileNotFoundError(f'--root {root!r} is not a directory.')
-    for directory, subdirs, files in sorted(os.walk(root)):
-      subdirs.sort()
+    found = []
+    # Walked lazily, top down: emptying ``subdirs`` at a workdir keeps the
+    # walk out of its checkpoints (a workdir's checkpoints are not workdirs).
+    for directory, subdirs, files in os.walk(root):
       if 'config.json' in files:
-        subdirs[:] = []  # A workdir's checkpoints are not workdirs.
-        run = read_run(directory)
-        if run.finished or (include_unfinished and run.evaluations):
-          runs.append(run)
+        subdirs[:] = []
+        found.append(directory)
+    for directory in sorted(found):
+      run = read_run(directory)
+      if run.finished or (include_unfinished and run.evaluations):
+        runs.append(run)
   return runs
 
 

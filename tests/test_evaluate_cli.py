@@ -76,3 +76,14 @@ def test_out_dir_receives_the_results_and_the_export(finished_run, tmp_path):
   with open(out / 'eval.json') as f:
     assert json.load(f)['round'] == 2
   assert (out / 'export' / 'round_2').is_dir()
+
+
+def test_an_evaluation_under_other_overrides_gets_its_own_file():
+  """A second evaluation with other --set values must not replace an
+  earlier (perhaps hours-long) one: each set of overrides names its file."""
+  assert evaluate_lib.eval_file_name(None, ()) == 'eval.json'
+  assert evaluate_lib.eval_file_name(20, ()) == 'eval_20.json'
+  one = evaluate_lib.eval_file_name(20, ('ssl_eval.linear_epochs=50',))
+  other = evaluate_lib.eval_file_name(20, ('ssl_eval.linear_epochs=5',))
+  assert one.startswith('eval_20_set-') and one.endswith('.json')
+  assert len({one, other, 'eval_20.json'}) == 3

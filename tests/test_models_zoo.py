@@ -342,3 +342,31 @@ def test_masked_batchnorm_ignores_padded_examples(name, kwargs):
     np.allclose(a, b)
     for a, b in zip(jax.tree.leaves(state_r), jax.tree.leaves(state))
   )
+
+
+def test_a_downsampling_block_pads_like_the_pytorch_resnet_it_ports():
+  """PyTorch's conv3x3 has padding=1 at every stride; flax's 'SAME' at
+  stride 2 pads (0, 1) instead, shifting the main path one pixel from the
+  1x1 shortcut. The block equals convolutions written out with (1, 1)."""
+  from fedjax_metric.models import resnet
+
+  block = resnet.BasicBlock(channels=4, strides=2, norm='none')
+  x = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+  variables = block.init(jax.random.key(1), x, False, None)
+  params = variables['params']
+
+  def conv(inputs, name, stride, pad):
+    return jax.lax.conv_general_dilated(
+      inputs,
+      params[name]['kernel'],
+      (stride, stride),
+      pad,
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      precision=jax.lax.Precision.HIGHEST,
+    )
+
+  one = ((1, 1), (1, 1))
+  main = conv(jax.nn.relu(conv(x, 'Conv_0', 2, one)), 'Conv_1', 1, one)
+  expected = main + conv(x, 'Conv_2', 2, ((0, 0), (0, 0)))
+  got = block.apply(variables, x, False, None)
+  np.testing.assert_allclose(got, expected, atol=1e-5)

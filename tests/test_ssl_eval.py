@@ -188,6 +188,13 @@ def test_a_target_dataset_moves_every_ssl_metric_to_its_splits(monkeypatch):
     config.dataset.validation_fraction = 0.1
   with pytest.raises(validation.ConfigError, match='would be test metrics'):
     validation.validate(config)
+  with config.unlocked():
+    config.dataset.validation_fraction = 0.0
+    config.ssl_eval.target_dataset = 'synthetic'
+  with pytest.raises(validation.ConfigError, match='no stored splits'):
+    validation.validate(config)
+  with pytest.raises(ValueError, match='no stored splits to load'):
+    sources.load('synthetic', 'test')
 
 
 def test_final_metrics_and_their_inputs(monkeypatch):

@@ -572,6 +572,40 @@ def test_table_command_line(fake_root, tmp_path):
   assert result.stdout.strip().split('\n')[1].startswith('fedavg,0.3,')
 
 
+def test_where_keeps_any_of_a_keys_values_and_names_an_unknown_key(
+  fake_root,
+):
+  def table(where):
+    return subprocess.run(
+      [
+        sys.executable,
+        '-m',
+        'launch.sweep',
+        'table',
+        f'--root={fake_root}',
+        '--cols=partition.alpha',
+        f'--where={where}',
+        '--format=csv',
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+    )
+
+  kept = table('algorithm=fedrcl,fedavg;partition.alpha=0.1')
+  assert kept.returncode == 0, kept.stderr
+  rows = sorted(
+    line.split(',')[0] for line in kept.stdout.split('\n')[1:] if line
+  )
+  assert rows == ['fedavg', 'fedrcl'] and ',0.3,' not in kept.stdout
+  typo = table('partiton.alpha=0.1')
+  assert typo.returncode != 0
+  assert typo.stderr.strip().splitlines() == [
+    f'error: --where: no run under {[fake_root]} has partiton.alpha (a '
+    'flattened config key, e.g. partition.alpha). (--help lists the flags)'
+  ]
+
+
 SWEEP_WITH_SLOW_POINTS = r"""
 import sys
 import time
@@ -770,6 +804,16 @@ def test_a_point_stopped_by_sigterm_is_unfinished_not_done(
         'run',
         '--root={root}/new',
         f'--config={FEDAVG}',
+        '--grid=local.learning_rate=0.1,1e-3,0.10',
+        '--dry_run',
+      ],
+      "--grid: local.learning_rate lists '0.10' twice (0.1,1e-3,0.10, by value)",
+    ),
+    (
+      [
+        'run',
+        '--root={root}/new',
+        f'--config={FEDAVG}',
         f'--config={FEDAVG}',
         '--dry_run',
       ],
@@ -829,3 +873,40 @@ def test_resumable_keys_match_what_train_run_accepts():
     else:
       wanted.add(block)
   assert set(sweep.RESUMABLE_KEYS) == wanted
+
+
+def test_a_point_a_live_run_holds_is_busy_not_failed(tmp_path):
+  """Two sweeps on one root: a point the other is training is left to it
+  ('busy'), neither started again nor counted as this sweep's failure; a
+  lock left by a dead process does not make a point busy."""
+  import socket
+
+  from launch import sweep_run
+  from launch.sweep_point import Point
+
+  holder = subprocess.Popen(
+    [sys.executable, '-c', 'import time; time.sleep(60)']
+  )
+  gone = subprocess.Popen([sys.executable, '-c', 'pass'])
+  gone.wait()
+  try:
+    points = []
+    for name, pid in (('held', holder.pid), ('stale', gone.pid), ('new', None)):
+      workdir = tmp_path / name
+      if pid is not None:
+        workdir.mkdir()
+        (workdir / '.lock').write_text(
+          json.dumps({'host': socket.gethostname(), 'pid': pid, 'started': 0})
+        )
+      points.append(Point(FEDAVG, {}, str(workdir)))
+    said = []
+    outcomes, todo = sweep_run.sort_points(points, said.append)
+    assert outcomes == {str(tmp_path / 'held'): 'busy'}
+    assert [p.workdir for p in todo] == [
+      str(tmp_path / 'stale'),
+      str(tmp_path / 'new'),
+    ]
+    assert len(said) == 1 and said[0].startswith('BUSY ')
+  finally:
+    holder.kill()
+    holder.wait()

@@ -97,3 +97,21 @@ def test_a_point_trains_as_a_submitit_task(tmp_path):
   with open(os.path.join(point.workdir, 'summary.json')) as f:
     assert json.load(f)['rounds_completed'] == 1
   assert sweep.point_status(point) == 'done'
+
+
+@pytest.mark.parametrize(
+  'text, match',
+  [
+    ('partiton=gpu', "--slurm: Parameter 'partiton' need to be prefixed"),
+    ('timeout_min=abc', '--slurm: Parameter "timeout_min" expected type'),
+  ],
+)
+def test_a_bad_slurm_parameter_is_one_line_and_creates_nothing(
+  tmp_path, text, match
+):
+  pytest.importorskip('submitit')
+  folder = sweep_slurm.slurm_folder(str(tmp_path))
+  with pytest.raises(ValueError, match=match) as raised:
+    sweep_slurm.make_executor(folder, sweep_slurm.parse_parameters(text))
+  assert '\n' not in str(raised.value)
+  assert not os.path.exists(tmp_path / 'slurm')

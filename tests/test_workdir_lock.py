@@ -188,3 +188,29 @@ def test_a_held_workdir_is_refused_before_any_setup(
     experiment.run(load_config('fedavg'), str(tmp_path))
   assert not capsys.readouterr().out
   assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]
+
+
+def test_a_run_finished_meanwhile_is_not_overwritten(tmp_path, monkeypatch):
+  """Between a run's checks and its taking the lock, another run may finish
+  the workdir (it held the lock then). The checks are made again under the
+  lock: the finished run's files stay as they were."""
+  from fedjax_metric import validation
+  from fedjax_metric import workdir as workdir_lib
+
+  config = load_config('fedavg')
+  workdir = str(tmp_path)
+  real_lock = workdir_lib.lock
+
+  def lock_after_another_run_finished(path):
+    with open(os.path.join(path, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort())
+    with open(os.path.join(path, 'summary.json'), 'w') as f:
+      json.dump({'rounds_completed': config.num_rounds, 'by': 'the other'}, f)
+    return real_lock(path)
+
+  monkeypatch.setattr(workdir_lib, 'lock', lock_after_another_run_finished)
+  with pytest.raises(validation.ConfigError, match='finished by another run'):
+    experiment.run(config, workdir)
+  with open(tmp_path / 'summary.json') as f:
+    assert json.load(f)['by'] == 'the other'
+  assert not (tmp_path / 'metrics.jsonl').exists()

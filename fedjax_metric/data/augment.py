@@ -23,7 +23,12 @@ def channel_stats(images: np.ndarray):
 
 
 def random_crop(images, key, padding: int):
-  """Zero-pad by ``padding`` and crop back at a random offset, per example."""
+  """Zero-pad by ``padding`` and crop back at a random offset, per example.
+
+  ``make_preprocess`` calls it on normalised images, so the zeros are the
+  dataset's mean colour, not black as torchvision's RandomCrop before
+  Normalize gives (docs/methods.md, FedRCL: a known difference).
+  """
   b, h, w, _ = images.shape
   padded = jnp.pad(
     images, ((0, 0), (padding, padding), (padding, padding), (0, 0))

@@ -175,6 +175,12 @@ def load(
     raise ValueError(
       f'Dataset {name!r}: split must be one of {SPLITS}, got {split!r}.'
     )
+  if name in GENERATED_DATASETS:
+    raise ValueError(
+      f"{name!r} makes each client's examples when it is sampled "
+      '(data/on_demand.py) and has no stored splits to load; use it as '
+      "--config.dataset.name, not as an evaluation's dataset."
+    )
   if name == 'digits':
     ds = _load_digits(split)
   elif name in NATURAL_DATASETS:

@@ -56,15 +56,20 @@ class BasicBlock(nn.Module):
   def __call__(self, x, train: bool, mask: Optional[jnp.ndarray]):
     """x [B, H, W, C_in] -> pre-ReLU [B, H / strides, W / strides, channels]."""
     norm = make_norm(self.norm, self.groups)
+    # PyTorch's padding=1, not 'SAME': at stride 2 'SAME' pads (0, 1), which
+    # centres each output on input pixel 2o + 1 while the 1x1 shortcut reads
+    # pixel 2o; (1, 1) keeps the two paths aligned, as in the ported code.
     out = nn.Conv(
       self.channels,
       (3, 3),
       strides=self.strides,
-      padding='SAME',
+      padding=((1, 1), (1, 1)),
       use_bias=False,
     )(x)
     out = nn.relu(norm(out, train, mask))
-    out = nn.Conv(self.channels, (3, 3), padding='SAME', use_bias=False)(out)
+    out = nn.Conv(
+      self.channels, (3, 3), padding=((1, 1), (1, 1)), use_bias=False
+    )(out)
     out = norm(out, train, mask)
     shortcut = x
     if self.strides != 1 or x.shape[-1] != self.channels:
