@@ -104,8 +104,12 @@ def read(workdir, name):
     return f.read()
 
 
-def test_two_processes_equal_one(tmp_path):
-  multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
+def two_processes_and_one(multi, single, run_flags=RUN_FLAGS):
+  """Runs ``run_flags`` as two processes of 2 CPU devices each into
+  ``multi`` and, the reference, as one process of 4 into ``single`` (also a
+  child process, so the test compares CPU runs on any machine, a GPU one
+  included); returns the three processes' (stdout, stderr), each checked to
+  have succeeded."""
   address = f'127.0.0.1:{free_port()}'
   procs = [
     start(
@@ -114,16 +118,20 @@ def test_two_processes_equal_one(tmp_path):
       f'--coordinator_address={address}',
       '--num_processes=2',
       f'--process_id={i}',
+      run_flags=run_flags,
     )
     for i in (0, 1)
   ]
-  # The reference: one process with 4 CPU devices, also in a child process, so
-  # the test compares CPU runs on any machine (a GPU one included).
-  procs.append(start(single, 4))
+  procs.append(start(single, 4, run_flags=run_flags))
   outputs = finish(procs)
   for p, (_, err) in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
-  (out0, _), (out1, _), _ = outputs
+  return outputs
+
+
+def test_two_processes_equal_one(tmp_path):
+  multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
+  (out0, _), (out1, _), _ = two_processes_and_one(multi, single)
   # One mesh over both processes' devices; process 0 alone reports and writes.
   assert 'executor=vmap on 4 cpu device(s)' in out0
   assert 'test_accuracy=' in out0 and 'test_accuracy=' not in out1
@@ -159,22 +167,7 @@ def test_examples_made_per_call_in_two_processes_equal_one(tmp_path):
     '--config.plot_partition=False',
   )
   multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
-  address = f'127.0.0.1:{free_port()}'
-  procs = [
-    start(
-      multi,
-      2,
-      f'--coordinator_address={address}',
-      '--num_processes=2',
-      f'--process_id={i}',
-      run_flags=flags,
-    )
-    for i in (0, 1)
-  ]
-  procs.append(start(single, 4, run_flags=flags))
-  outputs = finish(procs)
-  for p, (_, err) in zip(procs, outputs):
-    assert p.returncode == 0, err[-3000:]
+  two_processes_and_one(multi, single, flags)
   states = [final_server_state(w) for w in (multi, single)]
   for x, y in zip(*map(jax.tree.leaves, states)):
     np.testing.assert_allclose(x, y, atol=1e-5)

@@ -549,25 +549,30 @@ def test_mean_curve_and_plot(fake_root, tmp_path):
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
-def test_table_command_line(fake_root, tmp_path):
-  out = tmp_path / 't.csv'
-  result = subprocess.run(
+def _table_csv(root, *flags):
+  """``launch.sweep table --cols=partition.alpha --format=csv`` on
+  ``root`` with ``flags``, as a child process."""
+  return subprocess.run(
     [
       sys.executable,
       '-m',
       'launch.sweep',
       'table',
-      f'--root={fake_root}',
+      f'--root={root}',
       '--cols=partition.alpha',
-      '--where=partition.alpha=0.3',
       '--format=csv',
-      f'--out={out}',
+      *flags,
     ],
     cwd=REPO,
     capture_output=True,
     text=True,
-    check=True,
   )
+
+
+def test_table_command_line(fake_root, tmp_path):
+  out = tmp_path / 't.csv'
+  result = _table_csv(fake_root, '--where=partition.alpha=0.3', f'--out={out}')
+  assert result.returncode == 0, result.stderr
   assert result.stdout == out.read_text()
   assert result.stdout.strip().split('\n')[1].startswith('fedavg,0.3,')
 
@@ -576,21 +581,7 @@ def test_where_keeps_any_of_a_keys_values_and_names_an_unknown_key(
   fake_root,
 ):
   def table(where):
-    return subprocess.run(
-      [
-        sys.executable,
-        '-m',
-        'launch.sweep',
-        'table',
-        f'--root={fake_root}',
-        '--cols=partition.alpha',
-        f'--where={where}',
-        '--format=csv',
-      ],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-    )
+    return _table_csv(fake_root, f'--where={where}')
 
   kept = table('algorithm=fedrcl,fedavg;partition.alpha=0.1')
   assert kept.returncode == 0, kept.stderr
