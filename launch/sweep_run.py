@@ -72,6 +72,20 @@ def sort_points(points: Sequence[Point], say: Callable[[str], None]):
   return outcomes, todo
 
 
+def _last_line(path: str, limit: int = 300) -> str:
+  """The last non-empty line of a child's log (its one-line error), cut
+  to ``limit`` characters; '' when there is none."""
+  try:
+    with open(path, 'rb') as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 8192))
+      lines = f.read().decode('utf-8', errors='replace').splitlines()
+  except OSError:
+    return ''
+  last = next((line.strip() for line in reversed(lines) if line.strip()), '')
+  return last[:limit]
+
+
 def _held_by_a_live_run(workdir: str) -> bool:
   if not os.path.isdir(workdir):
     return False
@@ -312,9 +326,10 @@ def _poll_points(
       )
     else:
       outcomes[point.workdir] = f'failed (rc={process.returncode})'
+      cause = _last_line(os.path.join(point.workdir, LOG_FILE))
       say(
         f'[{finished}/{total}] FAILED rc={process.returncode} '
-        f'{point.workdir}; see {LOG_FILE} there.'
+        f'{point.workdir}: {cause} (all of it in {LOG_FILE} there).'
       )
   if running:
     time.sleep(0.2)

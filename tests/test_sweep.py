@@ -901,3 +901,29 @@ def test_a_point_a_live_run_holds_is_busy_not_failed(tmp_path):
   finally:
     holder.kill()
     holder.wait()
+
+
+def test_a_failed_point_is_reported_with_its_error(tmp_path):
+  """A point whose child fails (here validation: num_rounds 0) is reported
+  in the sweep's line with the child's own one-line error, not only as
+  'see sweep.log'."""
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'launch.sweep',
+      'run',
+      f'--root={tmp_path}',
+      f'--config={FEDAVG}',
+      '--set=num_rounds=0',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode != 0
+  failed = [line for line in result.stdout.splitlines() if 'FAILED' in line]
+  assert len(failed) == 1, result.stdout
+  assert 'num_rounds must be >= 1' in failed[0]
+  assert failed[0].endswith('(all of it in sweep.log there).')
