@@ -178,11 +178,14 @@ def apply_server_optimizer(server_optimizer, server_state, mean_delta):
 
 def skip_if_nobody(aggregate: engine.Aggregate, old_state, new_state):
   """``new_state``, or after a round in which no client took part (possible
-  under participation patterns) ``old_state`` with the round advanced: a
-  server optimizer with momentum would otherwise still move the model."""
+  under participation patterns), or only clients of weight 0 (clients
+  without examples under example weighting), ``old_state`` with the round
+  advanced: a server optimizer with momentum would otherwise still move the
+  model."""
   unchanged = old_state._replace(round=new_state.round)
+  someone = (aggregate.num_participants > 0) & (aggregate.weight_sum > 0)
   return jax.tree.map(
-    lambda new, old: jnp.where(aggregate.num_participants > 0, new, old),
+    lambda new, old: jnp.where(someone, new, old),
     new_state,
     unchanged,
   )

@@ -108,6 +108,13 @@ def client_final(weighting, end_variables, ctx):
     num_steps=ctx.num_steps,
     learning_rate=ctx.learning_rate,
   )
+  # A client with no local step (no examples) learned nothing: its c_i
+  # stays, so it sends no control delta (option II would give c_i - c).
+  new_control = jax.tree.map(
+    lambda new, old: jnp.where(ctx.num_steps > 0, new, old),
+    new_control,
+    ctx.client_row,
+  )
   # Divided by the weight, so the engine's weighted sum is the plain sum
   # (0 for a zero weight: a padding slot under example-count weighting).
   control_delta = fedavg.plain_sum_share(

@@ -79,3 +79,28 @@ def test_scaffold_two_rounds_match_numpy():
     )
   # The correction is active: plain FedAvg gives a different second round.
   assert np.abs(c_w).max() > 1e-3
+
+
+def test_a_client_without_examples_keeps_its_control_variate():
+  """A participant with no local step learned nothing: option II would set
+  its c_i to c_i - c and send -c; it keeps c_i and sends nothing."""
+  images, labels = fx.make_data(40)
+  model = fx.linear()
+  variables = fx.init_variables(model, images)
+  parts = [np.arange(0, 6), np.arange(6, 16), np.arange(0)]
+  data = engine.DeviceData(jnp.asarray(images), jnp.asarray(labels))
+  server = optimizers.make_server_optimizer('sgd')
+  alg = algorithms.REGISTRY['scaffold'](
+    model, server_optimizer=server, weighting='uniform'
+  )
+  state, table = engine.init_state(alg, variables, 3)
+  round_fn = executors.make_round_fn(
+    fx.make_spec(alg, lr=0.4), data, executor='vmap'
+  )
+  for r, ids in enumerate([[0, 1], [1, 2]]):
+    c = fx.cohort(
+      parts, ids, num_slots=2, batch_size=10, epochs=2, num_steps=2, round_idx=r
+    )
+    state, table, _ = round_fn(state, table, c)
+  assert np.abs(state.extra['control']['Dense_0']['kernel']).max() > 0
+  np.testing.assert_array_equal(table['Dense_0']['kernel'][2], 0.0)
