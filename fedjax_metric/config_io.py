@@ -74,6 +74,18 @@ def config_file(name_or_path: str) -> str:
   return os.path.join(configs_dir(), name_or_path + '.py')
 
 
+def check_python_file(path: str) -> None:
+  """Refuses an existing ``path`` that is not a .py file (a directory, a
+  README) in one line, before anything tries to import it."""
+  if os.path.exists(path) and (
+    not os.path.isfile(path) or not path.endswith('.py')
+  ):
+    raise ValueError(
+      f'--config {path!r} is not a Python file; a config is a .py file with '
+      'get_config() (configs/fedavg.py) or a packaged name (fedavg).'
+    )
+
+
 def _from_file(spec: str) -> ml_collections.ConfigDict:
   """``'name_or_path[:arg]'`` -> the config file's ``get_config(arg)``."""
   name, _, arg = spec.partition(':')
@@ -83,11 +95,7 @@ def _from_file(spec: str) -> ml_collections.ConfigDict:
       f'Config file {path!r} not found (run from the repository root, or '
       'name a packaged config: fedavg, fedquad, ...).'
     )
-  if not os.path.isfile(path) or not path.endswith('.py'):
-    raise ValueError(
-      f'--config {path!r} is not a Python file; a config is a .py file with '
-      'get_config() (configs/fedavg.py) or a packaged name (fedavg).'
-    )
+  check_python_file(path)
   module_name = '_fedjax_metric_config_' + os.path.basename(path)[:-3]
   module_spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(module_spec)

@@ -19,7 +19,6 @@ docs/multihost.md.
 """
 
 import functools
-import os
 import signal
 import sys
 
@@ -79,13 +78,7 @@ def config_names_to_files(argv):
     if item.startswith('--config='):
       name, sep, arg = item[len('--config=') :].partition(':')
       path = config_io.config_file(name)
-      if os.path.exists(path) and (
-        not os.path.isfile(path) or not path.endswith('.py')
-      ):
-        raise ValueError(
-          f'--config {path!r} is not a Python file; a config is a .py file '
-          'with get_config() (configs/fedavg.py) or a packaged name (fedavg).'
-        )
+      config_io.check_python_file(path)
       item = f'--config={path}{sep}{arg}'
     resolved.append(item)
   return resolved

@@ -371,10 +371,10 @@ def _check_client_ids(client_ids, num_clients: int):
       f'client ids must be in [0, {num_clients}), got {ids.min()} to '
       f'{ids.max()}.'
     )
-  if np.unique(ids).size != ids.size:
+  repeats = ids.size - np.unique(ids).size
+  if repeats:
     raise ValueError(
-      f'a round samples each client at most once; {ids.size - np.unique(ids).size} '
-      'id(s) repeat.'
+      f'a round samples each client at most once; {repeats} id(s) repeat.'
     )
 
 

@@ -10,7 +10,7 @@ holding the msgpack of ``(shape, dtype name, C-order bytes)``.
 result of fedjax's ``decompress_and_deserialize``. A small decoder of the
 msgpack subset such blobs use (every marker of the spec is read; extension
 values other than arrays are refused) keeps the package free of the
-msgpack dependency; tests/test_natural.py checks it against the msgpack
+msgpack dependency; tests/test_fedjax_blob.py checks it against the msgpack
 library where that is installed.
 
 NumPy and the standard library only.
