@@ -149,7 +149,10 @@ def test_probabilities_seeded_draws():
   'kwargs, match',
   [
     ({'class_counts': [[1, -1], [2, 2]]}, 'non-negative.*\\[0\\]'),
-    ({'class_counts': [[1, 1], [0, 0], [3, 0]]}, 'clients \\[1\\] have no'),
+    (
+      {'class_counts': [[1, 1], [0, 0], [3, 0]]},
+      r'1 client\(s\) have no data.*first: \[1\]',
+    ),
     ({'class_counts': [1, 2, 3]}, '\\[N, J\\]'),
     ({'class_counts': [[1, 2]], 'mean': 0.0}, 'mean'),
     ({'class_counts': [[1, 2]], 'mean': 1.5}, 'mean'),

@@ -280,7 +280,11 @@ def test_launch_evaluate_reproduces_the_run_from_its_checkpoint(tmp_path):
   assert metrics['round'] == 1
   assert metrics['knn_accuracy'] == pytest.approx(summary['knn_accuracy'])
   assert 0.0 <= metrics['linear_probe_accuracy'] <= 1.0
-  with open(os.path.join(workdir, 'eval.json')) as f:
+  # An evaluation under overrides is saved beside eval.json, not over it.
+  name = evaluate_lib.eval_file_name(None, ['ssl_eval.linear_epochs=1'])
+  assert name.startswith('eval_set-') and name.endswith('.json')
+  assert not os.path.exists(os.path.join(workdir, 'eval.json'))
+  with open(os.path.join(workdir, name)) as f:
     saved = json.load(f)
   assert saved['knn_accuracy'] == metrics['knn_accuracy']
   assert saved['overrides'][0] == 'ssl_eval.linear_epochs=1'
