@@ -160,14 +160,14 @@ def measure_point(case):
   def recording(spec, data, **kwargs):
     rounds_fn = make_rounds_fn(spec, data, **kwargs)
 
-    def wrapped(state, table, cohorts):
+    def wrapped(state, table, cohorts, *rest):
       if not captured:
         shapes = jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype),
           (state, table, cohorts[0]),
         )
         captured.append((spec, data, shapes))
-      return rounds_fn(state, table, cohorts)
+      return rounds_fn(state, table, cohorts, *rest)
 
     return wrapped
 

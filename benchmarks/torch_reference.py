@@ -183,6 +183,7 @@ class TorchFedQuadCNN(nn.Module):
     num_classes: int = 10,
     widths: Sequence[int] = (64, 128, 256),
     embedding_dim: int = 128,
+    norm_in_float32: bool = False,
   ):
     """Builds the layers.
 
@@ -191,8 +192,14 @@ class TorchFedQuadCNN(nn.Module):
       num_classes: number of output logits.
       widths: channels of the three conv blocks.
       embedding_dim: width of the embedding layer.
+      norm_in_float32: BatchNorm normalises the float32 value of a
+        convolution's output. Under bf16 autocast inside ``torch.func.vmap``,
+        batch_norm refuses a bfloat16 input with float32 statistics; flax's
+        BatchNorm reduces in float32 too, so the arithmetic stays the JAX
+        run's.
     """
     super().__init__()
+    self.norm_in_float32 = norm_in_float32
     channels = [in_channels, *widths]
     self.convs = nn.ModuleList(
       nn.Conv2d(a, b, 3, padding=1)
@@ -206,13 +213,19 @@ class TorchFedQuadCNN(nn.Module):
     """Maps images [B, C, H, W] float32 to logits [B, num_classes]."""
     blocks = zip(self.convs, self.norms, strict=True)
     for block, (conv, norm) in enumerate(blocks):
-      x = F.relu(norm(conv(x)))
+      x = conv(x)
+      x = F.relu(norm(x.float() if self.norm_in_float32 else x))
       x = F.max_pool2d(x, 2) if block < 2 else x.mean(dim=(2, 3))
     return self.fc2(self.fc1(x))
 
 
 def make_torch_model(
-  model: str, *, in_channels: int, image_size, pool: str = 'stride'
+  model: str,
+  *,
+  in_channels: int,
+  image_size,
+  pool: str = 'stride',
+  norm_in_float32: bool = False,
 ) -> nn.Module:
   """The PyTorch twin of a JAX model, 10 classes.
 
@@ -221,6 +234,7 @@ def make_torch_model(
     in_channels: C of the [B, C, H, W] input.
     image_size: H (square images) or an (H, W) pair.
     pool: small_cnn's downsampling: 'stride', 'avg' or 'max'.
+    norm_in_float32: fedquad_cnn's BatchNorm in float32 (`TorchFedQuadCNN`).
 
   Returns:
     A ``torch.nn.Module`` mapping [B, C, H, W] to logits [B, 10].
@@ -233,7 +247,9 @@ def make_torch_model(
       in_channels=in_channels, image_size=image_size, pool=pool
     )
   if model == 'fedquad_cnn':
-    return TorchFedQuadCNN(in_channels=in_channels)
+    return TorchFedQuadCNN(
+      in_channels=in_channels, norm_in_float32=norm_in_float32
+    )
   raise ValueError(f"model must be 'small_cnn' or 'fedquad_cnn', got {model!r}")
 
 
@@ -594,9 +610,11 @@ def time_torch_rounds(
       ``torch.cuda.synchronize``.
     precision: the JAX run's precision, one of `PRECISIONS`.
     channels_last: models and images in ``torch.channels_last`` memory
-      format (NHWC, which cuDNN's tensor-core convolutions prefer); the
-      stacked parameters of the vmap forms are 5-D and keep their layout,
-      so there it changes the images only.
+      format (NHWC, which cuDNN's tensor-core convolutions prefer), in the
+      loop only: the vmap forms' stacked parameters are 5-D and keep their
+      layout, and on CUDA their backward pass refuses channels-last images
+      ('Tensor.clone(memory_format) inside vmap' is not implemented, torch
+      2.11), so there it is off and the result says so.
     compile_mode: ``torch.compile``'s mode for 'vmap_compiled' (None: its
       default).
 
@@ -617,6 +635,7 @@ def time_torch_rounds(
   if num_threads is not None:
     torch.set_num_threads(num_threads)
   forward_context = set_precision(precision, device)
+  channels_last = channels_last and variant == 'loop'
   cudnn_benchmark = device.type == 'cuda'
   torch.backends.cudnn.benchmark = cudnn_benchmark
   memory_format = (
@@ -642,7 +661,12 @@ def time_torch_rounds(
   ]
   make = lambda: (
     make_torch_model(
-      model, in_channels=channels, image_size=(height, width), pool=pool
+      model,
+      in_channels=channels,
+      image_size=(height, width),
+      pool=pool,
+      # bf16 autocast under torch.func.vmap needs it (`TorchFedQuadCNN`).
+      norm_in_float32=precision == 'bf16' and variant != 'loop',
     )
     .to(device, memory_format=memory_format)
     .train()

@@ -25,7 +25,8 @@ NOT_SOURCE = shutil.ignore_patterns(
 @pytest.fixture(scope='module')
 def installed(tmp_path_factory):
   """``(target, cwd, env)``: the installed package, a directory outside the
-  checkout, and an environment whose path holds only the target."""
+  checkout, and an environment whose path holds the target and none of the
+  checkout."""
   tmp = tmp_path_factory.mktemp('package')
   source = tmp / 'source'
   shutil.copytree(REPO, source, ignore=NOT_SOURCE)
@@ -45,7 +46,20 @@ def installed(tmp_path_factory):
   )
   cwd = tmp / 'elsewhere'
   cwd.mkdir()
-  env = dict(os.environ, PYTHONPATH=str(target), JAX_PLATFORMS='cpu')
+  # The caller's own PYTHONPATH entries stay (where the dependencies come
+  # from on a machine that carries them that way, as the GPU image does for
+  # ml_collections); entries inside the checkout go, so the package can only
+  # come from the target.
+  kept = [
+    entry
+    for entry in os.environ.get('PYTHONPATH', '').split(os.pathsep)
+    if entry and not os.path.realpath(entry).startswith(os.path.realpath(REPO))
+  ]
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join([str(target), *kept]),
+    JAX_PLATFORMS='cpu',
+  )
   return target, cwd, env
 
 

@@ -365,6 +365,10 @@ def test_bad_split():
 def tfds_dir(tmp_path_factory):
   """A data directory with `tiny_tfds.NAME` prepared as ArrayRecord, by TFDS
   itself, in another process (see tests/tiny_tfds.py)."""
+  pytest.importorskip(
+    'tensorflow_datasets',
+    reason='the test extra installs it (pip install -e .[test])',
+  )
   data_dir = str(tmp_path_factory.mktemp('tfds'))
   subprocess.run(
     [sys.executable, os.path.join(TESTS, 'tiny_tfds.py'), data_dir],
@@ -437,6 +441,11 @@ def test_tfds_prefix_picks_tfds_over_a_built_in_name(tfds_dir, tmp_path):
 
 
 def test_tfds_dataset_not_prepared_is_a_clear_error(tmp_path):
+  # Without TFDS the error is the install hint (the next test), not this.
+  pytest.importorskip(
+    'tensorflow_datasets',
+    reason='the test extra installs it (pip install -e .[test])',
+  )
   missing = str(tmp_path / 'no_tfds_here')
   for call in (
     lambda: sources.load(tiny_tfds.NAME, 'train', data_dir=missing),
@@ -452,6 +461,19 @@ def test_tfds_dataset_not_prepared_is_a_clear_error(tmp_path):
   config.dataset.name, config.dataset.data_dir = tiny_tfds.NAME, missing
   with pytest.raises(sources.DatasetNotFoundError, match='tfds build'):
     validation.validate(config)
+
+
+def test_tfds_names_without_tfds_installed_are_one_install_hint(
+  tmp_path, monkeypatch
+):
+  # sys.modules[name] = None makes `import name` raise ImportError.
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)
+  with pytest.raises(ImportError) as info:
+    sources.load(tiny_tfds.NAME, 'train', data_dir=str(tmp_path))
+  message = str(info.value)
+  assert f"'{tiny_tfds.NAME}' is not built in" in message
+  assert 'pip install tensorflow-datasets' in message
+  assert '\n' not in message
 
 
 def test_tfds_record_format_without_tensorflow_is_a_clear_error(
