@@ -438,9 +438,10 @@ def define_flags():
   flags.DEFINE_enum(
     'scale',
     'cpu',
-    ['cpu', 'cpu500', 'paper'],
+    ['cpu', 'cpu500', 'gpu500', 'paper'],
     "cpu: docs/results' CPU protocol; cpu500: FedRCL's 500-round CPU "
-    "protocol (fedrcl table1); paper: the paper's models and rounds.",
+    'protocol (fedrcl table1); gpu500: the same with ResNet-18; paper: '
+    "the paper's models and rounds.",
   )
   flags.DEFINE_enum(
     'backend', 'local', ['local', 'slurm'], 'local processes or SLURM.'

@@ -12,7 +12,9 @@ Every point is ``<root>/<config>/<overrides>``, trained by its own process
 (``python -m launch.sweep point``, log in ``<workdir>/sweep.log``). Running
 the same command again skips finished points (a ``summary.json`` for the
 same config), resumes unfinished ones from their checkpoints, and refuses a
-workdir that holds a different experiment. A point whose process a signal
+workdir that holds a different experiment. Every point still to run is
+validated before any starts: a grid value that cannot run is one line
+naming the point, and nothing is written. A point whose process a signal
 stops (SIGTERM: preemption, a ``kill``) saves its checkpoint and exits 128 +
 the signal; the sweep reports it 'stopped', not done, and exits non-zero.
 ``--parallel=N`` runs N points at

@@ -31,7 +31,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 from fedjax_metric import workdir_lock
 
 from . import sweep_slurm
-from .sweep_point import Point, point_status, read_json, write_point_file
+from .sweep_point import (
+  Point,
+  point_status,
+  read_json,
+  resolve,
+  write_point_file,
+)
 
 LOG_FILE = 'sweep.log'
 # Under the sweep's root: removed with its runs, shared by its points.
@@ -188,6 +194,33 @@ def run_points(
   return outcomes
 
 
+def check_points(points: Sequence[Point]) -> None:
+  """Validates every point still to run (`validation.validate`) before any
+  starts, so a bad value in a grid stops the sweep with one line instead of
+  failing in its own child after the others have written workdirs.
+
+  Raises:
+    ValueError: the first point that cannot run, with the problem and the
+      fix (a `validation.ConfigError` or a missing dataset's error).
+  """
+  from fedjax_metric import validation  # pylint: disable=g-import-not-at-top
+
+  for point in points:
+    config = resolve(point.spec, point.overrides)
+    if point_status(point, config) != 'todo':
+      continue
+    try:
+      validation.validate(config)
+    except ValueError as e:
+      raise ValueError(
+        f'point {point.workdir}: {e} Nothing was started.'
+      ) from e
+    except FileNotFoundError as e:  # A dataset not on disk.
+      raise FileNotFoundError(
+        f'point {point.workdir}: {e} Nothing was started.'
+      ) from e
+
+
 def train_points(
   points: Sequence[Point],
   *,
@@ -204,7 +237,9 @@ def train_points(
   (one job array through submitit, its logs under ``<root>/slurm``, failed
   tasks resubmitted ``retries`` times), every point with the compilation
   cache ``compilation_cache`` (`compilation_cache_dir`: 'auto', 'off' or a
-  path). Returns ``{workdir: outcome}``."""
+  path). Every point to run is validated first (`check_points`). Returns
+  ``{workdir: outcome}``."""
+  check_points(points)
   cache_dir = compilation_cache_dir(root, compilation_cache)
   if backend == 'slurm':
     executor = sweep_slurm.make_executor(

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from fedjax_metric import config_io
 from launch import paper_tables, reproduce, sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +76,41 @@ def test_scales_differ_where_the_paper_protocol_differs():
     for e in reproduce.entries(metric, 'paper', root='r', seeds=1)
   }
   assert set(rates.values()) == {0.1}  # The paper's lr for every method.
+
+
+def test_fedrcl_500_round_scales_differ_only_in_the_model():
+  """cpu500 and gpu500 are one protocol (Fashion-MNIST, alpha 0.1, 500
+  rounds, checkpoints every 25) with the small CNN or the paper's
+  ResNet-18; FedRCL contrasts the model's levels either way."""
+  rcl = paper_tables.TABLES[('fedrcl', 'table1')]
+  configs = {}
+  for scale in ('cpu500', 'gpu500'):
+    (entry,) = reproduce.entries(
+      rcl,
+      scale,
+      root='r',
+      seeds=1,
+      methods=['FedRCL'],
+      columns=['alpha = 0.1'],
+    )
+    configs[scale] = sweep.resolve(entry.point.spec, entry.point.overrides)
+  cpu, gpu = configs['cpu500'], configs['gpu500']
+  assert (cpu.model.name, gpu.model.name) == ('small_cnn', 'resnet18')
+  assert gpu.model.norm == 'group'
+  for config in (cpu, gpu):
+    assert config.dataset.name == 'fashion_mnist'
+    assert (config.num_rounds, config.checkpoint_every) == (500, 25)
+    assert config.partition.alpha == 0.1
+  flat_cpu = config_io.flatten(sweep.config_dict(cpu))
+  flat_gpu = config_io.flatten(sweep.config_dict(gpu))
+  differing = {
+    k
+    for k in flat_cpu.keys() | flat_gpu.keys()
+    if flat_cpu.get(k) != flat_gpu.get(k)
+  }
+  assert differing and all(key.startswith('model.') for key in differing), (
+    differing
+  )
 
 
 def test_unknown_table_and_scale_are_one_clear_error():

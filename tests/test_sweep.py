@@ -903,10 +903,12 @@ def test_a_point_a_live_run_holds_is_busy_not_failed(tmp_path):
     holder.wait()
 
 
-def test_a_failed_point_is_reported_with_its_error(tmp_path):
-  """A point whose child fails (here validation: num_rounds 0) is reported
-  in the sweep's line with the child's own one-line error, not only as
-  'see sweep.log'."""
+def test_a_point_validation_refuses_stops_the_sweep_before_any_starts(
+  tmp_path,
+):
+  """A grid value that cannot run (here num_rounds 0 for one of two points)
+  is one line naming the point and the fix, before any point is trained or
+  any workdir written."""
   result = subprocess.run(
     [
       sys.executable,
@@ -915,7 +917,7 @@ def test_a_failed_point_is_reported_with_its_error(tmp_path):
       'run',
       f'--root={tmp_path}',
       f'--config={FEDAVG}',
-      '--set=num_rounds=0',
+      '--grid=num_rounds=1,0',
     ],
     cwd=REPO,
     capture_output=True,
@@ -923,7 +925,27 @@ def test_a_failed_point_is_reported_with_its_error(tmp_path):
     timeout=300,
   )
   assert result.returncode != 0
-  failed = [line for line in result.stdout.splitlines() if 'FAILED' in line]
-  assert len(failed) == 1, result.stdout
-  assert 'num_rounds must be >= 1' in failed[0]
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith('error: point ') and 'num_rounds=0' in line
+  assert 'num_rounds must be >= 1' in line and 'Nothing was started' in line
+  assert not glob.glob(os.path.join(str(tmp_path), '*', '*'))
+
+
+def test_a_failed_point_is_reported_with_its_error(tmp_path):
+  """A point whose child fails at run time is reported in the sweep's line
+  with the child's own one-line error, not only as 'see sweep.log'."""
+  (point,) = sweep.make_points(str(tmp_path), [FEDAVG], {}, {})
+  child = (
+    'import sys; print("step 1"); sys.exit("error: the reason, in one line")'
+  )
+  said = []
+  outcomes = sweep.run_points(
+    [point],
+    command=lambda w: [sys.executable, '-c', child],
+    say=said.append,
+  )
+  assert outcomes[point.workdir] == 'failed (rc=1)'
+  failed = [line for line in said if 'FAILED' in line]
+  assert len(failed) == 1, said
+  assert 'error: the reason, in one line' in failed[0]
   assert failed[0].endswith('(all of it in sweep.log there).')
