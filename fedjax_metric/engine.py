@@ -157,10 +157,22 @@ def scatter_rows(client_table, client_ids, rows):
 
 
 def weighted_sum(weights, stacked):
-  """``sum_c weights[c] * stacked[c]`` for every leaf: the aggregation."""
-  return jax.tree.map(
-    lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), stacked
-  )
+  """``sum_c weights[c] * stacked[c]`` for every leaf: the aggregation.
+
+  weights [C] float; each leaf [C, ...] -> [...] in the leaf's dtype. An
+  integer leaf (a counter in a client's state) is summed in float32 and
+  rounded: cast to the leaf's dtype, fractional weights would become 0.
+  """
+
+  def combine(x):
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+      return jnp.tensordot(weights.astype(x.dtype), x, axes=1)
+    total = jnp.tensordot(
+      weights.astype(jnp.float32), x.astype(jnp.float32), axes=1
+    )
+    return jnp.round(total).astype(x.dtype)
+
+  return jax.tree.map(combine, stacked)
 
 
 def _tree_where(pred, on_true, on_false):

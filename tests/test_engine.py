@@ -183,6 +183,18 @@ def test_aggregation_weights_by_client_size():
     )
 
 
+def test_weighted_sum_keeps_each_leafs_dtype_and_averages_integer_leaves():
+  weights = jnp.array([0.25, 0.75], jnp.float32)
+  stacked = {
+    'w': jnp.array([[1.0, 2.0], [5.0, 6.0]], jnp.float32),
+    'count': jnp.array([4, 8], jnp.int32),  # e.g. a client's step counter
+  }
+  out = engine.weighted_sum(weights, stacked)
+  np.testing.assert_allclose(out['w'], [4.0, 5.0])
+  assert out['count'].dtype == jnp.int32
+  assert int(out['count']) == 7  # 0.25 * 4 + 0.75 * 8, not 0
+
+
 def test_client_table_gather_and_scatter_drop_padding():
   table = {'count': jnp.zeros((5,), jnp.int32)}
   ids = jnp.asarray([3, 0, 5, 5])  # 5 == N: padding.
