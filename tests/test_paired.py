@@ -37,7 +37,8 @@ def test_interval_is_mean_plus_minus_t_sd_over_root_n():
 def _root(tmp_path):
   """fedavg and two methods over seeds 0-4; 'lead' is 1 point ahead in
   every seed (with seed noise shared by both: only pairing sees it), 'mix'
-  is ahead in some seeds and behind in others; 'lead' lacks seed 4."""
+  is ahead in some seeds and behind in others; 'lead' lacks seed 1 (a
+  middle seed: pairing by position would then pair the wrong runs)."""
   noise = [0.05, -0.04, 0.02, -0.03, 0.0]
   for seed in range(5):
     base = 0.8 + noise[seed]
@@ -49,7 +50,7 @@ def _root(tmp_path):
       seed=seed,
       accuracies=[0.5, base],
     )
-    if seed < 4:
+    if seed != 1:
       _fake_run(
         tmp_path,
         f'b{seed}',
@@ -82,14 +83,20 @@ def test_pairs_by_seed_and_calls_a_tie_a_tie(tmp_path):
   )
   lead, unpaired, values = cells[('lead', '0.1')]
   assert (lead['n'], unpaired) == (4, 1)
-  assert lead['mean'] == pytest.approx(0.0115)
+  assert sorted(values) == [0, 2, 3, 4]
+  assert lead['mean'] == pytest.approx(0.01225)  # 0.010, 0.012, 0.013, 0.014
   assert paired.verdict(lead) == '>'
-  # Unpaired, the seed noise (sd 0.035) would hide the 1-point lead.
-  assert np.std([0.8 + n for n in (0.05, -0.04, 0.02, -0.03)], ddof=1) > 0.03
+  # Unpaired (or paired by position), the seed noise (sd 0.035) hides the
+  # 1-point lead: the same runs compared without their seeds are a tie.
+  noise = [0.05, -0.04, 0.02, -0.03, 0.0]
+  lead_runs = [0.8 + noise[s] + 0.01 + 0.001 * s for s in (0, 2, 3, 4)]
+  base_runs = [0.8 + n for n in noise]
+  by_position = [a - b for a, b in zip(lead_runs, base_runs)]
+  assert paired.verdict(paired.paired_interval(by_position)) == '~'
   mix = cells[('mix', '0.1')][0]
   assert paired.verdict(mix) == '~'
   table = paired.format_markdown(cells, scale=100, digits=2, baseline='fedavg')
-  assert '| lead | 0.1 | 4 (1 unpaired) | +1.15 [' in table
+  assert '| lead | 0.1 | 4 (1 unpaired) | +1.23 [' in table
   assert '| holds (>) |' in table and '| tie |' in table
 
 

@@ -403,8 +403,9 @@ def test_max_active():
   mask = np.array([[1, 0, 1], [1, 1, 1], [0, 0, 0]], bool)
   assert participation.max_active(mask) == 3
   assert participation.max_active(np.zeros((4, 3), bool)) == 1
-  with pytest.raises(ValueError):
-    participation.max_active(np.zeros(3, bool))
+  for bad in (np.zeros(3, bool), np.zeros((0, 3), bool)):
+    with pytest.raises(ValueError, match=r'non-empty \[T, N\]'):
+      participation.max_active(bad)
 
 
 def test_plot_writes_png(tmp_path):

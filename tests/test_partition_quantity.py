@@ -79,13 +79,35 @@ def test_dirichlet_sizes_follow_the_beta_marginal():
   np.testing.assert_allclose(shares.var(axis=0), var, rtol=0.3)
 
 
+def _redrawn_sizes(seed, n, num_clients, alpha, min_size):
+  """NIID-Bench's rule, re-derived: draw p ~ Dir(alpha), cut at
+  floor(cumsum(p) N), and draw the whole p again until every client has
+  min_size; returns the sizes and how many draws it took."""
+  rng = np.random.default_rng(seed)
+  draws = 0
+  while True:
+    draws += 1
+    p = rng.dirichlet(np.full(num_clients, alpha))
+    cuts = np.floor(np.cumsum(p) * n).astype(np.int64)[:-1]
+    sizes = np.diff(np.concatenate([[0], cuts, [n]]))
+    if sizes.min() >= min_size:
+      return list(sizes), draws
+
+
 def test_dirichlet_min_size_resamples_the_whole_draw():
+  """Not any way of reaching min_size (topping up small clients would do
+  that too): the sizes are those of the first whole redraw that is valid."""
   labels = np.zeros(400, dtype=np.int64)
+  redrawn = 0
   for seed in range(20):
     sizes = [
       len(p) for p in Q.quantity(labels, 10, seed=seed, alpha=1.0, min_size=15)
     ]
+    expected, draws = _redrawn_sizes(seed, 400, 10, 1.0, 15)
+    assert sizes == expected
     assert min(sizes) >= 15 and sum(sizes) == 400
+    redrawn += draws > 1
+  assert redrawn == 20  # min_size 15 of 40 on average: every seed redraws.
 
 
 def _zipf_counts(n, num_clients, exponent):

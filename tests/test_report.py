@@ -4,11 +4,16 @@ import json
 import os
 import shutil
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import configs.fedavg
-from fedjax_metric import experiment
+import fedjax_metric as fm
+from fedjax_metric import assemble, evaluation, experiment
+from fedjax_metric import restore as restore_lib
+from fedjax_metric.data import augment, sources
 from launch import report
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -76,6 +81,25 @@ def test_compute_embeddings_restores_the_final_global_model(workdir):
   assert emb['features'].shape == (50, 16)  # runlocal: embedding_dim = 16.
   assert emb['labels'].shape == (50,)
   assert np.all(np.isfinite(emb['features']))
+  # The features are the final global model's: the run's final variables as
+  # the Python API reads them give the same features, the initial model's
+  # do not.
+  config = emb['config']
+  train = sources.load(config.dataset.name, 'train')
+  test = sources.load(config.dataset.name, 'test')
+  mean, std = restore_lib.input_scaling(config, train.images)
+  preprocess = augment.make_preprocess(mean, std, 'none')
+  model = assemble.build_model(config.model, train.num_classes)
+  features_of = evaluation.make_feature_fn(
+    model, preprocess, test.images, test.labels, batch_size=32, max_examples=50
+  )
+  final, _ = features_of(fm.load_run(workdir).variables)
+  np.testing.assert_allclose(emb['features'], final, rtol=1e-5, atol=1e-5)
+  initial = model.init(
+    jax.random.key(config.seed), preprocess(jnp.asarray(train.images[:1]), None)
+  )
+  start, _ = features_of(initial)
+  assert np.abs(np.asarray(start) - np.asarray(emb['features'])).max() > 1e-2
 
 
 def test_plot_embedding_pca(workdir, tmp_path):
