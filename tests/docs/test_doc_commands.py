@@ -8,7 +8,8 @@ test_readme_commands.py; these are too long to run, so each is parsed:
 
 * the code blocks (fenced, or indented four spaces) that call
   ``python -m``, and the shell scripts, are run by bash with a PATH that
-  holds only a stand-in ``python`` (and ``nice``, ``timeout``), which
+  holds only a stand-in ``python`` and ``python3`` (and ``nice``,
+  ``timeout``), which
   records its arguments: shell variables
   and loops expand as they would, and nothing else can run;
 * each recorded ``python -m MODULE ...`` is parsed by the module's own flag
@@ -81,6 +82,8 @@ def write_stand_ins(bin_dir):
   os.makedirs(bin_dir)
   for name, text in (
     ('python', RECORDER),
+    # The GPU scripts call the device image's python3 ($PY).
+    ('python3', RECORDER),
     ('nice', NICE),
     ('timeout', TIMEOUT),
   ):
@@ -139,6 +142,14 @@ def test_the_documents_show_commands_of_each_kind():
   would be checked)."""
   assert {'launch.main', 'launch.sweep', 'benchmarks.bench'} <= set(MODULES)
   assert sum(len(v) for v in MODULES.values()) >= 50
+  # The prepared GPU calls (python3 there) are among them.
+  sources = {
+    module: {document for document, _ in calls}
+    for module, calls in MODULES.items()
+  }
+  assert 'benchmarks/gpu_next.sh' in sources['benchmarks.bench']
+  assert 'benchmarks/gpu_fedrcl_resnet.sh' in sources['launch.reproduce']
+  assert 'benchmarks/gpu_scale.sh' in sources['launch.scale']
 
 
 def test_a_wrong_flag_config_key_case_or_module_fails():
